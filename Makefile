@@ -1,0 +1,49 @@
+# The verbs people type. CMake does the build.
+#   make demo   install dependencies, build, run the pipeline on testdata/images
+#   make test   install dependencies, build, run every test
+BUILD    ?= build
+JOBS     ?= $(shell nproc)
+CUDA_ARCH ?= 90
+CMAKE_FLAGS ?=
+ifdef CI
+CMAKE_FLAGS += -DUNET_WERROR=ON
+endif
+
+DEB_PKGS := cmake g++ make pkg-config libcli11-dev libhdf5-dev libpng-dev libjpeg62-turbo-dev \
+            zlib1g-dev libaec-dev nlohmann-json3-dev libgtest-dev python3 python3-numpy python3-h5py \
+            python3-torch
+
+.PHONY: all deps build test demo gpu-test bench clean format
+
+all: build
+
+# Installs missing Debian packages (needs root or sudo; skipped when all are present).
+deps:
+	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: build
+	bash scripts/demo.sh $(BUILD)/bin/unet
+
+# On the GPU machine: every CUDA test with a summary (they skip without a GPU).
+gpu-test:
+	bash scripts/gpu_tests.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)
+
+format:
+	clang-format -i cmd/*.cpp cmd/*.h lib/*.cpp lib/*.h lib/ops/*.cpp kernels/*.cu kernels/*.cuh tests/*.cpp tests/*.h 2>/dev/null || true

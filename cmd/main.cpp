@@ -1,0 +1,33 @@
+// unet: git-style dispatcher. Subcommands live one per file in cmd/.
+#include <cstdio>
+
+#include "commands.h"
+#include "util.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"unet — train and sample guided-diffusion UNet models (C++/CUDA)", "unet"};
+  app.set_version_flag("--version", std::string("unet ") + UNET_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  unet::register_prepare(app);
+  unet::register_init(app);
+  unet::register_train(app);
+  unet::register_sample(app);
+  unet::register_profile(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help / --version
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "unet: %s (see 'unet --help')\n", e.what());
+    return 1;
+  } catch (const unet::UserError& e) {
+    std::fprintf(stderr, "unet: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "unet: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,132 @@
+#include "config.h"
+
+#include <sstream>
+
+#include "util.h"
+
+namespace unet {
+
+ModelConfig preset(const std::string& name) {
+  ModelConfig c;  // defaults are seed64
+  if (name == "seed64") return c;
+  if (name == "tiny32") {
+    c.image_size = 32;
+    c.num_channels = 32;
+    c.channel_mult = {1, 2};
+    c.num_res_blocks = 1;
+    c.attention_resolutions = {16};
+    c.num_head_channels = 16;
+    return c;
+  }
+  if (name == "imagenet64") {
+    // OpenAI's released ImageNet 64x64 model (guided-diffusion README MODEL_FLAGS).
+    c.num_channels = 192;
+    c.channel_mult = {1, 2, 3, 4};
+    c.num_res_blocks = 3;
+    c.attention_resolutions = {32, 16, 8};
+    c.num_heads = 4;
+    c.num_head_channels = 64;
+    c.use_new_attention_order = true;
+    c.use_scale_shift_norm = true;
+    c.resblock_updown = true;
+    c.learn_sigma = true;
+    c.class_cond = true;
+    c.num_classes = 1000;
+    c.noise_schedule = "cosine";
+    c.dropout = 0.1f;
+    return c;
+  }
+  throw UserError("unknown preset '" + name + "' (choose seed64, tiny32 or imagenet64)");
+}
+
+std::vector<std::string> preset_names() { return {"seed64", "tiny32", "imagenet64"}; }
+
+std::vector<int> parse_int_list(const std::string& s, const std::string& what) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t pos = 0;
+      int v = std::stoi(item, &pos);
+      if (pos != item.size()) throw std::invalid_argument("trailing");
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw UserError(what + ": '" + s + "' is not a comma-separated list of integers");
+    }
+  }
+  if (out.empty()) throw UserError(what + ": empty list");
+  return out;
+}
+
+std::string format_int_list(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::string ModelConfig::validate() const {
+  auto bad = [](const std::string& s) { return s; };
+  if (image_size < 1) return bad("--image-size must be positive");
+  if (in_channels < 1) return bad("--in-channels must be positive");
+  if (num_channels < 1) return bad("--num-channels must be positive");
+  if (num_res_blocks < 1) return bad("--num-res-blocks must be at least 1");
+  if (channel_mult.empty()) return bad("--channel-mult is empty");
+  for (int m : channel_mult) {
+    if (m < 1) return bad("--channel-mult values must be positive");
+    if ((m * num_channels) % 32 != 0)
+      return bad("channels " + std::to_string(m * num_channels) + " (num_channels " +
+                 std::to_string(num_channels) + " x mult " + std::to_string(m) +
+                 ") are not divisible by GroupNorm's 32 groups");
+  }
+  const int levels = (int)channel_mult.size();
+  if (image_size % (1 << (levels - 1)) != 0)
+    return bad("--image-size " + std::to_string(image_size) + " is not divisible by 2^" +
+               std::to_string(levels - 1) + " (" + std::to_string(levels) + " levels in --channel-mult)");
+  for (int r : attention_resolutions) {
+    bool ok = false;
+    for (int l = 0; l < levels; ++l) ok |= (image_size >> l) == r && (image_size % (1 << l)) == 0;
+    if (!ok)
+      return bad("--attention-resolutions " + std::to_string(r) +
+                 " is not a feature-map size of this model (sizes are " + std::to_string(image_size) +
+                 " halved per level)");
+  }
+  if (num_head_channels == 0 || num_head_channels < -1) return bad("--num-head-channels must be positive or -1");
+  if (num_head_channels == -1 && num_heads < 1) return bad("--num-heads must be positive");
+  // Attention runs at the listed resolutions and in the middle block (deepest level).
+  for (int l = 0; l < levels; ++l) {
+    int res = image_size >> l, ch = channel_mult[l] * num_channels;
+    bool attn = l == levels - 1;
+    for (int r : attention_resolutions) attn |= r == res;
+    if (!attn) continue;
+    if (num_head_channels != -1 && ch % num_head_channels != 0)
+      return bad("--num-head-channels " + std::to_string(num_head_channels) + " does not divide " +
+                 std::to_string(ch) + " attention channels");
+    if (num_head_channels == -1 && ch % num_heads != 0)
+      return bad("--num-heads " + std::to_string(num_heads) + " does not divide " +
+                 std::to_string(ch) + " attention channels");
+  }
+  if (class_cond && num_classes < 1) return bad("--num-classes must be positive with --class-cond");
+  if (!(dropout >= 0.0f && dropout < 1.0f)) return bad("--dropout must be in [0, 1)");
+  if (diffusion_steps < 2) return bad("--diffusion-steps must be at least 2");
+  if (noise_schedule != "linear" && noise_schedule != "cosine")
+    return bad("--noise-schedule must be linear or cosine, not '" + noise_schedule + "'");
+  return "";
+}
+
+std::string ModelConfig::describe() const {
+  std::ostringstream o;
+  o << "image_size=" << image_size << " in_channels=" << in_channels << " num_channels=" << num_channels
+    << " channel_mult=" << format_int_list(channel_mult) << " num_res_blocks=" << num_res_blocks
+    << " attention_resolutions=" << format_int_list(attention_resolutions) << " num_heads=" << num_heads
+    << " num_head_channels=" << num_head_channels
+    << " use_new_attention_order=" << (use_new_attention_order ? "true" : "false")
+    << " use_scale_shift_norm=" << (use_scale_shift_norm ? "true" : "false")
+    << " resblock_updown=" << (resblock_updown ? "true" : "false")
+    << " learn_sigma=" << (learn_sigma ? "true" : "false") << " class_cond=" << (class_cond ? "true" : "false");
+  if (class_cond) o << " num_classes=" << num_classes;
+  o << " dropout=" << dropout << " diffusion_steps=" << diffusion_steps << " noise_schedule=" << noise_schedule;
+  return o.str();
+}
+
+}  // namespace unet

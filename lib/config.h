@@ -1,0 +1,47 @@
+// Model and diffusion configuration: guided-diffusion's flags, presets, validation.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace unet {
+
+struct ModelConfig {
+  // Names and meaning follow guided-diffusion's script flags.
+  int image_size = 64;
+  int in_channels = 3;
+  int num_channels = 64;
+  std::vector<int> channel_mult = {1, 2, 3, 4};
+  int num_res_blocks = 2;
+  std::vector<int> attention_resolutions = {16, 8};  // image resolutions, e.g. 16 = 16x16 maps
+  int num_heads = 1;
+  int num_head_channels = 32;  // -1: use num_heads
+  bool use_new_attention_order = true;
+  bool use_scale_shift_norm = false;
+  bool resblock_updown = false;
+  bool learn_sigma = false;
+  bool class_cond = false;
+  int num_classes = 1000;
+  float dropout = 0.0f;
+  int diffusion_steps = 1000;
+  std::string noise_schedule = "linear";  // linear | cosine
+
+  int out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
+  int time_embed_dim() const { return 4 * num_channels; }
+  // Heads of an attention block with `ch` channels (guided-diffusion's rule).
+  int heads_for(int ch) const { return num_head_channels == -1 ? num_heads : ch / num_head_channels; }
+  // Returns "" when valid, else a one-line description of the problem.
+  std::string validate() const;
+  // guided-diffusion style description, e.g. "image_size=64 num_channels=64 ...".
+  std::string describe() const;
+};
+
+// Presets: "seed64" (default), "tiny32", "imagenet64". Throws UserError on unknown name.
+ModelConfig preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+// "1,2,3,4" <-> vector; parse throws UserError with `what` in the message.
+std::vector<int> parse_int_list(const std::string& s, const std::string& what);
+std::string format_int_list(const std::vector<int>& v);
+
+}  // namespace unet

@@ -1,0 +1,89 @@
+// Parameter names and PyTorch shapes for the three spec configurations, against
+// ../shared/spec/params_*.txt (guided-diffusion's own state_dict dumps).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "params.h"
+#include "testutil.h"
+
+using namespace unet;
+
+namespace {
+struct SpecFile {
+  std::string header;
+  std::vector<std::pair<std::string, std::string>> rows;  // name, "AxB"
+};
+
+SpecFile read_spec(const std::string& name) {
+  SpecFile s;
+  for (std::string dir : {test::source_dir() + "/testdata/spec", test::source_dir() + "/../shared/spec"}) {
+    std::ifstream f(dir + "/params_" + name + ".txt");
+    if (!f) continue;
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.empty()) continue;
+      if (line[0] == '#') {
+        if (s.header.empty()) s.header = line;
+        continue;
+      }
+      std::istringstream ls(line);
+      std::string n, shp;
+      ls >> n >> shp;
+      s.rows.push_back({n, shp});
+    }
+    return s;
+  }
+  ADD_FAILURE() << "spec file params_" << name << ".txt not found";
+  return s;
+}
+
+std::string shape_str(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "x" : "") + std::to_string(v[i]);
+  return s;
+}
+
+void check(const ModelConfig& cfg, const std::string& name, size_t expect_count) {
+  ASSERT_EQ(cfg.validate(), "");
+  SpecFile spec = read_spec(name);
+  ParamTable t = build_param_table(cfg);
+  ASSERT_EQ(t.params.size(), spec.rows.size()) << name;
+  for (size_t i = 0; i < spec.rows.size(); ++i) {
+    EXPECT_EQ(t.params[i].name, spec.rows[i].first) << name << " row " << i;
+    EXPECT_EQ(shape_str(t.params[i].shape), spec.rows[i].second) << spec.rows[i].first;
+  }
+  EXPECT_EQ(t.count, expect_count);
+}
+}  // namespace
+
+TEST(Params, Seed64MatchesGuidedDiffusion) { check(preset("seed64"), "seed64", 22080323); }
+TEST(Params, Tiny32MatchesGuidedDiffusion) { check(preset("tiny32"), "tiny32", 702499); }
+
+TEST(Params, Full32MatchesGuidedDiffusion) {
+  ModelConfig c = preset("tiny32");
+  c.num_heads = 2;
+  c.num_head_channels = -1;
+  c.use_new_attention_order = false;
+  c.use_scale_shift_norm = true;
+  c.resblock_updown = true;
+  c.learn_sigma = true;
+  c.class_cond = true;
+  c.num_classes = 10;
+  check(c, "full32", 829638);
+}
+
+TEST(Params, LayoutRoundTrip) {
+  ParamTable t = build_param_table(preset("tiny32"));
+  const ParamInfo& p = t.at("input_blocks.1.0.in_layers.2.weight");
+  ASSERT_TRUE(p.conv3x3);
+  auto src = test::randn(p.numel, test::test_seed());
+  std::vector<float> eng(p.numel), back(p.numel);
+  torch_to_engine(p, src.data(), eng.data());
+  // engine [o][ky][kx][i] == torch [o][i][ky][kx]
+  const int64_t I = p.shape[1];
+  EXPECT_EQ(eng[(2 * 9 + 4) * I + 5], src[(2 * I + 5) * 9 + 4]);
+  engine_to_torch(p, eng.data(), back.data());
+  EXPECT_EQ(src, back);
+}

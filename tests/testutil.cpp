@@ -1,0 +1,113 @@
+#include "testutil.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <algorithm>
+
+namespace unet::test {
+
+uint64_t test_seed() {
+  static uint64_t seed = [] {
+    const char* e = std::getenv("UNET_TEST_SEED");
+    uint64_t s = e ? std::strtoull(e, nullptr, 10) : std::random_device{}();
+    std::fprintf(stderr, "[testutil] UNET_TEST_SEED=%llu\n", (unsigned long long)s);
+    return s;
+  }();
+  return seed;
+}
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+std::vector<float> randu(size_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+double rel_l2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    double d = (double)a[i] - b[i];
+    num += d * d;
+    den += (double)b[i] * b[i];
+  }
+  if (den == 0) return num == 0 ? 0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  return rel_l2(a.data(), b.data(), a.size());
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    double d = std::fabs((double)a[i] - b[i]);
+    if (!(d <= m)) m = d;  // NaN propagates as max
+  }
+  return m;
+}
+
+std::string temp_dir(const std::string& tag) {
+  namespace fs = std::filesystem;
+  static std::string root = [] {
+    std::string tmpl = (fs::temp_directory_path() / "unet-test-XXXXXX").string();
+    char* r = mkdtemp(tmpl.data());
+    std::string s = r ? r : "/tmp";
+    std::atexit([] {});
+    return s;
+  }();
+  static int counter = 0;
+  fs::path p = fs::path(root) / (tag + "-" + std::to_string(counter++));
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string source_dir() { return UNET_SOURCE_DIR; }
+
+RunResult run_unet(const std::string& args) {
+  std::string dir = temp_dir("run");
+  std::string out = dir + "/out.txt", err = dir + "/err.txt";
+  std::string cmd = std::string(UNET_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  int st = std::system(cmd.c_str());
+  RunResult r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  auto slurp = [](const std::string& p) {
+    std::ifstream f(p);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  };
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+bool file_exists(const std::string& p) { return std::filesystem::exists(p); }
+
+std::vector<std::string> list_dir(const std::string& d) {
+  std::vector<std::string> v;
+  for (auto& e : std::filesystem::directory_iterator(d)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace unet::test

@@ -1,0 +1,31 @@
+// Shared test helpers: fresh random inputs, relative errors, temp dirs, running the CLI.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace unet::test {
+
+// Fresh seed per process run unless UNET_TEST_SEED is set (printed so a failure can be replayed).
+uint64_t test_seed();
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f);
+std::vector<float> randu(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+// ||a-b|| / ||b|| (L2); returns inf on NaN.
+double rel_l2(const float* a, const float* b, size_t n);
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b);
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+
+// A fresh empty directory under the test temp dir, removed at process exit.
+std::string temp_dir(const std::string& tag);
+
+struct RunResult {
+  int code;
+  std::string out, err;
+};
+// Runs the built unet binary with the given argument string (shell-quoted by the caller).
+RunResult run_unet(const std::string& args);
+std::string source_dir();  // repository root
+bool file_exists(const std::string& p);
+std::vector<std::string> list_dir(const std::string& d);
+
+}  // namespace unet::test
