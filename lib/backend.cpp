@@ -2,7 +2,19 @@
 
 #include "util.h"
 
+#include <cstdlib>
+#include <vector>
+#include <memory>
+
 namespace unet {
+
+void* Backend::alloc_host(size_t bytes) {
+  // Lives as long as the process: staging buffers are few and planned once.
+  static std::vector<std::unique_ptr<char[]>> blocks;
+  blocks.emplace_back(new char[bytes + 256]);
+  char* p = blocks.back().get();
+  return p + (256 - reinterpret_cast<uintptr_t>(p) % 256) % 256;
+}
 
 Precision parse_precision(const std::string& s) {
   if (s == "fp32") return Precision::FP32;

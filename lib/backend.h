@@ -50,6 +50,13 @@ class Backend {
   virtual void fill(float* x, float v, size_t n) = 0;
   virtual void sync() = 0;
   virtual size_t peak_bytes() const = 0;  // bytes allocated through alloc*
+  // Host memory for staging uploads (pinned on CUDA so copies are truly asynchronous); owned
+  // by the backend. fence() marks the point after all work enqueued so far; fence_wait(id)
+  // blocks until the device has reached it (the trainer uses it to know when a pinned batch
+  // buffer has been consumed and may be refilled). CPU: plain memory, no-ops.
+  virtual void* alloc_host(size_t bytes);
+  virtual uint64_t fence() { return 0; }
+  virtual void fence_wait(uint64_t id) { (void)id; }
 
   // Marks a named region (layer) for the profiler / NVTX; no-op unless a profiler is attached.
   virtual void range_push(const char* name) { (void)name; }
