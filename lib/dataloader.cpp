@@ -1,0 +1,193 @@
+#include "dataloader.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "rng.h"
+#include "util.h"
+
+namespace unet {
+
+DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
+                       int64_t start_step, int prefetch, HostAlloc host_alloc)
+    : B_(batch_size), T_(T), seed_(seed), flip_(flip), start_(start_step), next_step_(start_step) {
+#ifdef UNET_HAVE_DATASET_READER
+  DatasetReader reader(dataset_path);
+  info_ = reader.info();
+  if (info_.count < 1) throw UserError(dataset_path + ": the dataset has no images");
+  const size_t per = static_cast<size_t>(info_.image_size) * info_.image_size * 3;
+  images_.resize(static_cast<size_t>(info_.count) * per);
+  reader.read_images(0, info_.count, images_.data());
+  if (info_.has_labels) {
+    labels_ = reader.read_labels();
+    if (static_cast<int64_t>(labels_.size()) != info_.count)
+      throw UserError(dataset_path + ": labels has " + std::to_string(labels_.size()) + " entries for " +
+                      std::to_string(info_.count) + " images");
+  }
+#else
+  throw UserError(dataset_path + ": this build cannot read datasets (lib/dataset.h missing)");
+#endif
+  if (host_alloc) alloc_ = std::make_shared<const std::function<void*(size_t)>>(std::move(host_alloc));
+  init(prefetch);
+}
+
+DataLoader::DataLoader(DatasetInfo info, std::vector<uint8_t> images, std::vector<int64_t> labels,
+                       int batch_size, int T, uint64_t seed, bool flip, int64_t start_step, int prefetch,
+                       HostAlloc host_alloc)
+    : info_(std::move(info)),
+      images_(std::move(images)),
+      labels_(std::move(labels)),
+      B_(batch_size),
+      T_(T),
+      seed_(seed),
+      flip_(flip),
+      start_(start_step),
+      next_step_(start_step) {
+  const size_t per = static_cast<size_t>(info_.image_size) * info_.image_size * 3;
+  if (info_.count < 1 || info_.image_size < 1 || images_.size() != static_cast<size_t>(info_.count) * per)
+    throw UserError("dataloader: images do not match the dataset description");
+  if (info_.has_labels ? static_cast<int64_t>(labels_.size()) != info_.count : !labels_.empty())
+    throw UserError("dataloader: labels do not match the dataset description");
+  if (host_alloc) alloc_ = std::make_shared<const std::function<void*(size_t)>>(std::move(host_alloc));
+  init(prefetch);
+}
+
+void DataLoader::init(int prefetch) {
+  if (B_ < 1) throw UserError("--batch-size must be >= 1, got " + std::to_string(B_));
+  if (T_ < 1) throw UserError("diffusion_steps must be >= 1, got " + std::to_string(T_));
+  if (start_ < 0) throw UserError("dataloader: negative start step");
+  // One slot is held by the consumer, `prefetch` are filled ahead.
+  const int nslots = std::max(1, prefetch) + 1;
+  for (int i = 0; i < nslots; ++i) {
+    slots_.push_back(std::make_unique<Slot>());
+    alloc_batch(slots_.back()->batch);
+  }
+  thread_ = std::thread([this] { producer(); });
+}
+
+DataLoader::~DataLoader() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DataLoader::alloc_batch(Batch& b) const {
+  const size_t n = static_cast<size_t>(B_) * info_.image_size * info_.image_size * 3;
+  HostAllocator<float> af(alloc_);
+  HostAllocator<int32_t> ai(alloc_);
+  b.x0 = HostVector<float>(n, 0.0f, af);
+  b.noise = HostVector<float>(n, 0.0f, af);
+  b.t = HostVector<float>(B_, 0.0f, af);
+  b.labels = HostVector<int32_t>(B_, 0, ai);
+}
+
+std::vector<int64_t> DataLoader::epoch_permutation(uint64_t seed, int64_t epoch, int64_t N) {
+  std::vector<int64_t> p(N);
+  for (int64_t j = 0; j < N; ++j) p[j] = j;
+  const uint64_t key = rng_key(seed, Stream::Shuffle, static_cast<uint64_t>(epoch));
+  for (int64_t j = N - 1; j > 0; --j) std::swap(p[j], p[randint(key, Stream::Shuffle, j, j + 1)]);
+  return p;
+}
+
+int64_t DataLoader::dataset_index(int64_t i) const {
+  const int64_t N = info_.count;
+  return epoch_permutation(seed_, i / N, N)[i % N];
+}
+
+Batch DataLoader::compute(int64_t step) const {
+  Batch b;
+  alloc_batch(b);  // (with a host_alloc this takes from it too; tests use the default)
+  PermCache cache;
+  fill(step, b, cache);
+  return b;
+}
+
+void DataLoader::fill(int64_t step, Batch& out, PermCache& cache) const {
+  const int64_t N = info_.count;
+  const int S = info_.image_size;
+  const size_t numel = static_cast<size_t>(S) * S * 3;
+  // Dataset indices first (serially: the permutation cache is not shared between threads).
+  std::vector<int64_t> idx(B_);
+  for (int b = 0; b < B_; ++b) {
+    const int64_t i = step * B_ + b;
+    const int64_t e = i / N;
+    if (cache.epoch != e) {
+      cache.perm = epoch_permutation(seed_, e, N);
+      cache.epoch = e;
+    }
+    idx[b] = cache.perm[i % N];
+  }
+  const uint64_t knoise = rng_key(seed_, Stream::TrainNoise, static_cast<uint64_t>(step));
+  const uint64_t kt = rng_key(seed_, Stream::TrainTimestep, static_cast<uint64_t>(step));
+  const uint64_t kflip = rng_key(seed_, Stream::TrainFlip, static_cast<uint64_t>(step));
+  float* x0 = out.x0.data();
+  float* noise = out.noise.data();
+#pragma omp parallel for schedule(static)
+  for (int b = 0; b < B_; ++b) {
+    const uint8_t* img = images_.data() + static_cast<size_t>(idx[b]) * numel;
+    float* dst = x0 + b * numel;
+    const bool flip = flip_ && uniform01(kflip, Stream::TrainFlip, b) < 0.5f;
+    for (int y = 0; y < S; ++y)
+      for (int x = 0; x < S; ++x) {
+        const uint8_t* src = img + (static_cast<size_t>(y) * S + (flip ? S - 1 - x : x)) * 3;
+        float* d = dst + (static_cast<size_t>(y) * S + x) * 3;
+        // As guided-diffusion: arr.astype(np.float32) / 127.5 - 1, in float32.
+        for (int c = 0; c < 3; ++c) d[c] = static_cast<float>(src[c]) / 127.5f - 1.0f;
+      }
+    normal_fill(knoise, Stream::TrainNoise, static_cast<uint64_t>(b) * numel, numel, noise + b * numel);
+  }
+  for (int b = 0; b < B_; ++b) {
+    out.t[b] = static_cast<float>(randint(kt, Stream::TrainTimestep, b, T_));
+    out.labels[b] = labels_.empty() ? 0 : static_cast<int32_t>(labels_[idx[b]]);
+  }
+  out.step = step;
+}
+
+void DataLoader::producer() {
+  PermCache cache;
+  const int nslots = static_cast<int>(slots_.size());
+  try {
+    for (int64_t s = start_;; ++s) {
+      Slot& slot = *slots_[(s - start_) % nslots];
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || slot.state == Slot::Free; });
+        if (stop_) return;
+      }
+      fill(s, slot.batch, cache);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        slot.state = Slot::Ready;
+      }
+      cv_.notify_all();
+    }
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      error_ = std::current_exception();
+    }
+    cv_.notify_all();
+  }
+}
+
+Batch* DataLoader::next() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (held_ >= 0) {
+    slots_[held_]->state = Slot::Free;
+    held_ = -1;
+    cv_.notify_all();
+  }
+  const int k = static_cast<int>((next_step_ - start_) % static_cast<int64_t>(slots_.size()));
+  Slot& slot = *slots_[k];
+  cv_.wait(lk, [&] { return slot.state == Slot::Ready || error_; });
+  if (slot.state != Slot::Ready) std::rethrow_exception(error_);
+  slot.state = Slot::Held;
+  held_ = k;
+  ++next_step_;
+  return &slot.batch;
+}
+
+}  // namespace unet

@@ -1,0 +1,138 @@
+// Training batches for `unet train`, produced by a background thread a few steps ahead.
+//
+// Everything in a batch is a pure function of (seed, step): sample b of step s is run-sample
+// i = s*B + b, which shows dataset image perm_e[i % N] with e = i / N and perm_e a Fisher-Yates
+// shuffle driven by rng(seed, Shuffle, e); its flip, timestep and noise are drawn from
+// rng(seed, <stream>, s) at index b. So resuming at step k only needs k, and the batches never
+// depend on thread timing or prefetch depth.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if __has_include("dataset.h")
+#include "dataset.h"
+#define UNET_HAVE_DATASET_READER 1
+#else
+namespace unet {
+// Stand-in until lib/dataset.h lands (same fields as its DatasetInfo).
+struct DatasetInfo {
+  int64_t count = 0;
+  int image_size = 0;
+  bool has_labels = false;
+  std::vector<std::string> class_names;
+};
+}  // namespace unet
+#endif
+
+namespace unet {
+
+// Allocator whose memory may come from a caller-supplied function (e.g. pinned host memory from
+// Backend::alloc_host, which the backend owns: such memory is never freed here). Without one
+// it is operator new/delete. Buffers are sized once, so nothing is ever reallocated.
+template <class T>
+struct HostAllocator {
+  using value_type = T;
+  std::shared_ptr<const std::function<void*(size_t)>> fn;
+  HostAllocator() = default;
+  explicit HostAllocator(std::shared_ptr<const std::function<void*(size_t)>> f) : fn(std::move(f)) {}
+  template <class U>
+  HostAllocator(const HostAllocator<U>& o) : fn(o.fn) {}
+  T* allocate(size_t n) {
+    if (fn && *fn) return static_cast<T*>((*fn)(n * sizeof(T)));
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, size_t) {
+    if (!(fn && *fn)) ::operator delete(p);
+  }
+  template <class U>
+  bool operator==(const HostAllocator<U>& o) const {
+    return fn == o.fn;
+  }
+  template <class U>
+  bool operator!=(const HostAllocator<U>& o) const {
+    return fn != o.fn;
+  }
+};
+template <class T>
+using HostVector = std::vector<T, HostAllocator<T>>;
+
+struct Batch {
+  HostVector<float> x0;        // [B,H,W,C] NHWC in [-1,1] (u8/127.5 - 1), flipped per sample unless no_flip
+  HostVector<float> noise;     // [B,H,W,C] N(0,1)
+  HostVector<float> t;         // [B] integer timesteps in [0,T) as float, uniform
+  HostVector<int32_t> labels;  // [B] (zeros when the dataset has no labels)
+  int64_t step = -1;
+};
+
+class DataLoader {
+ public:
+  using HostAlloc = std::function<void*(size_t bytes)>;
+  // Reads the whole `images` array into RAM here (HDF5 is not thread-safe; the background thread
+  // never touches it). Throws UserError on a bad file or arguments.
+  DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
+             int64_t start_step, int prefetch = 3, HostAlloc host_alloc = nullptr);
+  // An in-memory dataset: images uint8 [count, S, S, 3], labels [count] or empty.
+  DataLoader(DatasetInfo info, std::vector<uint8_t> images, std::vector<int64_t> labels, int batch_size,
+             int T, uint64_t seed, bool flip, int64_t start_step, int prefetch = 3,
+             HostAlloc host_alloc = nullptr);
+  ~DataLoader();  // stops and joins the background thread
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  const DatasetInfo& info() const { return info_; }
+  int batch_size() const { return B_; }
+
+  // Blocks until the batch of the next step (start_step, start_step+1, ...) is ready. The pointer
+  // stays valid, and the buffer untouched, until the following next() call. Rethrows an error of
+  // the background thread.
+  Batch* next();
+
+  // ---- the pure functions the thread evaluates (for tests and tools) ----
+  // Dataset image shown as run-sample i (= step*B + b).
+  int64_t dataset_index(int64_t i) const;
+  // The batch of `step`, computed on the calling thread (same values next() delivers).
+  Batch compute(int64_t step) const;
+  // perm[j] for epoch e of an N-image dataset: Fisher-Yates with randint(key(seed, Shuffle, e), j).
+  static std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t N);
+
+ private:
+  struct PermCache {
+    int64_t epoch = -1;
+    std::vector<int64_t> perm;
+  };
+  struct Slot {
+    Batch batch;
+    enum State { Free, Ready, Held } state = Free;
+  };
+  void init(int prefetch);
+  void fill(int64_t step, Batch& out, PermCache& cache) const;
+  void alloc_batch(Batch& b) const;
+  void producer();
+
+  DatasetInfo info_;
+  std::vector<uint8_t> images_;
+  std::vector<int64_t> labels_;
+  int B_, T_;
+  uint64_t seed_;
+  bool flip_;
+  int64_t start_;
+  std::shared_ptr<const std::function<void*(size_t)>> alloc_;
+
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  int64_t next_step_;  // the step next() returns next
+  int held_ = -1;      // slot held by the consumer
+  std::thread thread_;
+};
+
+}  // namespace unet

@@ -1,0 +1,97 @@
+// DDPM (ancestral) and DDIM sampling, batched on the model's backend (SPEC §1 sample, §4).
+//
+// Randomness is counter-based (rng.h) and indexed by the GLOBAL sample number, so the images do
+// not depend on --batch-size: x_T[i] = normal(seed, SampleInit, i*numel + j) (j = NHWC element),
+// the step noise of timestep t is normal(rng_key(seed, SampleStep, t), SampleStep, i*numel + j),
+// and a class-conditional model sampled without labels gets randint(seed, SampleLabel, i, K)
+// (guided-diffusion's image_sample.py likewise draws random classes).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "diffusion.h"
+#include "model.h"
+
+namespace unet {
+
+struct SampleOptions {
+  std::string sampler = "ddpm";  // ddpm | ddim
+  int steps = 0;                 // 0 = all T; else respaced (ddpm) / DDIM step count
+  float eta = 0;                 // DDIM only, in [0, 1]
+  bool clip = true;              // clip predicted x0 to [-1, 1]
+  uint64_t seed = 0;
+  int batch_size = 0;  // 0 = n
+};
+
+// What the sampler needs to know about the network, and the network itself as a function:
+// denoise(x, t, labels, out, B) with all pointers in backend memory, x [B,H,W,C], t [B] original
+// timesteps as floats, labels int32 [B] (nullptr when unconditional), out [B,H,W,C or 2C].
+struct SamplerNet {
+  int image_size = 0, channels = 0;
+  bool learn_sigma = false;
+  bool class_cond = false;
+  int num_classes = 0;
+  int diffusion_steps = 0;
+  std::string noise_schedule = "linear";
+  std::function<void(const float* x, const float* t, const int32_t* labels, float* out, int B)> denoise;
+};
+
+// Sampler state: device and host buffers for batches of up to max_batch, allocated once
+// (Backend memory is never freed before the backend, so a trainer that samples every N steps
+// keeps one Sampler instead of allocating per call).
+class Sampler {
+ public:
+  Sampler(Backend& be, SamplerNet net, int max_batch);
+  int max_batch() const { return bmax_; }
+  // Generates n images into out_nhwc (host, n*H*W*C floats): the value after the last step (in
+  // [-1, 1] when clipping). noise_nhwc (host, n*H*W*C, NHWC) gives x_T, else it is drawn from the
+  // rng. labels (host, n) are used by class-conditional nets, else ignored. Batches hold
+  // min(opt.batch_size or n, max_batch()) images. progress(done, total) counts sampler steps over
+  // all batches (total = batches * steps). Throws UserError on bad options.
+  void run(const SampleOptions& opt, int n, const float* noise_nhwc, const int32_t* labels, float* out_nhwc,
+           const std::function<void(int, int)>& progress);
+
+ private:
+  Backend& be_;
+  SamplerNet net_;
+  int bmax_;
+  float *x_, *out_, *eps_, *var_, *x0_, *noise_, *t_;
+  int32_t* y_;
+  std::vector<float> hz_, hnoise_, hvar_, ht_;
+  std::vector<int32_t> hy_;
+};
+
+// One-shot: a Sampler for min(opt.batch_size or n, n) images per batch, run once.
+void sample(Backend& be, const SamplerNet& net, const SampleOptions& opt, int n, const float* noise_nhwc,
+            const int32_t* labels, float* out_nhwc, const std::function<void(int, int)>& progress);
+
+// SamplerNet for a Model: Model::forward(train=false). The model must be planned for the batch.
+// (Inline so that code using only the function-based sampler does not link the model.)
+inline SamplerNet sampler_net(Model& model) {
+  const ModelConfig& c = model.config();
+  SamplerNet net;
+  net.image_size = c.image_size;
+  net.channels = c.in_channels;
+  net.learn_sigma = c.learn_sigma;
+  net.class_cond = c.class_cond;
+  net.num_classes = c.num_classes;
+  net.diffusion_steps = c.diffusion_steps;
+  net.noise_schedule = c.noise_schedule;
+  net.denoise = [&model](const float* x, const float* t, const int32_t* y, float* out, int B) {
+    model.forward(x, t, y, out, B, /*train=*/false);
+  };
+  return net;
+}
+
+// The one-shot sampler with a Model: plans its activations for the batch first.
+inline void sample(Model& model, const SampleOptions& opt, int n, const float* noise_nhwc,
+                   const int32_t* labels, float* out_nhwc, const std::function<void(int, int)>& progress) {
+  if (n >= 1) model.plan(opt.batch_size > 0 ? std::min(opt.batch_size, n) : n);
+  sample(model.backend(), sampler_net(model), opt, n, noise_nhwc, labels, out_nhwc, progress);
+}
+
+}  // namespace unet
