@@ -60,7 +60,7 @@ void DataLoader::init(int prefetch) {
   const int nslots = std::max(1, prefetch) + 1;
   for (int i = 0; i < nslots; ++i) {
     slots_.push_back(std::make_unique<Slot>());
-    alloc_batch(slots_.back()->batch);
+    alloc_batch(slots_.back()->batch, true);
   }
   thread_ = std::thread([this] { producer(); });
 }
@@ -74,10 +74,10 @@ DataLoader::~DataLoader() {
   if (thread_.joinable()) thread_.join();
 }
 
-void DataLoader::alloc_batch(Batch& b) const {
+void DataLoader::alloc_batch(Batch& b, bool use_hook) const {
   const size_t n = static_cast<size_t>(B_) * info_.image_size * info_.image_size * 3;
-  HostAllocator<float> af(alloc_);
-  HostAllocator<int32_t> ai(alloc_);
+  HostAllocator<float> af(use_hook ? alloc_ : nullptr);
+  HostAllocator<int32_t> ai(use_hook ? alloc_ : nullptr);
   b.x0 = HostVector<float>(n, 0.0f, af);
   b.noise = HostVector<float>(n, 0.0f, af);
   b.t = HostVector<float>(B_, 0.0f, af);
@@ -99,7 +99,7 @@ int64_t DataLoader::dataset_index(int64_t i) const {
 
 Batch DataLoader::compute(int64_t step) const {
   Batch b;
-  alloc_batch(b);  // (with a host_alloc this takes from it too; tests use the default)
+  alloc_batch(b, false);  // plain memory: the hook's (pinned) memory is for the ring only
   PermCache cache;
   fill(step, b, cache);
   return b;
@@ -125,7 +125,7 @@ void DataLoader::fill(int64_t step, Batch& out, PermCache& cache) const {
   const uint64_t kflip = rng_key(seed_, Stream::TrainFlip, static_cast<uint64_t>(step));
   float* x0 = out.x0.data();
   float* noise = out.noise.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <size_t>(B_) * numel > 32768)
   for (int b = 0; b < B_; ++b) {
     const uint8_t* img = images_.data() + static_cast<size_t>(idx[b]) * numel;
     float* dst = x0 + b * numel;

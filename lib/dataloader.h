@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if __has_include("dataset.h")
@@ -39,6 +40,10 @@ namespace unet {
 template <class T>
 struct HostAllocator {
   using value_type = T;
+  // Assignment and swap carry the allocator along, so a vector never migrates to other memory.
+  using propagate_on_container_copy_assignment = std::true_type;
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_swap = std::true_type;
   std::shared_ptr<const std::function<void*(size_t)>> fn;
   HostAllocator() = default;
   explicit HostAllocator(std::shared_ptr<const std::function<void*(size_t)>> f) : fn(std::move(f)) {}
@@ -113,7 +118,7 @@ class DataLoader {
   };
   void init(int prefetch);
   void fill(int64_t step, Batch& out, PermCache& cache) const;
-  void alloc_batch(Batch& b) const;
+  void alloc_batch(Batch& b, bool use_hook) const;
   void producer();
 
   DatasetInfo info_;
