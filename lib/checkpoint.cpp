@@ -1,0 +1,242 @@
+#include "checkpoint.h"
+
+#include <algorithm>
+#include <climits>
+#include <set>
+#include <stdexcept>
+
+#include "util.h"
+
+namespace unet {
+
+namespace {
+constexpr const char* kFormat = "unet-checkpoint";
+constexpr int64_t kVersion = 1;
+
+std::string shape_str(const std::vector<hsize_t>& v) {
+  if (v.empty()) return "scalar";
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "x" : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::vector<hsize_t> to_hsize(const std::vector<int64_t>& v) {
+  return std::vector<hsize_t>(v.begin(), v.end());
+}
+
+std::vector<int64_t> to_i64(const std::vector<int>& v) { return std::vector<int64_t>(v.begin(), v.end()); }
+
+void check_arena(const std::vector<float>& a, const ParamTable& t, const char* what) {
+  if (a.size() != t.total)
+    throw std::invalid_argument(std::string("save_checkpoint: ") + what + " arena has " +
+                                std::to_string(a.size()) + " floats, expected " + std::to_string(t.total));
+}
+
+// Attribute readers with checkpoint-specific messages: "<file>: missing attribute 'x'".
+struct AttrReader {
+  h5::File& f;
+  const std::string& obj;
+  void need(const std::string& name) const {
+    if (!h5::has_attr(f, obj, name))
+      throw UserError(f.path() + ": missing attribute '" + name + "'" + (obj == "/" ? "" : " on " + obj) +
+                      " (not a complete unet checkpoint)");
+  }
+  int64_t i64(const std::string& name) const {
+    need(name);
+    return h5::get_attr_i64(f, obj, name);
+  }
+  int i32(const std::string& name) const {
+    int64_t v = i64(name);
+    if (v < INT32_MIN || v > INT32_MAX)
+      throw UserError(f.path() + ": attribute '" + name + "' is out of range");
+    return (int)v;
+  }
+  bool flag(const std::string& name) const { return i64(name) != 0; }
+  double f64(const std::string& name) const {
+    need(name);
+    return h5::get_attr_f64(f, obj, name);
+  }
+  std::string str(const std::string& name) const {
+    need(name);
+    return h5::get_attr_str(f, obj, name);
+  }
+  std::vector<int> ints(const std::string& name) const {
+    need(name);
+    std::vector<int> out;
+    for (int64_t v : h5::get_attr_i64v(f, obj, name)) {
+      if (v < INT32_MIN || v > INT32_MAX)
+        throw UserError(f.path() + ": attribute '" + name + "' is out of range");
+      out.push_back((int)v);
+    }
+    return out;
+  }
+};
+}  // namespace
+
+void write_config(h5::File& f, const ModelConfig& c, const std::string& obj) {
+  h5::set_attr(f, obj, "format", kFormat);
+  h5::set_attr(f, obj, "version", kVersion);
+  h5::set_attr(f, obj, "image_size", c.image_size);
+  h5::set_attr(f, obj, "in_channels", c.in_channels);
+  h5::set_attr(f, obj, "num_channels", c.num_channels);
+  h5::set_attr(f, obj, "channel_mult", to_i64(c.channel_mult));
+  h5::set_attr(f, obj, "num_res_blocks", c.num_res_blocks);
+  h5::set_attr(f, obj, "attention_resolutions", to_i64(c.attention_resolutions));
+  h5::set_attr(f, obj, "num_heads", c.num_heads);
+  h5::set_attr(f, obj, "num_head_channels", c.num_head_channels);
+  h5::set_attr(f, obj, "use_new_attention_order", c.use_new_attention_order);
+  h5::set_attr(f, obj, "use_scale_shift_norm", c.use_scale_shift_norm);
+  h5::set_attr(f, obj, "resblock_updown", c.resblock_updown);
+  h5::set_attr(f, obj, "learn_sigma", c.learn_sigma);
+  h5::set_attr(f, obj, "class_cond", c.class_cond);
+  h5::set_attr(f, obj, "num_classes", c.num_classes);
+  h5::set_attr(f, obj, "dropout", (double)c.dropout);
+  h5::set_attr(f, obj, "diffusion_steps", c.diffusion_steps);
+  h5::set_attr(f, obj, "noise_schedule", c.noise_schedule);
+}
+
+ModelConfig read_config(h5::File& f, const std::string& obj) {
+  AttrReader a{f, obj};
+  if (!h5::has_attr(f, obj, "format"))
+    throw UserError(f.path() + ": not a unet checkpoint (no 'format' attribute)");
+  std::string fmt = h5::get_attr_str(f, obj, "format");
+  if (fmt != kFormat) throw UserError(f.path() + ": not a unet checkpoint (format is '" + fmt + "')");
+  int64_t ver = a.i64("version");
+  if (ver != kVersion)
+    throw UserError(f.path() + ": checkpoint version " + std::to_string(ver) +
+                    " is not supported (this unet reads " + std::to_string(kVersion) + ")");
+  ModelConfig c;
+  c.image_size = a.i32("image_size");
+  c.in_channels = a.i32("in_channels");
+  c.num_channels = a.i32("num_channels");
+  c.channel_mult = a.ints("channel_mult");
+  c.num_res_blocks = a.i32("num_res_blocks");
+  c.attention_resolutions = a.ints("attention_resolutions");
+  c.num_heads = a.i32("num_heads");
+  c.num_head_channels = a.i32("num_head_channels");
+  c.use_new_attention_order = a.flag("use_new_attention_order");
+  c.use_scale_shift_norm = a.flag("use_scale_shift_norm");
+  c.resblock_updown = a.flag("resblock_updown");
+  c.learn_sigma = a.flag("learn_sigma");
+  c.class_cond = a.flag("class_cond");
+  c.num_classes = a.i32("num_classes");
+  c.dropout = (float)a.f64("dropout");
+  c.diffusion_steps = a.i32("diffusion_steps");
+  c.noise_schedule = a.str("noise_schedule");
+  std::string err = c.validate();
+  if (!err.empty()) throw UserError(f.path() + ": invalid model configuration: " + err);
+  return c;
+}
+
+std::vector<float> read_param_group(h5::File& f, const std::string& group, const ParamTable& t) {
+  if (!h5::is_group(f, group)) throw UserError(f.path() + ": no '" + group + "' group");
+  // Extra tensors first: a checkpoint of another configuration is reported as such, not as a
+  // missing tensor somewhere in the middle.
+  std::set<std::string> known;
+  for (auto& p : t.params) known.insert(p.name);
+  for (auto& name : h5::list(f, group))
+    if (!known.count(name))
+      throw UserError(f.path() + ": unexpected tensor " + group + "/" + name +
+                      " (not a parameter of the configuration in the file's attributes)");
+  std::vector<float> arena(t.total, 0.0f), tmp;
+  for (auto& p : t.params) {
+    const std::string path = group + "/" + p.name;
+    if (!h5::is_dataset(f, path)) throw UserError(f.path() + ": " + path + " is missing");
+    auto dt = h5::dtype(f, path);
+    if (dt != h5::DType::F32 && dt != h5::DType::F64)
+      throw UserError(f.path() + ": " + path + " has type " + h5::dtype_name(dt) + ", expected float32");
+    auto shp = h5::shape(f, path);
+    auto want = to_hsize(p.shape);
+    if (shp != want)
+      throw UserError(f.path() + ": " + path + " has shape " + shape_str(shp) + ", expected " +
+                      shape_str(want));
+    tmp.resize(p.numel);
+    h5::read_f32_into(f, path, tmp.data(), tmp.size());
+    torch_to_engine(p, tmp.data(), arena.data() + p.offset);
+  }
+  return arena;
+}
+
+void write_param_group(h5::File& f, const std::string& group, const ParamTable& t,
+                       const std::vector<float>& arena) {
+  if (arena.size() != t.total)
+    throw std::invalid_argument("write_param_group: " + group + " arena has " + std::to_string(arena.size()) +
+                                " floats, expected " + std::to_string(t.total));
+  h5::create_group(f, group);
+  std::vector<float> tmp;
+  for (auto& p : t.params) {
+    tmp.resize(p.numel);
+    engine_to_torch(p, arena.data() + p.offset, tmp.data());
+    h5::write_f32(f, group + "/" + p.name, tmp.data(), to_hsize(p.shape));
+  }
+}
+
+void save_checkpoint(const std::string& path, const Checkpoint& ck) {
+  std::string err = ck.cfg.validate();
+  if (!err.empty()) throw std::invalid_argument("save_checkpoint: invalid configuration: " + err);
+  const ParamTable t = build_param_table(ck.cfg);
+  check_arena(ck.model, t, "model");
+  if (!ck.ema.empty()) check_arena(ck.ema, t, "ema");
+  if (ck.has_optimizer) {
+    check_arena(ck.opt.m, t, "optimizer m");
+    check_arena(ck.opt.v, t, "optimizer v");
+  }
+  AtomicFile out(path);  // checks the directory; removes the temporary unless committed
+  {
+    h5::File f = h5::File::create(out.tmp_path());
+    write_config(f, ck.cfg);
+    write_param_group(f, "model", t, ck.model);
+    if (!ck.ema.empty()) write_param_group(f, "ema", t, ck.ema);
+    if (ck.has_optimizer) {
+      write_param_group(f, "optimizer/m", t, ck.opt.m);
+      write_param_group(f, "optimizer/v", t, ck.opt.v);
+      h5::set_attr(f, "optimizer", "step", ck.opt.step);
+      h5::set_attr(f, "optimizer", "lr", ck.opt.lr);
+      h5::set_attr(f, "optimizer", "beta1", ck.opt.beta1);
+      h5::set_attr(f, "optimizer", "beta2", ck.opt.beta2);
+      h5::set_attr(f, "optimizer", "eps", ck.opt.eps);
+      h5::set_attr(f, "optimizer", "weight_decay", ck.opt.weight_decay);
+    }
+    if (!ck.state.empty()) {
+      h5::create_group(f, "state");
+      for (auto& [k, v] : ck.state) h5::set_attr(f, "state", k, v);
+    }
+    f.close();  // surfaces flush errors (disk full) before the rename
+  }
+  out.commit();
+}
+
+Checkpoint load_checkpoint(const std::string& path, bool need_optimizer) {
+  h5::File f = h5::File::open(path);
+  Checkpoint ck;
+  ck.cfg = read_config(f);
+  const ParamTable t = build_param_table(ck.cfg);
+  if (!h5::is_group(f, "model"))
+    throw UserError(path + ": no 'model' group (not a complete unet checkpoint)");
+  ck.model = read_param_group(f, "model", t);
+  if (h5::exists(f, "ema")) ck.ema = read_param_group(f, "ema", t);
+  if (need_optimizer) {
+    if (!h5::is_group(f, "optimizer"))
+      throw UserError(path + ": has no optimizer state (it cannot be resumed)");
+    AttrReader a{f, "optimizer"};
+    ck.opt.step = a.i64("step");
+    ck.opt.lr = a.f64("lr");
+    ck.opt.beta1 = a.f64("beta1");
+    ck.opt.beta2 = a.f64("beta2");
+    ck.opt.eps = a.f64("eps");
+    ck.opt.weight_decay = a.f64("weight_decay");
+    ck.opt.m = read_param_group(f, "optimizer/m", t);
+    ck.opt.v = read_param_group(f, "optimizer/v", t);
+    ck.has_optimizer = true;
+  }
+  if (h5::is_group(f, "state"))
+    for (auto& name : h5::list_attrs(f, "state")) ck.state[name] = h5::get_attr_i64(f, "state", name);
+  return ck;
+}
+
+ModelConfig read_checkpoint_config(const std::string& path) {
+  h5::File f = h5::File::open(path);
+  return read_config(f);
+}
+
+}  // namespace unet
