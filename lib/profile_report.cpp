@@ -1,0 +1,737 @@
+// Aggregation, roofline math, report formatting and the Chrome trace writer of `unet profile`.
+#include "profile_report.h"
+
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+
+#include "profiler_cupti.h"
+
+namespace unet::prof {
+
+using ojson = nlohmann::ordered_json;
+
+// ---------------------------------------------------------------------------------------------
+// Kernel summaries
+
+std::string demangle(const std::string& mangled) {
+  if (mangled.rfind("_Z", 0) != 0) return mangled;
+  int status = 0;
+  char* s = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+  if (status != 0 || !s) return mangled;
+  std::string out(s);
+  std::free(s);
+  return out;
+}
+
+std::vector<SumRow> summarize(const std::vector<Activity>& acts, bool kernels) {
+  std::map<std::string, std::vector<uint64_t>> by_name;
+  std::map<std::string, uint64_t> bytes;
+  for (const auto& a : acts) {
+    if ((a.kind == ActivityKind::Kernel) != kernels) continue;
+    by_name[a.name].push_back(a.duration());
+    bytes[a.name] += a.bytes;
+  }
+  uint64_t all = 0;
+  for (auto& kv : by_name)
+    for (uint64_t d : kv.second) all += d;
+  std::vector<SumRow> rows;
+  for (auto& kv : by_name) {
+    auto& d = kv.second;
+    std::sort(d.begin(), d.end());
+    SumRow r;
+    r.name = kv.first;
+    r.instances = d.size();
+    for (uint64_t x : d) r.total_ns += x;
+    r.avg_ns = (double)r.total_ns / d.size();
+    const size_t n = d.size();
+    r.med_ns = n % 2 ? (double)d[n / 2] : 0.5 * ((double)d[n / 2 - 1] + (double)d[n / 2]);
+    r.min_ns = d.front();
+    r.max_ns = d.back();
+    if (n > 1) {
+      double ss = 0;
+      for (uint64_t x : d) ss += ((double)x - r.avg_ns) * ((double)x - r.avg_ns);
+      r.stddev_ns = std::sqrt(ss / (double)(n - 1));
+    }
+    r.time_pct = all ? 100.0 * (double)r.total_ns / (double)all : 0.0;
+    r.bytes = bytes[kv.first];
+    rows.push_back(std::move(r));
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const SumRow& a, const SumRow& b) {
+    return a.total_ns != b.total_ns ? a.total_ns > b.total_ns : a.name < b.name;
+  });
+  return rows;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layer ranges
+
+RangeTracker::RangeTracker(Clock clock) : clock_(std::move(clock)) {
+  if (!clock_)
+    clock_ = [] {
+      return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+}
+
+void RangeTracker::push(const char* name) {
+  RangeInstance r;
+  r.id = next_id_++;
+  r.parent = current();
+  r.name = name ? name : "";
+  r.depth = (int)stack_.size();
+  r.host_start = clock_();
+  index_[r.id] = inst_.size();
+  inst_.push_back(std::move(r));
+  stack_.push_back(inst_.back().id);
+  if (on_push) on_push(inst_.back().id);
+}
+
+void RangeTracker::pop() {
+  if (stack_.empty()) return;  // unbalanced pop: ignore rather than corrupt the tree
+  if (on_pop) on_pop();
+  auto it = index_.find(stack_.back());
+  if (it != index_.end()) inst_[it->second].host_end = clock_();
+  stack_.pop_back();
+}
+
+void RangeTracker::add_cost(double flops, double bytes) {
+  if (!stack_.empty()) {
+    auto it = index_.find(stack_.back());
+    if (it != index_.end()) {
+      inst_[it->second].flops += flops;
+      inst_[it->second].bytes += bytes;
+      return;
+    }
+  }
+  out_flops_ += flops;
+  out_bytes_ += bytes;
+}
+
+void RangeTracker::clear() {
+  if (!stack_.empty()) throw std::logic_error("RangeTracker::clear with open ranges");
+  inst_.clear();
+  index_.clear();
+  out_flops_ = out_bytes_ = 0;
+}
+
+const RangeInstance* RangeTracker::find(uint64_t id) const {
+  auto it = index_.find(id);
+  return it == index_.end() ? nullptr : &inst_[it->second];
+}
+
+std::string range_path(const RangeTracker& t, uint64_t id) {
+  std::vector<const std::string*> parts;
+  for (const RangeInstance* r = t.find(id); r; r = r->parent ? t.find(r->parent) : nullptr) parts.push_back(&r->name);
+  std::string p;
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    if (!p.empty()) p += '/';
+    p += **it;
+  }
+  return p;
+}
+
+void assign_ranges_by_launch_time(std::vector<Activity>& acts, const std::vector<RangeInstance>& inst) {
+  if (inst.empty()) return;
+  std::vector<size_t> order(inst.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return inst[a].host_start < inst[b].host_start; });
+  std::unordered_map<uint64_t, size_t> index;
+  for (size_t i = 0; i < inst.size(); ++i) index[inst[i].id] = i;
+  for (auto& a : acts) {
+    if (a.range || !a.launch) continue;
+    // The last range opened at or before the launch; if it had closed already, its enclosing
+    // ranges are the candidates (ranges nest, so one of them is the innermost open one).
+    auto it = std::upper_bound(order.begin(), order.end(), a.launch,
+                               [&](uint64_t t, size_t i) { return t < inst[i].host_start; });
+    if (it == order.begin()) continue;
+    const RangeInstance* r = &inst[*(it - 1)];
+    while (r && r->host_end && r->host_end < a.launch) {
+      auto p = r->parent ? index.find(r->parent) : index.end();
+      r = p == index.end() ? nullptr : &inst[p->second];
+    }
+    if (r) a.range = r->id;
+  }
+}
+
+std::vector<LayerRow> aggregate_layers(const std::vector<RangeInstance>& inst, const std::vector<Activity>& acts,
+                                       double outside_flops, double outside_bytes) {
+  struct Node {
+    LayerRow row;
+    std::vector<size_t> children;
+  };
+  std::vector<Node> nodes;
+  std::vector<size_t> roots;
+  std::unordered_map<std::string, size_t> by_path;
+  std::unordered_map<uint64_t, size_t> node_of;  // instance id -> node
+  std::unordered_map<uint64_t, const RangeInstance*> inst_by_id;
+  for (const auto& r : inst) inst_by_id[r.id] = &r;
+
+  // Instances in push order: a parent is always seen before its children.
+  std::vector<const RangeInstance*> ordered;
+  for (const auto& r : inst) ordered.push_back(&r);
+  std::sort(ordered.begin(), ordered.end(), [](auto* a, auto* b) { return a->id < b->id; });
+  for (const RangeInstance* r : ordered) {
+    auto pn = r->parent ? node_of.find(r->parent) : node_of.end();
+    const bool has_parent = pn != node_of.end();
+    std::string path = has_parent ? nodes[pn->second].row.path + "/" + r->name : r->name;
+    auto it = by_path.find(path);
+    size_t n;
+    if (it == by_path.end()) {
+      n = nodes.size();
+      Node node;
+      node.row.path = path;
+      node.row.name = r->name;
+      node.row.depth = has_parent ? nodes[pn->second].row.depth + 1 : 0;
+      nodes.push_back(std::move(node));
+      by_path[path] = n;
+      if (has_parent)
+        nodes[pn->second].children.push_back(n);
+      else
+        roots.push_back(n);
+    } else {
+      n = it->second;
+    }
+    node_of[r->id] = n;
+    nodes[n].row.calls++;
+    nodes[n].row.flops += r->flops;
+    nodes[n].row.bytes += r->bytes;
+  }
+  LayerRow outside;
+  outside.name = outside.path = "(outside layer ranges)";
+  outside.flops = outside_flops;
+  outside.bytes = outside_bytes;
+  for (const auto& a : acts) {
+    auto it = a.range ? node_of.find(a.range) : node_of.end();
+    LayerRow& row = it == node_of.end() ? outside : nodes[it->second].row;
+    row.time_ns += a.duration();
+    row.kernels++;
+  }
+  // Inclusive totals, children first.
+  std::function<void(size_t)> fold = [&](size_t n) {
+    for (size_t c : nodes[n].children) {
+      fold(c);
+      nodes[n].row.time_ns += nodes[c].row.time_ns;
+      nodes[n].row.kernels += nodes[c].row.kernels;
+      nodes[n].row.flops += nodes[c].row.flops;
+      nodes[n].row.bytes += nodes[c].row.bytes;
+    }
+  };
+  for (size_t r : roots) fold(r);
+  std::vector<LayerRow> out;
+  std::function<void(size_t)> emit = [&](size_t n) {
+    out.push_back(nodes[n].row);
+    for (size_t c : nodes[n].children) emit(c);
+  };
+  for (size_t r : roots) emit(r);
+  if (outside.kernels || outside.flops > 0) out.push_back(outside);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Peaks and roofline
+
+namespace {
+struct Datasheet {
+  const char* match;  // substring of the CUDA device name
+  const char* label;
+  double fp32, tf32, bf16, gbps;  // dense TFLOP/s, GB/s
+};
+// NVIDIA datasheet numbers (dense, no sparsity). Order matters: the first match wins.
+const Datasheet kSheets[] = {
+    {"H100 NVL", "NVIDIA H100 NVL datasheet", 60.0, 417.5, 835.0, 3900},
+    {"H100 PCIe", "NVIDIA H100 PCIe datasheet", 51.2, 378.0, 756.0, 2000},
+    {"H100", "NVIDIA H100 SXM5 datasheet", 66.9, 494.7, 989.4, 3352},
+    {"H200 NVL", "NVIDIA H200 NVL datasheet", 60.0, 417.5, 835.0, 4800},
+    {"H200", "NVIDIA H200 SXM datasheet", 66.9, 494.7, 989.4, 4800},
+    {"A100-SXM4-80GB", "NVIDIA A100 SXM4 80GB datasheet", 19.5, 156.0, 312.0, 2039},
+    {"A100 80GB PCIe", "NVIDIA A100 PCIe 80GB datasheet", 19.5, 156.0, 312.0, 1935},
+    {"A100", "NVIDIA A100 40GB datasheet", 19.5, 156.0, 312.0, 1555},
+};
+
+// Dense FLOP per clock per SM: {fp32 CUDA cores, TF32 tensor, BF16 tensor}.
+void flop_per_clock(int major, int minor, double out[3], bool* known) {
+  *known = true;
+  if (major == 9) out[0] = 256, out[1] = 2048, out[2] = 4096;
+  else if (major == 10) out[0] = 256, out[1] = 4096, out[2] = 8192;
+  else if (major == 8 && minor == 0) out[0] = 128, out[1] = 1024, out[2] = 2048;
+  else if (major == 8 || major == 12) out[0] = 256, out[1] = 512, out[2] = 1024;
+  else if (major == 7) out[0] = 128, out[1] = 128, out[2] = 128;  // no TF32/BF16 tensor cores
+  else out[0] = out[1] = out[2] = 128, *known = false;
+}
+
+const char* what_for(Precision p) {
+  switch (p) {
+    case Precision::FP32: return "FP32 CUDA cores";
+    case Precision::TF32: return "TF32 tensor cores, dense";
+    case Precision::BF16: return "BF16 tensor cores, dense";
+  }
+  return "";
+}
+}  // namespace
+
+Peaks device_peaks(const DeviceInfo& d, Precision p) {
+  Peaks pk;
+  pk.what = what_for(p);
+  const int idx = p == Precision::FP32 ? 0 : p == Precision::TF32 ? 1 : 2;
+  for (const auto& s : kSheets) {
+    if (d.name.find(s.match) != std::string::npos) {
+      const double v[3] = {s.fp32, s.tf32, s.bf16};
+      pk.tflops = v[idx];
+      pk.gbps = s.gbps;
+      pk.source = s.label;
+      return pk;
+    }
+  }
+  double fpc[3];
+  bool known;
+  flop_per_clock(d.cc_major, d.cc_minor, fpc, &known);
+  pk.tflops = d.sms * d.sm_clock_mhz * 1e6 * fpc[idx] / 1e12;
+  pk.gbps = 2.0 * d.mem_clock_mhz * 1e6 * d.bus_bits / 8.0 / 1e9;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "device properties: %d SMs x %.0f MHz x %.0f FLOP/clock/SM%s; %d-bit bus x %.0f MHz x 2",
+                d.sms, d.sm_clock_mhz, fpc[idx], known ? "" : " (unknown architecture, guessed)", d.bus_bits,
+                d.mem_clock_mhz);
+  pk.source = buf;
+  return pk;
+}
+
+Roofline roofline(double flops, double bytes, double ns, const Peaks& peaks) {
+  Roofline r;
+  if (bytes > 0) r.intensity = flops / bytes;
+  if (ns <= 0) return r;
+  r.tflops = flops / ns / 1e3;  // FLOP/ns = GFLOP/s
+  r.gbps = bytes / ns;          // byte/ns = GB/s
+  if (peaks.tflops > 0) r.flop_pct = 100.0 * r.tflops / peaks.tflops;
+  if (peaks.gbps > 0) r.bw_pct = 100.0 * r.gbps / peaks.gbps;
+  // The roofline floor is max(flops/peak_flops, bytes/peak_bw); achieved/roof = the larger pct.
+  r.peak_pct = std::max(r.flop_pct, r.bw_pct);
+  if (flops > 0 || bytes > 0) r.bound = r.flop_pct >= r.bw_pct ? "compute" : "memory";
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+double Report::kernel_ms_per_iter() const { return iters ? (double)(kernel_ns + memop_ns) / 1e6 / iters : 0.0; }
+double Report::events_ms_per_iter() const { return iters ? events_ms / iters : 0.0; }
+double Report::difference_pct() const {
+  const double e = events_ms_per_iter();
+  return e > 0 ? 100.0 * (e - kernel_ms_per_iter()) / e : 0.0;
+}
+
+void build_report(Report& r, const std::vector<Activity>& acts, const RangeTracker& ranges) {
+  r.kernels = summarize(acts, true);
+  r.memops = summarize(acts, false);
+  r.kernel_ns = r.memop_ns = 0;
+  for (const auto& k : r.kernels) r.kernel_ns += k.total_ns;
+  for (const auto& k : r.memops) r.memop_ns += k.total_ns;
+  r.layers = aggregate_layers(ranges.instances(), acts, ranges.outside_flops(), ranges.outside_bytes());
+  r.flops = ranges.outside_flops();
+  r.bytes = ranges.outside_bytes();
+  for (const auto& i : ranges.instances()) r.flops += i.flops, r.bytes += i.bytes;
+}
+
+namespace {
+std::string with_commas(const std::string& digits) {
+  std::string s = digits, sign;
+  if (!s.empty() && s[0] == '-') sign = "-", s = s.substr(1);
+  size_t dot = s.find('.');
+  std::string ip = s.substr(0, dot), fp = dot == std::string::npos ? "" : s.substr(dot);
+  std::string out;
+  for (size_t i = 0; i < ip.size(); ++i) {
+    if (i && (ip.size() - i) % 3 == 0) out += ',';
+    out += ip[i];
+  }
+  return sign + out + fp;
+}
+std::string fmt(double v, int decimals) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", decimals, v);
+  return b;
+}
+std::string fmt_c(double v, int decimals) { return with_commas(fmt(v, decimals)); }
+std::string fmt_u(uint64_t v) { return with_commas(std::to_string(v)); }
+
+// A plain-text table: columns right-aligned except those marked left; widths from the content.
+struct TextTable {
+  std::vector<std::string> head;
+  std::vector<bool> left;
+  std::vector<std::vector<std::string>> rows;
+  std::string render() const {
+    std::vector<size_t> w(head.size());
+    for (size_t c = 0; c < head.size(); ++c) {
+      w[c] = head[c].size();
+      for (const auto& r : rows) w[c] = std::max(w[c], r[c].size());
+    }
+    std::string out;
+    auto line = [&](const std::vector<std::string>& cells) {
+      std::string l;
+      for (size_t c = 0; c < cells.size(); ++c) {
+        const bool last = c + 1 == cells.size();
+        const size_t pad = w[c] - std::min(w[c], cells[c].size());
+        l += ' ';
+        if (left[c]) {
+          l += cells[c];
+          if (!last) l += std::string(pad, ' ');
+        } else {
+          l += std::string(pad, ' ') + cells[c];
+        }
+        if (!last) l += ' ';
+      }
+      out += l + "\n";
+    };
+    line(head);
+    std::vector<std::string> dashes;
+    for (size_t c = 0; c < head.size(); ++c) dashes.push_back(std::string(left[c] && c + 1 == head.size() ? head[c].size() : w[c], '-'));
+    line(dashes);
+    for (const auto& r : rows) line(r);
+    return out;
+  }
+};
+
+std::string clip(const std::string& s, int width) {
+  if (width <= 3 || (int)s.size() <= width) return s;
+  return s.substr(0, width - 3) + "...";
+}
+
+std::string sum_table(const std::vector<SumRow>& rows, bool memops, int name_width) {
+  TextTable t;
+  t.head = {"Time (%)", "Total Time (ns)", memops ? "Count" : "Instances", "Avg (ns)", "Med (ns)", "Min (ns)",
+            "Max (ns)", "StdDev (ns)"};
+  if (memops) t.head.push_back("Total (MB)");
+  t.head.push_back(memops ? "Operation" : "Name");
+  t.left.assign(t.head.size(), false);
+  t.left.back() = true;
+  for (const auto& r : rows) {
+    std::vector<std::string> c = {fmt(r.time_pct, 1), fmt_u(r.total_ns), fmt_u(r.instances), fmt_c(r.avg_ns, 1),
+                                  fmt_c(r.med_ns, 1), fmt_u(r.min_ns), fmt_u(r.max_ns), fmt_c(r.stddev_ns, 1)};
+    if (memops) c.push_back(fmt_c((double)r.bytes / 1e6, 3));
+    c.push_back(clip(r.name, name_width));
+    t.rows.push_back(std::move(c));
+  }
+  return t.render();
+}
+
+double layer_step_ms(const Report& r) { return r.kernel_ms_per_iter(); }
+
+ojson layer_json(const Report& r, const LayerRow& l) {
+  const double it = r.iters > 0 ? r.iters : 1;
+  const Roofline rf = roofline(l.flops, l.bytes, (double)l.time_ns, r.peaks);
+  const double step = layer_step_ms(r);
+  ojson j;
+  j["path"] = l.path;
+  j["name"] = l.name;
+  j["depth"] = l.depth;
+  j["calls_per_iter"] = (double)l.calls / it;
+  j["kernels_per_iter"] = (double)l.kernels / it;
+  j["ms_per_iter"] = (double)l.time_ns / 1e6 / it;
+  j["step_pct"] = step > 0 ? 100.0 * (double)l.time_ns / 1e6 / it / step : 0.0;
+  j["flops_per_iter"] = l.flops / it;
+  j["bytes_per_iter"] = l.bytes / it;
+  j["tflops"] = rf.tflops;
+  j["gbps"] = rf.gbps;
+  j["flop_pct"] = rf.flop_pct;
+  j["bw_pct"] = rf.bw_pct;
+  j["peak_pct"] = rf.peak_pct;
+  j["intensity"] = rf.intensity;
+  j["bound"] = rf.bound;
+  return j;
+}
+}  // namespace
+
+std::string timing_line(const Report& r) {
+  char b[512];
+  std::string memop;
+  if (r.memop_ns > 0) memop = " (incl. " + fmt((double)r.memop_ns / 1e6 / std::max(1, r.iters), 3) + " ms memcpy/memset)";
+  std::snprintf(b, sizeof b, "kernel sum %.3f ms/iter%s, CUDA events %.3f ms/iter (%.1f%% difference)",
+                r.kernel_ms_per_iter(), memop.c_str(), r.events_ms_per_iter(), r.difference_pct());
+  return b;
+}
+
+std::string format_table(const Report& r, int name_width) {
+  std::ostringstream os;
+  os << "GPU: " << r.gpu << " | precision " << r.precision << " | peak " << fmt(r.peaks.tflops, 1) << " TFLOP/s ("
+     << r.peaks.what << "), " << fmt(r.peaks.gbps, 0) << " GB/s DRAM | peaks from " << r.peaks.source << "\n";
+  os << "Target: " << r.target << " | pass " << r.pass << " | " << r.iters << " timed iterations after " << r.warmup
+     << " warm-up\n\n";
+  os << "CUDA kernels (CUPTI activity records, all " << r.iters << " timed iterations):\n\n";
+  if (r.kernels.empty())
+    os << " (no kernels recorded)\n";
+  else
+    os << sum_table(r.kernels, false, name_width);
+  os << "\nCUDA memcpy / memset:\n\n";
+  if (r.memops.empty())
+    os << " (none)\n";
+  else
+    os << sum_table(r.memops, true, name_width);
+
+  os << "\nLayers (per iteration; time = summed GPU time of the range's kernels, nested ranges included):\n\n";
+  TextTable t;
+  t.head = {"Layer", "Calls", "Time (ms)", "Step (%)", "GFLOP", "MB", "TFLOP/s", "GB/s", "Peak (%)", "Bound"};
+  t.left = {true, false, false, false, false, false, false, false, false, true};
+  for (const auto& l : r.layers) {
+    ojson j = layer_json(r, l);
+    t.rows.push_back({std::string(2 * l.depth, ' ') + l.name, fmt(j["calls_per_iter"].get<double>(), l.calls % std::max(1, r.iters) ? 2 : 0),
+                      fmt(j["ms_per_iter"].get<double>(), 3), fmt(j["step_pct"].get<double>(), 1),
+                      fmt(j["flops_per_iter"].get<double>() / 1e9, 2), fmt_c(j["bytes_per_iter"].get<double>() / 1e6, 1),
+                      fmt(j["tflops"].get<double>(), 2), fmt_c(j["gbps"].get<double>(), 0), fmt(j["peak_pct"].get<double>(), 1),
+                      j["bound"].get<std::string>()});
+  }
+  if (t.rows.empty())
+    os << " (no layer ranges)\n";
+  else
+    os << t.render();
+  const double it = std::max(1, r.iters);
+  const Roofline tot = roofline(r.flops, r.bytes, (double)(r.kernel_ns + r.memop_ns), r.peaks);
+  os << "\nTotal per iteration: " << fmt(r.flops / it / 1e9, 2) << " GFLOP, " << fmt_c(r.bytes / it / 1e6, 1)
+     << " MB minimum traffic; " << fmt(tot.tflops, 2) << " TFLOP/s, " << fmt_c(tot.gbps, 0) << " GB/s ("
+     << fmt(tot.peak_pct, 1) << "% of peak, " << tot.bound << "-bound)\n";
+  os << timing_line(r) << "\n";
+  if (r.plain_events_ms >= 0)
+    os << "without the profiler attached: CUDA events " << fmt(r.plain_events_ms / it, 3) << " ms/iter\n";
+  if (r.dropped) os << "warning: CUPTI dropped " << r.dropped << " activity records; the tables are incomplete\n";
+  for (const auto& n : r.notes) os << "note: " << n << "\n";
+  return os.str();
+}
+
+namespace {
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"') q += '"';
+    q += c;
+  }
+  return q + "\"";
+}
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+}  // namespace
+
+std::string format_csv(const Report& r) {
+  static const char* cols[] = {"section",  "name",       "path",           "depth",         "time_pct",
+                               "total_ns", "instances",  "avg_ns",         "med_ns",        "min_ns",
+                               "max_ns",   "stddev_ns",  "bytes",          "calls_per_iter", "ms_per_iter",
+                               "step_pct", "gflop_per_iter", "mb_per_iter", "tflops",       "gbps",
+                               "flop_pct", "bw_pct",     "peak_pct",       "bound",         "value"};
+  const size_t ncol = sizeof cols / sizeof cols[0];
+  std::ostringstream os;
+  for (size_t i = 0; i < ncol; ++i) os << (i ? "," : "") << cols[i];
+  os << "\n";
+  auto row = [&](std::map<std::string, std::string> f) {
+    for (size_t i = 0; i < ncol; ++i) os << (i ? "," : "") << csv_field(f[cols[i]]);
+    os << "\n";
+  };
+  auto info = [&](const std::string& k, const std::string& v) { row({{"section", "info"}, {"name", k}, {"value", v}}); };
+  info("gpu", r.gpu);
+  info("target", r.target);
+  info("pass", r.pass);
+  info("precision", r.precision);
+  info("iters", std::to_string(r.iters));
+  info("warmup", std::to_string(r.warmup));
+  info("peak_tflops", num(r.peaks.tflops));
+  info("peak_gbps", num(r.peaks.gbps));
+  info("peak_what", r.peaks.what);
+  info("peak_source", r.peaks.source);
+  for (int pass = 0; pass < 2; ++pass)
+    for (const auto& k : pass ? r.memops : r.kernels)
+      row({{"section", pass ? "memop" : "kernel"},
+           {"name", k.name},
+           {"time_pct", num(k.time_pct)},
+           {"total_ns", std::to_string(k.total_ns)},
+           {"instances", std::to_string(k.instances)},
+           {"avg_ns", num(k.avg_ns)},
+           {"med_ns", num(k.med_ns)},
+           {"min_ns", std::to_string(k.min_ns)},
+           {"max_ns", std::to_string(k.max_ns)},
+           {"stddev_ns", num(k.stddev_ns)},
+           {"bytes", std::to_string(k.bytes)}});
+  for (const auto& l : r.layers) {
+    ojson j = layer_json(r, l);
+    row({{"section", "layer"},
+         {"name", l.name},
+         {"path", l.path},
+         {"depth", std::to_string(l.depth)},
+         {"total_ns", std::to_string(l.time_ns)},
+         {"instances", std::to_string(l.calls)},
+         {"calls_per_iter", num(j["calls_per_iter"])},
+         {"ms_per_iter", num(j["ms_per_iter"])},
+         {"step_pct", num(j["step_pct"])},
+         {"gflop_per_iter", num(j["flops_per_iter"].get<double>() / 1e9)},
+         {"mb_per_iter", num(j["bytes_per_iter"].get<double>() / 1e6)},
+         {"tflops", num(j["tflops"])},
+         {"gbps", num(j["gbps"])},
+         {"flop_pct", num(j["flop_pct"])},
+         {"bw_pct", num(j["bw_pct"])},
+         {"peak_pct", num(j["peak_pct"])},
+         {"bound", j["bound"].get<std::string>()}});
+  }
+  auto timing = [&](const std::string& k, double v) { row({{"section", "timing"}, {"name", k}, {"value", num(v)}}); };
+  timing("kernel_sum_ms_per_iter", r.kernel_ms_per_iter());
+  timing("cuda_events_ms_per_iter", r.events_ms_per_iter());
+  timing("difference_pct", r.difference_pct());
+  if (r.plain_events_ms >= 0) timing("without_profiler_ms_per_iter", r.plain_events_ms / std::max(1, r.iters));
+  timing("dropped_records", (double)r.dropped);
+  return os.str();
+}
+
+std::string format_json(const Report& r) {
+  ojson j;
+  j["gpu"] = r.gpu;
+  j["target"] = r.target;
+  j["pass"] = r.pass;
+  j["precision"] = r.precision;
+  j["iters"] = r.iters;
+  j["warmup"] = r.warmup;
+  j["peaks"] = {{"tflops", r.peaks.tflops}, {"gbps", r.peaks.gbps}, {"what", r.peaks.what}, {"source", r.peaks.source}};
+  for (int pass = 0; pass < 2; ++pass) {
+    ojson arr = ojson::array();
+    for (const auto& k : pass ? r.memops : r.kernels) {
+      ojson e;
+      e["name"] = k.name;
+      e["time_pct"] = k.time_pct;
+      e["total_ns"] = k.total_ns;
+      e["instances"] = k.instances;
+      e["avg_ns"] = k.avg_ns;
+      e["med_ns"] = k.med_ns;
+      e["min_ns"] = k.min_ns;
+      e["max_ns"] = k.max_ns;
+      e["stddev_ns"] = k.stddev_ns;
+      if (pass) e["bytes"] = k.bytes;
+      arr.push_back(std::move(e));
+    }
+    j[pass ? "memops" : "kernels"] = std::move(arr);
+  }
+  ojson layers = ojson::array();
+  for (const auto& l : r.layers) layers.push_back(layer_json(r, l));
+  j["layers"] = std::move(layers);
+  const double it = std::max(1, r.iters);
+  const Roofline tot = roofline(r.flops, r.bytes, (double)(r.kernel_ns + r.memop_ns), r.peaks);
+  j["totals"] = {{"flops_per_iter", r.flops / it}, {"bytes_per_iter", r.bytes / it}, {"tflops", tot.tflops},
+                 {"gbps", tot.gbps},           {"peak_pct", tot.peak_pct},     {"bound", tot.bound}};
+  ojson tm;
+  tm["kernel_sum_ms_per_iter"] = r.kernel_ms_per_iter();
+  tm["kernel_only_ms_per_iter"] = (double)r.kernel_ns / 1e6 / it;
+  tm["memop_ms_per_iter"] = (double)r.memop_ns / 1e6 / it;
+  tm["cuda_events_ms_per_iter"] = r.events_ms_per_iter();
+  tm["difference_pct"] = r.difference_pct();
+  tm["without_profiler_ms_per_iter"] = r.plain_events_ms >= 0 ? ojson(r.plain_events_ms / it) : ojson(nullptr);
+  j["timing"] = std::move(tm);
+  j["dropped_records"] = r.dropped;
+  j["notes"] = r.notes;
+  return j.dump(2) + "\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chrome trace
+
+void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, const RangeTracker& ranges,
+                        const std::string& gpu) {
+  const auto& inst = ranges.instances();
+  uint64_t t0 = UINT64_MAX;
+  for (const auto& a : acts) t0 = std::min(t0, a.start);
+  for (const auto& r : inst)
+    if (r.host_start) t0 = std::min(t0, r.host_start);
+  if (t0 == UINT64_MAX) t0 = 0;
+  auto us = [&](uint64_t t) { return t >= t0 ? (double)(t - t0) / 1000.0 : -(double)(t0 - t) / 1000.0; };
+  constexpr int kGpuPid = 1, kHostPid = 2, kLayerTid = 0;
+
+  bool first = true;
+  os << "{\"displayTimeUnit\":\"ns\",\"otherData\":" << ojson({{"gpu", gpu}, {"tool", "unet profile"}}).dump()
+     << ",\"traceEvents\":[\n";
+  auto emit = [&](const ojson& e) {
+    os << (first ? "" : ",\n") << e.dump();
+    first = false;
+  };
+  auto meta = [&](int pid, int tid, const char* what, const std::string& name, bool thread) {
+    emit({{"name", what}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}});
+    if (thread) emit({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"sort_index", tid}}}});
+  };
+  meta(kGpuPid, 0, "process_name", "GPU: " + gpu, false);
+  meta(kHostPid, 0, "process_name", "host", false);
+  meta(kGpuPid, kLayerTid, "thread_name", "layers (GPU time)", true);
+  meta(kHostPid, 1, "thread_name", "layer ranges (host)", true);
+  std::map<uint32_t, bool> streams;
+  for (const auto& a : acts) streams[a.stream] = true;
+  for (const auto& s : streams) meta(kGpuPid, (int)s.first + 1, "thread_name", "stream " + std::to_string(s.first), true);
+
+  // GPU span of each range: first kernel start to last kernel end, over its kernels and its
+  // children's (ranges nest, so the spans nest too on one stream).
+  std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> span;
+  for (const auto& a : acts) {
+    for (const RangeInstance* r = a.range ? ranges.find(a.range) : nullptr; r;
+         r = r->parent ? ranges.find(r->parent) : nullptr) {
+      auto it = span.find(r->id);
+      if (it == span.end())
+        span[r->id] = {a.start, a.end};
+      else
+        it->second.first = std::min(it->second.first, a.start), it->second.second = std::max(it->second.second, a.end);
+    }
+  }
+  for (const auto& r : inst) {
+    const std::string path = range_path(ranges, r.id);
+    auto it = span.find(r.id);
+    if (it != span.end())
+      emit({{"name", r.name},
+            {"cat", "layer"},
+            {"ph", "X"},
+            {"pid", kGpuPid},
+            {"tid", kLayerTid},
+            {"ts", us(it->second.first)},
+            {"dur", (double)(it->second.second - it->second.first) / 1000.0},
+            {"args", {{"path", path}, {"flops_self", r.flops}, {"bytes_self", r.bytes}}}});
+    if (r.host_start && r.host_end >= r.host_start)
+      emit({{"name", r.name},
+            {"cat", "range"},
+            {"ph", "X"},
+            {"pid", kHostPid},
+            {"tid", 1},
+            {"ts", us(r.host_start)},
+            {"dur", (double)(r.host_end - r.host_start) / 1000.0},
+            {"args", {{"path", path}}}});
+  }
+  for (const auto& a : acts) {
+    ojson args = {{"correlation", a.correlation}};
+    if (a.range) args["range"] = range_path(ranges, a.range);
+    if (a.kind == ActivityKind::Kernel) {
+      args["grid"] = {a.grid[0], a.grid[1], a.grid[2]};
+      args["block"] = {a.block[0], a.block[1], a.block[2]};
+    } else {
+      args["bytes"] = a.bytes;
+    }
+    emit({{"name", a.name},
+          {"cat", a.kind == ActivityKind::Kernel ? "kernel" : a.kind == ActivityKind::Memcpy ? "memcpy" : "memset"},
+          {"ph", "X"},
+          {"pid", kGpuPid},
+          {"tid", (int)a.stream + 1},
+          {"ts", us(a.start)},
+          {"dur", (double)a.duration() / 1000.0},
+          {"args", std::move(args)}});
+  }
+  os << "\n]}\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU-only build: no GPU profiler (kernels/profiler_cupti.cpp is compiled only with CUDA).
+#ifndef UNET_HAVE_CUDA
+std::unique_ptr<GpuProfiler> make_gpu_profiler(std::string* why_not) {
+  if (why_not) *why_not = "this unet was built without CUDA";
+  return nullptr;
+}
+#endif
+
+}  // namespace unet::prof
