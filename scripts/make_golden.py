@@ -167,8 +167,8 @@ def make(name, spec, out_dir, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata",
-                                                  "golden"))
+    ap.add_argument("--out", default=os.path.normpath(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "golden")))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default=None, help="comma-separated configuration names")
     a = ap.parse_args()
