@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -38,6 +39,24 @@ struct Item {
   std::string path;  // as shown to the user: DIR/relative
   int64_t label = 0;
   std::string problem;  // non-empty: skip this file with this reason (decided while listing)
+};
+
+// Ctrl-C / SIGTERM: stop at the next image and fail like any other error, so the temporary
+// output is removed (the default action would leave "<out>.tmp-<pid>" behind).
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_signal(int) { g_interrupted = 1; }
+
+struct SignalGuard {
+  void (*old_int)(int), (*old_term)(int);
+  SignalGuard() {
+    g_interrupted = 0;
+    old_int = std::signal(SIGINT, on_signal);
+    old_term = std::signal(SIGTERM, on_signal);
+  }
+  ~SignalGuard() {
+    std::signal(SIGINT, old_int);
+    std::signal(SIGTERM, old_term);
+  }
 };
 
 bool hidden(const fs::path& p) {
@@ -191,17 +210,24 @@ void run_prepare(const PrepareArgs& a) {
     for (size_t i = 0; i < class_names.size(); ++i) index[class_names[i]] = (int64_t)i;
     for (auto& [i, name] : class_of) items[i].label = index[name];
   }
-  std::string where = a.dirs.size() == 1 ? a.dirs[0] : a.dirs[0] + " (and " + std::to_string(a.dirs.size() - 1) + " more)";
+  std::string where =
+      a.dirs.size() == 1 ? a.dirs[0] : a.dirs[0] + " (and " + std::to_string(a.dirs.size() - 1) + " more)";
   if (items.empty()) throw UserError(where + ": no files found (expected PNG or JPEG images)");
 
+  SignalGuard signals;
   DatasetWriter writer(a.out, a.image_size, subdirs, class_names);
   int64_t skipped = 0;
-  const int64_t want = a.limit > 0 ? std::min<int64_t>(a.limit, (int64_t)items.size()) : (int64_t)items.size();
+  const int64_t want =
+      a.limit > 0 ? std::min<int64_t>(a.limit, (int64_t)items.size()) : (int64_t)items.size();
   Progress progress("prepare", (long)want, "img");
   const bool tty = stderr_is_tty();
   {
     OrderedDecoder dec(items, a.image_size, std::min<int>(jobs, (int)items.size()));
     for (size_t i = 0; i < items.size() && writer.count() < want; ++i) {
+      if (g_interrupted) {
+        if (tty) std::fprintf(stderr, "\n");
+        throw UserError("interrupted; " + a.out + " not written");
+      }
       OrderedDecoder::Result r = dec.take(i);
       if (!r.error.empty()) {
         if (a.strict) throw UserError(r.error + " (--strict)");
@@ -215,11 +241,12 @@ void run_prepare(const PrepareArgs& a) {
   }
   progress.finish();
   if (writer.count() == 0)
-    throw UserError(where + ": no readable images (" + std::to_string(skipped) + " file" + (skipped == 1 ? "" : "s") +
-                    " skipped)");
+    throw UserError(where + ": no readable images (" + std::to_string(skipped) + " file" +
+                    (skipped == 1 ? "" : "s") + " skipped)");
   writer.commit();
   std::string msg = "wrote " + std::to_string(writer.count()) + " image" + (writer.count() == 1 ? "" : "s");
-  if (subdirs) msg += " (" + std::to_string(class_names.size()) + " class" + (class_names.size() == 1 ? "" : "es") + ")";
+  if (subdirs)
+    msg += " (" + std::to_string(class_names.size()) + " class" + (class_names.size() == 1 ? "" : "es") + ")";
   msg += " to " + a.out;
   if (skipped) msg += "; skipped " + std::to_string(skipped) + " unreadable file" + (skipped == 1 ? "" : "s");
   std::printf("%s\n", msg.c_str());

@@ -64,7 +64,8 @@ void DatasetWriter::commit() {
   if (committed_) return;
   flush();
   if (labels_on_) {
-    h5::write_i64(file_, "labels", labels_.data(), {(hsize_t)labels_.size()}, {}, labels_.empty() ? 0 : kGzip);
+    h5::write_i64(file_, "labels", labels_.data(), {(hsize_t)labels_.size()}, {},
+                  labels_.empty() ? 0 : kGzip);
     h5::set_attr(file_, "labels", "class_names", class_names_);
   }
   h5::set_attr(file_, "/", "count", (int64_t)count_);
@@ -102,7 +103,8 @@ DatasetReader::DatasetReader(const std::string& path) : path_(path) {
   if (count < 0) bad("corrupt dataset (count " + std::to_string(count) + ")");
   if (!h5::is_dataset(file_, "images")) bad("corrupt dataset (no 'images' dataset)");
   if (h5::dtype(file_, "images") != h5::DType::U8)
-    bad(std::string("corrupt dataset (images is ") + h5::dtype_name(h5::dtype(file_, "images")) + ", expected uint8)");
+    bad(std::string("corrupt dataset (images is ") + h5::dtype_name(h5::dtype(file_, "images")) +
+        ", expected uint8)");
   std::vector<hsize_t> s = h5::shape(file_, "images");
   auto shape_str = [](const std::vector<hsize_t>& v) {
     std::string r = "[";
@@ -125,9 +127,11 @@ DatasetReader::DatasetReader(const std::string& path) : path_(path) {
       bad(std::string("corrupt dataset (labels is ") + h5::dtype_name(t) + ", expected int64)");
     std::vector<hsize_t> ls = h5::shape(file_, "labels");
     if (ls.size() != 1 || (int64_t)ls[0] != count)
-      bad("corrupt dataset (labels has shape " + shape_str(ls) + ", expected [" + std::to_string(count) + "])");
+      bad("corrupt dataset (labels has shape " + shape_str(ls) + ", expected [" + std::to_string(count) +
+          "])");
     info_.has_labels = true;
-    if (h5::has_attr(file_, "labels", "class_names")) info_.class_names = h5::get_attr_strv(file_, "labels", "class_names");
+    if (h5::has_attr(file_, "labels", "class_names"))
+      info_.class_names = h5::get_attr_strv(file_, "labels", "class_names");
   }
 }
 
@@ -145,8 +149,8 @@ std::vector<int64_t> DatasetReader::read_labels() const {
   int64_t nc = (int64_t)info_.class_names.size();
   for (size_t i = 0; i < v.size(); ++i)
     if (v[i] < 0 || (nc > 0 && v[i] >= nc))
-      throw UserError(path_ + ": corrupt dataset (label " + std::to_string(v[i]) + " at index " + std::to_string(i) +
-                      " outside [0, " + std::to_string(nc) + "))");
+      throw UserError(path_ + ": corrupt dataset (label " + std::to_string(v[i]) + " at index " +
+                      std::to_string(i) + " outside [0, " + std::to_string(nc) + "))");
   return v;
 }
 

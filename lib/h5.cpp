@@ -47,43 +47,73 @@ std::string shape_str(const std::vector<hsize_t>& s) {
 
 hid_t mem_type(DType t) {
   switch (t) {
-    case DType::F32: return H5T_NATIVE_FLOAT;
-    case DType::F64: return H5T_NATIVE_DOUBLE;
-    case DType::U8: return H5T_NATIVE_UINT8;
-    case DType::I8: return H5T_NATIVE_INT8;
-    case DType::I16: return H5T_NATIVE_INT16;
-    case DType::U16: return H5T_NATIVE_UINT16;
-    case DType::I32: return H5T_NATIVE_INT32;
-    case DType::U32: return H5T_NATIVE_UINT32;
-    case DType::I64: return H5T_NATIVE_INT64;
-    case DType::U64: return H5T_NATIVE_UINT64;
-    default: throw std::logic_error("h5: no memory type for this dtype");
+    case DType::F32:
+      return H5T_NATIVE_FLOAT;
+    case DType::F64:
+      return H5T_NATIVE_DOUBLE;
+    case DType::U8:
+      return H5T_NATIVE_UINT8;
+    case DType::I8:
+      return H5T_NATIVE_INT8;
+    case DType::I16:
+      return H5T_NATIVE_INT16;
+    case DType::U16:
+      return H5T_NATIVE_UINT16;
+    case DType::I32:
+      return H5T_NATIVE_INT32;
+    case DType::U32:
+      return H5T_NATIVE_UINT32;
+    case DType::I64:
+      return H5T_NATIVE_INT64;
+    case DType::U64:
+      return H5T_NATIVE_UINT64;
+    default:
+      throw std::logic_error("h5: no memory type for this dtype");
   }
 }
 
 // Stored types are little-endian standard types, whatever the host.
 hid_t file_type(DType t) {
   switch (t) {
-    case DType::F32: return H5T_IEEE_F32LE;
-    case DType::F64: return H5T_IEEE_F64LE;
-    case DType::U8: return H5T_STD_U8LE;
-    case DType::I8: return H5T_STD_I8LE;
-    case DType::I16: return H5T_STD_I16LE;
-    case DType::U16: return H5T_STD_U16LE;
-    case DType::I32: return H5T_STD_I32LE;
-    case DType::U32: return H5T_STD_U32LE;
-    case DType::I64: return H5T_STD_I64LE;
-    case DType::U64: return H5T_STD_U64LE;
-    default: throw std::logic_error("h5: no file type for this dtype");
+    case DType::F32:
+      return H5T_IEEE_F32LE;
+    case DType::F64:
+      return H5T_IEEE_F64LE;
+    case DType::U8:
+      return H5T_STD_U8LE;
+    case DType::I8:
+      return H5T_STD_I8LE;
+    case DType::I16:
+      return H5T_STD_I16LE;
+    case DType::U16:
+      return H5T_STD_U16LE;
+    case DType::I32:
+      return H5T_STD_I32LE;
+    case DType::U32:
+      return H5T_STD_U32LE;
+    case DType::I64:
+      return H5T_STD_I64LE;
+    case DType::U64:
+      return H5T_STD_U64LE;
+    default:
+      throw std::logic_error("h5: no file type for this dtype");
   }
 }
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::U8: case DType::I8: return 1;
-    case DType::U16: case DType::I16: return 2;
-    case DType::F32: case DType::I32: case DType::U32: return 4;
-    default: return 8;
+    case DType::U8:
+    case DType::I8:
+      return 1;
+    case DType::U16:
+    case DType::I16:
+      return 2;
+    case DType::F32:
+    case DType::I32:
+    case DType::U32:
+      return 4;
+    default:
+      return 8;
   }
 }
 
@@ -96,24 +126,34 @@ bool is_int(DType t) {
 DType classify(hid_t type) {
   size_t sz = H5Tget_size(type);
   switch (H5Tget_class(type)) {
-    case H5T_FLOAT: return sz == 4 ? DType::F32 : sz == 8 ? DType::F64 : DType::Other;
+    case H5T_FLOAT:
+      return sz == 4 ? DType::F32 : sz == 8 ? DType::F64 : DType::Other;
     case H5T_INTEGER: {
       bool s = H5Tget_sign(type) == H5T_SGN_2;
       switch (sz) {
-        case 1: return s ? DType::I8 : DType::U8;
-        case 2: return s ? DType::I16 : DType::U16;
-        case 4: return s ? DType::I32 : DType::U32;
-        case 8: return s ? DType::I64 : DType::U64;
-        default: return DType::Other;
+        case 1:
+          return s ? DType::I8 : DType::U8;
+        case 2:
+          return s ? DType::I16 : DType::U16;
+        case 4:
+          return s ? DType::I32 : DType::U32;
+        case 8:
+          return s ? DType::I64 : DType::U64;
+        default:
+          return DType::Other;
       }
     }
-    case H5T_STRING: return DType::Str;
-    default: return DType::Other;
+    case H5T_STRING:
+      return DType::Str;
+    default:
+      return DType::Other;
   }
 }
 
 // Conversion is allowed within a class (float<->float, int<->int), never across.
-bool compatible(DType want, DType have) { return (is_float(want) && is_float(have)) || (is_int(want) && is_int(have)); }
+bool compatible(DType want, DType have) {
+  return (is_float(want) && is_float(have)) || (is_int(want) && is_int(have));
+}
 
 Handle lcpl_intermediate() {
   Handle p(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
@@ -160,18 +200,30 @@ Handle vlen_str_type() {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "float32";
-    case DType::F64: return "float64";
-    case DType::U8: return "uint8";
-    case DType::I8: return "int8";
-    case DType::I16: return "int16";
-    case DType::U16: return "uint16";
-    case DType::I32: return "int32";
-    case DType::U32: return "uint32";
-    case DType::I64: return "int64";
-    case DType::U64: return "uint64";
-    case DType::Str: return "string";
-    default: return "unsupported type";
+    case DType::F32:
+      return "float32";
+    case DType::F64:
+      return "float64";
+    case DType::U8:
+      return "uint8";
+    case DType::I8:
+      return "int8";
+    case DType::I16:
+      return "int16";
+    case DType::U16:
+      return "uint16";
+    case DType::I32:
+      return "int32";
+    case DType::U32:
+      return "uint32";
+    case DType::I64:
+      return "int64";
+    case DType::U64:
+      return "uint64";
+    case DType::Str:
+      return "string";
+    default:
+      return "unsupported type";
   }
 }
 
@@ -242,7 +294,8 @@ File File::open(const std::string& path, bool writable) {
   if (H5Fis_hdf5(path.c_str()) <= 0) throw UserError(path + ": not an HDF5 file");
   Handle fapl = make_fapl();
   hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, fapl.get());
-  if (id < 0) throw UserError(path + ": cannot open (corrupt or truncated HDF5 file, or in use by another writer)");
+  if (id < 0)
+    throw UserError(path + ": cannot open (corrupt or truncated HDF5 file, or in use by another writer)");
   File f;
   f.path_ = path;
   f.h_ = Handle(id, H5Fclose);
@@ -282,7 +335,8 @@ bool exists(File& f, const std::string& path) {
       if (H5Lexists(f.id(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
       if (j < path.size()) {  // an intermediate component must be a group to descend into
         H5O_info_t info;
-        if (H5Oget_info_by_name(f.id(), prefix.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5O_TYPE_GROUP)
+        if (H5Oget_info_by_name(f.id(), prefix.c_str(), &info, H5P_DEFAULT) < 0 ||
+            info.type != H5O_TYPE_GROUP)
           return false;
       }
     }
@@ -318,7 +372,8 @@ DType dtype(File& f, const std::string& path) {
 
 std::vector<std::string> list(File& f, const std::string& group_path) {
   Lock l;
-  if (!is_group(f, group_path)) fail(f, group_path, exists(f, group_path) ? "is not a group" : "no such group");
+  if (!is_group(f, group_path))
+    fail(f, group_path, exists(f, group_path) ? "is not a group" : "no such group");
   Handle g(H5Gopen2(f.id(), obj_name(group_path), H5P_DEFAULT), H5Gclose);
   if (!g.valid()) fail(f, group_path, "cannot open group");
   std::vector<std::string> names;
@@ -348,7 +403,8 @@ void write(File& f, const std::string& path, DType t, const void* data, const st
            const std::vector<hsize_t>& chunk_in, int gzip) {
   Lock l;
   if (!f.is_open()) throw UserError(f.path() + ": file is not open");
-  if (exists(f, path) && H5Ldelete(f.id(), path.c_str(), H5P_DEFAULT) < 0) fail(f, path, "cannot replace dataset");
+  if (exists(f, path) && H5Ldelete(f.id(), path.c_str(), H5P_DEFAULT) < 0)
+    fail(f, path, "cannot replace dataset");
   size_t n = 1;
   for (hsize_t d : shp) n *= d;
   Handle space = make_space(shp);
@@ -379,7 +435,8 @@ void create_extendible(File& f, const std::string& path, DType t, const std::vec
                        hsize_t chunk_rows, int gzip) {
   Lock l;
   if (!f.is_open()) throw UserError(f.path() + ": file is not open");
-  if (exists(f, path) && H5Ldelete(f.id(), path.c_str(), H5P_DEFAULT) < 0) fail(f, path, "cannot replace dataset");
+  if (exists(f, path) && H5Ldelete(f.id(), path.c_str(), H5P_DEFAULT) < 0)
+    fail(f, path, "cannot replace dataset");
   std::vector<hsize_t> dims{0}, maxd{H5S_UNLIMITED}, chunk{std::max<hsize_t>(1, chunk_rows)};
   for (hsize_t r : row_shape) {
     if (r == 0) fail(f, path, "zero-sized row dimension");
@@ -453,7 +510,8 @@ void read_rows(File& f, const std::string& path, DType t, hsize_t start, hsize_t
   if (start > dims[0] || count > dims[0] - start)
     fail(f, path,
          "rows [" + std::to_string((unsigned long long)start) + ", " +
-             std::to_string((unsigned long long)(start + count)) + ") out of range (shape " + shape_str(dims) + ")");
+             std::to_string((unsigned long long)(start + count)) + ") out of range (shape " +
+             shape_str(dims) + ")");
   if (count == 0) return;
   std::vector<hsize_t> st(dims.size(), 0), cnt = dims;
   st[0] = start;
@@ -506,7 +564,8 @@ namespace {
 std::string attr_where(const std::string& obj, const std::string& name) {
   return (obj.empty() || obj == "/" ? std::string("attribute '") : obj + ": attribute '") + name + "'";
 }
-[[noreturn]] void attr_fail(File& f, const std::string& obj, const std::string& name, const std::string& what) {
+[[noreturn]] void attr_fail(File& f, const std::string& obj, const std::string& name,
+                            const std::string& what) {
   throw UserError(f.path() + ": " + attr_where(obj, name) + ": " + what);
 }
 
@@ -594,7 +653,8 @@ std::vector<double> read_f64_attr(File& f, const std::string& obj, const std::st
 std::vector<std::string> read_str_attr(File& f, const std::string& obj, const std::string& name) {
   Lock l;
   OpenAttr a = open_attr(f, obj, name);
-  if (a.cls != H5T_STRING) attr_fail(f, obj, name, std::string("expected a string, found ") + dtype_name(a.dt));
+  if (a.cls != H5T_STRING)
+    attr_fail(f, obj, name, std::string("expected a string, found ") + dtype_name(a.dt));
   std::vector<std::string> out;
   if (H5Tis_variable_str(a.type.get()) > 0) {
     Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
@@ -623,7 +683,8 @@ std::vector<std::string> read_str_attr(File& f, const std::string& obj, const st
 
 template <class T>
 T one(File& f, const std::string& obj, const std::string& name, std::vector<T> v) {
-  if (v.size() != 1) attr_fail(f, obj, name, "expected a scalar, found " + std::to_string(v.size()) + " values");
+  if (v.size() != 1)
+    attr_fail(f, obj, name, "expected a scalar, found " + std::to_string(v.size()) + " values");
   return std::move(v[0]);
 }
 }  // namespace
@@ -667,7 +728,9 @@ void set_attr(File& f, const std::string& obj, const std::string& name, const st
 int64_t get_attr_i64(File& f, const std::string& o, const std::string& n) {
   return one(f, o, n, read_int_attr(f, o, n));
 }
-double get_attr_f64(File& f, const std::string& o, const std::string& n) { return one(f, o, n, read_f64_attr(f, o, n)); }
+double get_attr_f64(File& f, const std::string& o, const std::string& n) {
+  return one(f, o, n, read_f64_attr(f, o, n));
+}
 std::string get_attr_str(File& f, const std::string& o, const std::string& n) {
   return one(f, o, n, read_str_attr(f, o, n));
 }
@@ -690,7 +753,8 @@ std::vector<std::string> list_attrs(File& f, const std::string& obj) {
     return 0;
   };
   hsize_t idx = 0;
-  if (H5Aiterate2(o.get(), H5_INDEX_NAME, H5_ITER_NATIVE, &idx, cb, &names) < 0) fail(f, obj, "cannot list attributes");
+  if (H5Aiterate2(o.get(), H5_INDEX_NAME, H5_ITER_NATIVE, &idx, cb, &names) < 0)
+    fail(f, obj, "cannot list attributes");
   std::sort(names.begin(), names.end());
   return names;
 }

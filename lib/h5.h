@@ -34,7 +34,7 @@ class Handle {
   Handle& operator=(const Handle&) = delete;
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
-  void reset();  // closes now (errors ignored)
+  void reset();      // closes now (errors ignored)
   hid_t release() {  // gives up ownership without closing
     hid_t i = id_;
     id_ = -1;
@@ -120,9 +120,15 @@ void read_rows(File& f, const std::string& path, DType t, hsize_t start, hsize_t
 std::vector<float> read_f32(File& f, const std::string& path);
 std::vector<uint8_t> read_u8(File& f, const std::string& path);
 std::vector<int64_t> read_i64(File& f, const std::string& path);
-inline void read_f32_into(File& f, const std::string& p, float* out, size_t n) { read(f, p, DType::F32, out, n); }
-inline void read_u8_into(File& f, const std::string& p, uint8_t* out, size_t n) { read(f, p, DType::U8, out, n); }
-inline void read_i64_into(File& f, const std::string& p, int64_t* out, size_t n) { read(f, p, DType::I64, out, n); }
+inline void read_f32_into(File& f, const std::string& p, float* out, size_t n) {
+  read(f, p, DType::F32, out, n);
+}
+inline void read_u8_into(File& f, const std::string& p, uint8_t* out, size_t n) {
+  read(f, p, DType::U8, out, n);
+}
+inline void read_i64_into(File& f, const std::string& p, int64_t* out, size_t n) {
+  read(f, p, DType::I64, out, n);
+}
 std::vector<float> read_f32(File& f, const std::string& path, hsize_t start, hsize_t count);
 std::vector<uint8_t> read_u8(File& f, const std::string& path, hsize_t start, hsize_t count);
 std::vector<int64_t> read_i64(File& f, const std::string& path, hsize_t start, hsize_t count);
@@ -135,10 +141,15 @@ void set_attr(File& f, const std::string& obj_path, const std::string& name, con
 void set_attr(File& f, const std::string& obj_path, const std::string& name, const char* v);
 void set_attr(File& f, const std::string& obj_path, const std::string& name, const std::vector<int64_t>& v);
 void set_attr(File& f, const std::string& obj_path, const std::string& name, const std::vector<double>& v);
-void set_attr(File& f, const std::string& obj_path, const std::string& name, const std::vector<std::string>& v);
+void set_attr(File& f, const std::string& obj_path, const std::string& name,
+              const std::vector<std::string>& v);
 // Avoid int -> {int64,double} ambiguity at call sites.
-inline void set_attr(File& f, const std::string& o, const std::string& n, int v) { set_attr(f, o, n, (int64_t)v); }
-inline void set_attr(File& f, const std::string& o, const std::string& n, bool v) { set_attr(f, o, n, (int64_t)v); }
+inline void set_attr(File& f, const std::string& o, const std::string& n, int v) {
+  set_attr(f, o, n, (int64_t)v);
+}
+inline void set_attr(File& f, const std::string& o, const std::string& n, bool v) {
+  set_attr(f, o, n, (int64_t)v);
+}
 
 // Getters accept a scalar or a 1-element array for the scalar forms and a scalar as a 1-element
 // vector for the vector forms. Integer attributes of any width/sign read as int64; doubles accept

@@ -1,7 +1,7 @@
 #include "image.h"
 
-#include <jpeglib.h>
 #include <jerror.h>
+#include <jpeglib.h>
 #include <png.h>
 
 #include <algorithm>
@@ -164,7 +164,8 @@ bool jpeg_decode(JpegCtx* c, const uint8_t* data, size_t size) {
   jpeg_mem_src(&c->cinfo, data, (unsigned long)size);
   jpeg_read_header(&c->cinfo, TRUE);
   j_decompress_ptr ci = &c->cinfo;
-  if ((uint64_t)ci->image_width * ci->image_height > kMaxPixels || ci->image_width == 0 || ci->image_height == 0) {
+  if ((uint64_t)ci->image_width * ci->image_height > kMaxPixels || ci->image_width == 0 ||
+      ci->image_height == 0) {
     std::snprintf(c->err.msg, sizeof c->err.msg, "image too large or empty");
     jpeg_destroy_decompress(ci);
     return false;
@@ -172,9 +173,13 @@ bool jpeg_decode(JpegCtx* c, const uint8_t* data, size_t size) {
   switch (ci->jpeg_color_space) {
     case JCS_GRAYSCALE:
     case JCS_YCbCr:
-    case JCS_RGB: ci->out_color_space = JCS_RGB; break;
+    case JCS_RGB:
+      ci->out_color_space = JCS_RGB;
+      break;
     case JCS_CMYK:
-    case JCS_YCCK: ci->out_color_space = JCS_CMYK; break;
+    case JCS_YCCK:
+      ci->out_color_space = JCS_CMYK;
+      break;
     default:
       std::snprintf(c->err.msg, sizeof c->err.msg, "unsupported JPEG color space");
       jpeg_destroy_decompress(ci);
@@ -281,7 +286,9 @@ struct Coeffs {
 // precompute_coeffs + normalize_coeffs_8bpc with box = (0, in_size). The arithmetic is kept in
 // the same types and order as Pillow's so the fixed-point coefficients come out identical.
 Coeffs precompute(int in_size, int out_size, Filter f) {
-  double (*filter)(double) = f == Filter::Box ? box_filter : f == Filter::Bilinear ? bilinear_filter : bicubic_filter;
+  double (*filter)(double) = f == Filter::Box        ? box_filter
+                             : f == Filter::Bilinear ? bilinear_filter
+                                                     : bicubic_filter;
   double fsupport = f == Filter::Box ? 0.5 : f == Filter::Bilinear ? 1.0 : 2.0;
   float in0 = 0.0f, in1 = (float)in_size;
   double scale, filterscale;
@@ -377,7 +384,8 @@ Image resample_v(const Image& in, int out_h, Filter f) {
 }  // namespace
 
 Image resize_pil(const Image& img, int new_w, int new_h, Filter filter) {
-  if (new_w <= 0 || new_h <= 0 || img.w <= 0 || img.h <= 0) throw std::invalid_argument("resize_pil: empty size");
+  if (new_w <= 0 || new_h <= 0 || img.w <= 0 || img.h <= 0)
+    throw std::invalid_argument("resize_pil: empty size");
   // Pillow: horizontal pass (8-bit intermediate) first, then vertical; a pass whose size does
   // not change is skipped.
   if (new_w == img.w && new_h == img.h) return img;
@@ -402,7 +410,8 @@ Image resize_center_crop(const Image& img, int size) {
   out.w = out.h = size;
   out.rgb.resize((size_t)size * size * 3);
   for (int y = 0; y < size; ++y)
-    std::memcpy(&out.rgb[(size_t)y * size * 3], &cur.rgb[((size_t)(y + cy) * cur.w + cx) * 3], (size_t)size * 3);
+    std::memcpy(&out.rgb[(size_t)y * size * 3], &cur.rgb[((size_t)(y + cy) * cur.w + cx) * 3],
+                (size_t)size * 3);
   return out;
 }
 
@@ -447,7 +456,9 @@ void write_png(const std::string& path, const uint8_t* rgb, int w, int h) {
   bool ok = png_write_file(fp, w, h, &c, &rows);
   ok = (std::fflush(fp) == 0) && ok;
   ok = (std::fclose(fp) == 0) && ok;
-  if (!ok) throw UserError(path + ": cannot write PNG" + (c.msg[0] ? std::string(" (") + c.msg + ")" : " (disk full?)"));
+  if (!ok)
+    throw UserError(path + ": cannot write PNG" +
+                    (c.msg[0] ? std::string(" (") + c.msg + ")" : " (disk full?)"));
   af.commit();
 }
 
@@ -470,7 +481,8 @@ std::vector<uint8_t> make_grid(const uint8_t* imgs, int n, int h, int w, int* ou
     int r = i / ncol, c = i % ncol;
     int y0 = r * (h + pad) + pad, x0 = c * (w + pad) + pad;
     for (int y = 0; y < h; ++y)
-      std::memcpy(&g[((size_t)(y0 + y) * gw + x0) * 3], imgs + ((size_t)i * h * w + (size_t)y * w) * 3, (size_t)w * 3);
+      std::memcpy(&g[((size_t)(y0 + y) * gw + x0) * 3], imgs + ((size_t)i * h * w + (size_t)y * w) * 3,
+                  (size_t)w * 3);
   }
   *out_w = gw;
   *out_h = gh;

@@ -1,6 +1,4 @@
 // HDF5 layer: round trips of every type, hyperslabs, attributes, errors, and h5py interop.
-#include "h5.h"
-
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "h5.h"
 #include "testutil.h"
 #include "util.h"
 

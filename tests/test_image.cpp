@@ -1,7 +1,5 @@
 // Image decoding (every PNG color type / bit depth, JPEG), PIL-exact resize + center crop,
 // PNG writing, grids, and corrupt-file errors.
-#include "image.h"
-
 #include <gtest/gtest.h>
 #include <jpeglib.h>
 #include <png.h>
@@ -13,6 +11,7 @@
 #include <functional>
 #include <random>
 
+#include "image.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -56,11 +55,16 @@ struct PngSpec {
 
 int channels_of(int ct) {
   switch (ct) {
-    case PNG_COLOR_TYPE_GRAY: return 1;
-    case PNG_COLOR_TYPE_GRAY_ALPHA: return 2;
-    case PNG_COLOR_TYPE_PALETTE: return 1;
-    case PNG_COLOR_TYPE_RGB: return 3;
-    default: return 4;
+    case PNG_COLOR_TYPE_GRAY:
+      return 1;
+    case PNG_COLOR_TYPE_GRAY_ALPHA:
+      return 2;
+    case PNG_COLOR_TYPE_PALETTE:
+      return 1;
+    case PNG_COLOR_TYPE_RGB:
+      return 3;
+    default:
+      return 4;
   }
 }
 
@@ -70,8 +74,9 @@ void write_png_spec(const std::string& path, const PngSpec& s) {
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
   png_infop info = png_create_info_struct(png);
   png_init_io(png, fp);
-  png_set_IHDR(png, info, s.w, s.h, s.depth, s.color_type, s.interlace ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE,
-               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_set_IHDR(png, info, s.w, s.h, s.depth, s.color_type,
+               s.interlace ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+               PNG_FILTER_TYPE_DEFAULT);
   if (!s.palette.empty()) png_set_PLTE(png, info, s.palette.data(), (int)s.palette.size());
   if (!s.trns_alpha.empty()) png_set_tRNS(png, info, s.trns_alpha.data(), (int)s.trns_alpha.size(), nullptr);
   if (s.has_trns_color) png_set_tRNS(png, info, nullptr, 0, const_cast<png_color_16*>(&s.trns_color));
@@ -117,7 +122,8 @@ void write_jpeg(const std::string& path, const uint8_t* data, int w, int h, int 
   ci.in_color_space = cs;
   jpeg_set_defaults(&ci);
   jpeg_set_quality(&ci, quality, TRUE);
-  for (int i = 0; i < ci.num_components; ++i) ci.comp_info[i].h_samp_factor = ci.comp_info[i].v_samp_factor = 1;
+  for (int i = 0; i < ci.num_components; ++i)
+    ci.comp_info[i].h_samp_factor = ci.comp_info[i].v_samp_factor = 1;
   jpeg_start_compress(&ci, TRUE);
   while (ci.next_scanline < ci.image_height) {
     JSAMPROW row = const_cast<uint8_t*>(data + (size_t)ci.next_scanline * w * comps);
@@ -150,9 +156,7 @@ std::vector<uint8_t> noise_image(int w, int h, uint64_t seed) {
   return v;
 }
 
-bool has_pil() {
-  return std::system("/usr/bin/python3 -c 'import PIL.Image, numpy' >/dev/null 2>&1") == 0;
-}
+bool has_pil() { return std::system("/usr/bin/python3 -c 'import PIL.Image, numpy' >/dev/null 2>&1") == 0; }
 
 }  // namespace
 
@@ -183,20 +187,27 @@ TEST(Image, PngGrayAlphaRgbRgba) {
       for (bool interlace : {false, true}) {
         int w = 11, h = 9, ch = channels_of(ct);
         PngSpec s{w, h, ct, depth, {}, {}, {}, false, {}, interlace};
-        for (int i = 0; i < w * h * ch; ++i) s.samples.push_back((uint16_t)(depth == 16 ? g() & 0xffff : g() & 0xff));
+        for (int i = 0; i < w * h * ch; ++i)
+          s.samples.push_back((uint16_t)(depth == 16 ? g() & 0xffff : g() & 0xff));
         std::string p = tmp("ct" + std::to_string(ct) + "_" + std::to_string(depth) + ".png");
         write_png_spec(p, s);
         Image im = decode_image_file(p);
         ASSERT_EQ(im.w, w);
         ASSERT_EQ(im.h, h);
         for (int i = 0; i < w * h; ++i) {
-          auto smp = [&](int k) { return (double)(depth == 16 ? s.samples[i * ch + k] >> 8 : s.samples[i * ch + k]); };
+          auto smp = [&](int k) {
+            return (double)(depth == 16 ? s.samples[i * ch + k] >> 8 : s.samples[i * ch + k]);
+          };
           for (int k = 0; k < 3; ++k) {
             uint8_t want;
-            if (ct == PNG_COLOR_TYPE_GRAY_ALPHA) want = over_black_ref(smp(0), smp(1));
-            else if (ct == PNG_COLOR_TYPE_RGB) want = (uint8_t)smp(k);
-            else want = over_black_ref(smp(k), smp(3));
-            ASSERT_EQ(im.rgb[i * 3 + k], want) << "ct " << ct << " depth " << depth << " px " << i << " ch " << k;
+            if (ct == PNG_COLOR_TYPE_GRAY_ALPHA)
+              want = over_black_ref(smp(0), smp(1));
+            else if (ct == PNG_COLOR_TYPE_RGB)
+              want = (uint8_t)smp(k);
+            else
+              want = over_black_ref(smp(k), smp(3));
+            ASSERT_EQ(im.rgb[i * 3 + k], want)
+                << "ct " << ct << " depth " << depth << " px " << i << " ch " << k;
           }
         }
       }
@@ -220,14 +231,16 @@ TEST(Image, PngPalette) {
         png_color c = s.palette[idx];
         double a = idx < (int)s.trns_alpha.size() ? s.trns_alpha[idx] : 255;
         uint8_t want[3] = {over_black_ref(c.red, a), over_black_ref(c.green, a), over_black_ref(c.blue, a)};
-        for (int k = 0; k < 3; ++k) ASSERT_EQ(im.rgb[i * 3 + k], want[k]) << depth << " " << trns << " px " << i;
+        for (int k = 0; k < 3; ++k)
+          ASSERT_EQ(im.rgb[i * 3 + k], want[k]) << depth << " " << trns << " px " << i;
       }
     }
 }
 
 TEST(Image, PngColorKeyTransparency) {
   // tRNS on gray / RGB images marks one exact color as fully transparent -> black.
-  PngSpec s{4, 1, PNG_COLOR_TYPE_RGB, 8, {10, 20, 30, 200, 100, 50, 10, 20, 31, 10, 20, 30}, {}, {}, true, {}, false};
+  PngSpec s{4,  1,    PNG_COLOR_TYPE_RGB, 8, {10, 20, 30, 200, 100, 50, 10, 20, 31, 10, 20, 30}, {}, {}, true,
+            {}, false};
   s.trns_color.red = 10;
   s.trns_color.green = 20;
   s.trns_color.blue = 30;
@@ -356,7 +369,13 @@ TEST(Image, ResizeGeometryAndConstant) {
   struct G {
     int w, h, size;
   };
-  for (G c : std::vector<G>{{100, 60, 32}, {60, 100, 32}, {64, 64, 64}, {31, 17, 64}, {1000, 130, 32}, {513, 257, 64}, {1, 1, 8}}) {
+  for (G c : std::vector<G>{{100, 60, 32},
+                            {60, 100, 32},
+                            {64, 64, 64},
+                            {31, 17, 64},
+                            {1000, 130, 32},
+                            {513, 257, 64},
+                            {1, 1, 8}}) {
     Image im;
     im.w = c.w;
     im.h = c.h;
@@ -366,7 +385,8 @@ TEST(Image, ResizeGeometryAndConstant) {
     ASSERT_EQ(out.w, c.size);
     ASSERT_EQ(out.h, c.size);
     ASSERT_EQ(out.rgb.size(), (size_t)c.size * c.size * 3);
-    for (size_t i = 0; i < out.rgb.size(); ++i) ASSERT_EQ(out.rgb[i], col[i % 3]) << c.w << "x" << c.h << " i=" << i;
+    for (size_t i = 0; i < out.rgb.size(); ++i)
+      ASSERT_EQ(out.rgb[i], col[i % 3]) << c.w << "x" << c.h << " i=" << i;
   }
 }
 
@@ -391,8 +411,8 @@ TEST(Image, ResizeHalvingAndCropOffsets) {
 
 TEST(Image, ResizeBicubicLinearRamp) {
   // Bicubic nearly reproduces linear functions away from the borders (exactly only at integer
-  // scale factors; the antialiased, stretched kernel is off by a fraction of a level). 120x90 -> 64: no halving,
-  // scale 64/90, resized to round(120*64/90)=85 x 64, crop x offset (85-64)/2 = 10.
+  // scale factors; the antialiased, stretched kernel is off by a fraction of a level). 120x90 -> 64: no
+  // halving, scale 64/90, resized to round(120*64/90)=85 x 64, crop x offset (85-64)/2 = 10.
   Image im;
   im.w = 120;
   im.h = 90;
@@ -416,34 +436,38 @@ TEST(Image, MatchesPilCenterCropArr) {
   struct C {
     int w, h, size;
   };
-  std::vector<C> cases = {{317, 211, 64}, {64, 64, 64}, {40, 90, 64}, {1000, 130, 32}, {129, 255, 64}, {97, 400, 16}};
+  std::vector<C> cases = {{317, 211, 64},  {64, 64, 64},   {40, 90, 64},
+                          {1000, 130, 32}, {129, 255, 64}, {97, 400, 16}};
   std::string dir = test::temp_dir("pil");
   std::string script = dir + "/ref.py";
-  std::ofstream(script) << "import sys, numpy as np\n"
-                           "from PIL import Image\n"
-                           "def center_crop_arr(pil_image, image_size):\n"
-                           "    while min(*pil_image.size) >= 2 * image_size:\n"
-                           "        pil_image = pil_image.resize(tuple(x // 2 for x in pil_image.size), resample=Image.BOX)\n"
-                           "    scale = image_size / min(*pil_image.size)\n"
-                           "    pil_image = pil_image.resize(tuple(round(x * scale) for x in pil_image.size), "
-                           "resample=Image.BICUBIC)\n"
-                           "    arr = np.array(pil_image)\n"
-                           "    crop_y = (arr.shape[0] - image_size) // 2\n"
-                           "    crop_x = (arr.shape[1] - image_size) // 2\n"
-                           "    return arr[crop_y : crop_y + image_size, crop_x : crop_x + image_size]\n"
-                           "for i in range(1, len(sys.argv), 3):\n"
-                           "    img = Image.open(sys.argv[i]); img.load(); img = img.convert('RGB')\n"
-                           "    a = center_crop_arr(img, int(sys.argv[i + 1]))\n"
-                           "    open(sys.argv[i + 2], 'wb').write(np.ascontiguousarray(a).tobytes())\n"
-                           "    open(sys.argv[i + 2] + '.dec', 'wb').write(np.asarray(img).tobytes())\n";
+  std::ofstream(script)
+      << "import sys, numpy as np\n"
+         "from PIL import Image\n"
+         "def center_crop_arr(pil_image, image_size):\n"
+         "    while min(*pil_image.size) >= 2 * image_size:\n"
+         "        pil_image = pil_image.resize(tuple(x // 2 for x in pil_image.size), resample=Image.BOX)\n"
+         "    scale = image_size / min(*pil_image.size)\n"
+         "    pil_image = pil_image.resize(tuple(round(x * scale) for x in pil_image.size), "
+         "resample=Image.BICUBIC)\n"
+         "    arr = np.array(pil_image)\n"
+         "    crop_y = (arr.shape[0] - image_size) // 2\n"
+         "    crop_x = (arr.shape[1] - image_size) // 2\n"
+         "    return arr[crop_y : crop_y + image_size, crop_x : crop_x + image_size]\n"
+         "for i in range(1, len(sys.argv), 3):\n"
+         "    img = Image.open(sys.argv[i]); img.load(); img = img.convert('RGB')\n"
+         "    a = center_crop_arr(img, int(sys.argv[i + 1]))\n"
+         "    open(sys.argv[i + 2], 'wb').write(np.ascontiguousarray(a).tobytes())\n"
+         "    open(sys.argv[i + 2] + '.dec', 'wb').write(np.asarray(img).tobytes())\n";
   std::string args;
   std::vector<std::string> srcs, outs;
   for (size_t i = 0; i < cases.size(); ++i) {
     auto& c = cases[i];
     std::vector<uint8_t> px = i % 2 ? noise_image(c.w, c.h, seed + i) : smooth_image(c.w, c.h, seed + i);
     std::string src = dir + "/src" + std::to_string(i) + (i % 3 == 2 ? ".jpg" : ".png");
-    if (i % 3 == 2) write_jpeg(src, px.data(), c.w, c.h, 3, JCS_RGB, 85);
-    else write_png(src, px.data(), c.w, c.h);
+    if (i % 3 == 2)
+      write_jpeg(src, px.data(), c.w, c.h, 3, JCS_RGB, 85);
+    else
+      write_png(src, px.data(), c.w, c.h);
     srcs.push_back(src);
     outs.push_back(dir + "/out" + std::to_string(i) + ".raw");
     args += " " + src + " " + std::to_string(c.size) + " " + outs.back();
@@ -464,7 +488,8 @@ TEST(Image, MatchesPilCenterCropArr) {
       ndiff += d != 0;
       maxd = std::max(maxd, d);
     }
-    EXPECT_EQ(ndiff, 0) << srcs[i] << " -> " << cases[i].size << ": " << ndiff << " bytes differ, max " << maxd;
+    EXPECT_EQ(ndiff, 0) << srcs[i] << " -> " << cases[i].size << ": " << ndiff << " bytes differ, max "
+                        << maxd;
   }
 }
 

@@ -37,7 +37,8 @@ std::vector<uint8_t> smooth(int w, int h, uint64_t seed) {
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
       for (int k = 0; k < 3; ++k)
-        v[((size_t)y * w + x) * 3 + k] = (uint8_t)std::lround(127.5 + 100 * std::sin(a[k] * x / w + b[k] * y / h + c[k]));
+        v[((size_t)y * w + x) * 3 + k] =
+            (uint8_t)std::lround(127.5 + 100 * std::sin(a[k] * x / w + b[k] * y / h + c[k]));
   return v;
 }
 
@@ -68,7 +69,9 @@ void write_text(const std::string& p, const std::string& s) { std::ofstream(p, s
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
 
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
 
 // A class-subfolder tree of PNG and JPEG files of assorted sizes, plus junk.
 struct Tree {
@@ -81,7 +84,8 @@ struct Tree {
 Tree make_tree(uint64_t seed) {
   Tree t;
   t.root = test::temp_dir("tree");
-  for (auto d : {"birds", "cats/sub", "dogs", ".hidden", "empty_class"}) fs::create_directories(t.root + "/" + d);
+  for (auto d : {"birds", "cats/sub", "dogs", ".hidden", "empty_class"})
+    fs::create_directories(t.root + "/" + d);
   auto png = [&](const std::string& rel, int w, int h, int label) {
     auto px = noise((size_t)w * h * 3, seed + t.images.size() * 7919);
     write_png(t.root + "/" + rel, px.data(), w, h);
@@ -256,18 +260,21 @@ TEST(Dataset, H5pyReadsIt) {
     for (int i = 0; i < 3; ++i) w.append(img.data() + i * 75, i % 2);
     w.commit();
   }
-  std::string py = "import h5py, numpy as np, sys\n"
-                   "f = h5py.File(sys.argv[1], 'r')\n"
-                   "x = f['images'][()]\n"
-                   "assert x.dtype == np.uint8 and x.shape == (3, 5, 5, 3), x.shape\n"
-                   "assert int(x[2, 4, 4, 2]) == int(sys.argv[2])\n"
-                   "assert f['labels'][()].tolist() == [0, 1, 0]\n"
-                   "assert list(f['labels'].attrs['class_names']) == ['zebra', 'ant']\n"
-                   "assert f.attrs['format'] == 'unet-dataset' and f.attrs['count'] == 3\n"
-                   "assert f['images'].chunks is not None and f['images'].compression == 'gzip'\n";
+  std::string py =
+      "import h5py, numpy as np, sys\n"
+      "f = h5py.File(sys.argv[1], 'r')\n"
+      "x = f['images'][()]\n"
+      "assert x.dtype == np.uint8 and x.shape == (3, 5, 5, 3), x.shape\n"
+      "assert int(x[2, 4, 4, 2]) == int(sys.argv[2])\n"
+      "assert f['labels'][()].tolist() == [0, 1, 0]\n"
+      "assert list(f['labels'].attrs['class_names']) == ['zebra', 'ant']\n"
+      "assert f.attrs['format'] == 'unet-dataset' and f.attrs['count'] == 3\n"
+      "assert f['images'].chunks is not None and f['images'].compression == 'gzip'\n";
   std::string script = test::temp_dir("ds4py") + "/c.py";
   write_text(script, py);
-  EXPECT_EQ(std::system(("/usr/bin/python3 " + script + " " + p + " " + std::to_string(img[3 * 75 - 1])).c_str()), 0);
+  EXPECT_EQ(
+      std::system(("/usr/bin/python3 " + script + " " + p + " " + std::to_string(img[3 * 75 - 1])).c_str()),
+      0);
 }
 
 // ---- unet prepare ----------------------------------------------------------------------------
@@ -275,9 +282,11 @@ TEST(Prepare, ClassFoldersPixelsAndLabels) {
   Tree t = make_tree(test::test_seed() + 10);
   std::string outdir = test::temp_dir("prep_out");
   std::string out = outdir + "/d.h5";
-  auto r = test::run_unet("prepare " + q(t.root) + " -o " + q(out) + " --labels subdirs --image-size 16 --jobs 3");
+  auto r =
+      test::run_unet("prepare " + q(t.root) + " -o " + q(out) + " --labels subdirs --image-size 16 --jobs 3");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.out, "wrote 7 images (3 classes) to " + out + "; skipped 2 unreadable files")) << r.out;
+  EXPECT_TRUE(contains(r.out, "wrote 7 images (3 classes) to " + out + "; skipped 2 unreadable files"))
+      << r.out;
   for (auto& j : t.junk) EXPECT_TRUE(contains(r.err, "unet: skipping " + t.root + "/" + j + ": ")) << r.err;
   EXPECT_FALSE(contains(r.err, "hidden")) << r.err;
   EXPECT_FALSE(contains(r.err, "DS_Store")) << r.err;
@@ -322,7 +331,8 @@ TEST(Prepare, NoLabelsDeterministicAcrossJobs) {
 TEST(Prepare, Limit) {
   Tree t = make_tree(test::test_seed() + 13);
   std::string out = test::temp_dir("prep_lim") + "/d.h5";
-  auto r = test::run_unet("prepare " + q(t.root) + " -o " + q(out) + " --limit 3 --image-size 8 --labels subdirs");
+  auto r =
+      test::run_unet("prepare " + q(t.root) + " -o " + q(out) + " --limit 3 --image-size 8 --labels subdirs");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "wrote 3 images")) << r.out;
   EXPECT_FALSE(contains(r.err, "bad.png")) << "files past the limit are not looked at: " << r.err;
@@ -361,7 +371,8 @@ TEST(Prepare, TopLevelFilesWithSubdirLabels) {
   std::string out = test::temp_dir("prep_top") + "/d.h5";
   auto r = test::run_unet("prepare " + q(t.root) + " -o " + q(out) + " --labels subdirs --image-size 8");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, "unet: skipping " + t.root + "/stray.png: not inside a class subfolder")) << r.err;
+  EXPECT_TRUE(contains(r.err, "unet: skipping " + t.root + "/stray.png: not inside a class subfolder"))
+      << r.err;
   EXPECT_TRUE(contains(r.out, "skipped 3 unreadable files")) << r.out;
   // Without labels the same file is an ordinary image.
   auto r2 = test::run_unet("prepare " + q(t.root) + " -o " + q(out) + " --image-size 8");
@@ -372,7 +383,8 @@ TEST(Prepare, TopLevelFilesWithSubdirLabels) {
 TEST(Prepare, MultipleDirs) {
   Tree a = make_tree(test::test_seed() + 16), b = make_tree(test::test_seed() + 17);
   std::string out = test::temp_dir("prep_multi") + "/d.h5";
-  auto r = test::run_unet("prepare " + q(a.root) + " " + q(b.root) + " -o " + q(out) + " --image-size 8 --labels subdirs");
+  auto r = test::run_unet("prepare " + q(a.root) + " " + q(b.root) + " -o " + q(out) +
+                          " --image-size 8 --labels subdirs");
   ASSERT_EQ(r.code, 0) << r.err;
   DatasetReader ds(out);
   ASSERT_EQ(ds.info().count, 14);
@@ -422,8 +434,10 @@ TEST(Prepare, InputAndOutputErrors) {
   r = test::run_unet("prepare " + q(t.root) + " -o " + q(outdir));
   EXPECT_EQ(r.code, 1);
   // Bad flags.
-  EXPECT_EQ(test::run_unet("prepare " + q(t.root) + " -o " + q(outdir + "/x.h5") + " --labels folders").code, 1);
-  EXPECT_EQ(test::run_unet("prepare " + q(t.root) + " -o " + q(outdir + "/x.h5") + " --image-size 0").code, 1);
+  EXPECT_EQ(test::run_unet("prepare " + q(t.root) + " -o " + q(outdir + "/x.h5") + " --labels folders").code,
+            1);
+  EXPECT_EQ(test::run_unet("prepare " + q(t.root) + " -o " + q(outdir + "/x.h5") + " --image-size 0").code,
+            1);
   EXPECT_EQ(test::run_unet("prepare " + q(t.root) + " -o " + q(outdir + "/x.h5") + " --jobs 0").code, 1);
   EXPECT_EQ(test::run_unet("prepare " + q(t.root)).code, 1);  // -o is required
   EXPECT_TRUE(test::list_dir(outdir).empty());
