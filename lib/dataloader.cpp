@@ -11,7 +11,6 @@ namespace unet {
 DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
                        int64_t start_step, int prefetch, HostAlloc host_alloc)
     : B_(batch_size), T_(T), seed_(seed), flip_(flip), start_(start_step), next_step_(start_step) {
-#ifdef UNET_HAVE_DATASET_READER
   DatasetReader reader(dataset_path);
   info_ = reader.info();
   if (info_.count < 1) throw UserError(dataset_path + ": the dataset has no images");
@@ -24,9 +23,6 @@ DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, u
       throw UserError(dataset_path + ": labels has " + std::to_string(labels_.size()) + " entries for " +
                       std::to_string(info_.count) + " images");
   }
-#else
-  throw UserError(dataset_path + ": this build cannot read datasets (lib/dataset.h missing)");
-#endif
   if (host_alloc) alloc_ = std::make_shared<const std::function<void*(size_t)>>(std::move(host_alloc));
   init(prefetch);
 }

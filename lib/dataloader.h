@@ -17,20 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#if __has_include("dataset.h")
 #include "dataset.h"
-#define UNET_HAVE_DATASET_READER 1
-#else
-namespace unet {
-// Stand-in until lib/dataset.h lands (same fields as its DatasetInfo).
-struct DatasetInfo {
-  int64_t count = 0;
-  int image_size = 0;
-  bool has_labels = false;
-  std::vector<std::string> class_names;
-};
-}  // namespace unet
-#endif
 
 namespace unet {
 

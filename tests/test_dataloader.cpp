@@ -8,6 +8,7 @@
 #include <set>
 
 #include "dataloader.h"
+#include "dataset.h"
 #include "rng.h"
 #include "testutil.h"
 #include "util.h"
@@ -317,8 +318,6 @@ TEST(DataLoader, RejectsBadInput) {
   EXPECT_THROW(DataLoader(test::temp_dir("dl") + "/missing.h5", 2, 10, 0, true, 0), UserError);
 }
 
-#if __has_include("dataset.h")
-#include "dataset.h"
 // From an HDF5 file written by `prepare`'s writer: the same batches as from memory.
 TEST(DataLoader, FromFileMatchesMemory) {
   const uint64_t seed = test::test_seed();
@@ -336,4 +335,3 @@ TEST(DataLoader, FromFileMatchesMemory) {
   DataLoader m(t.info, t.images, t.labels, 3, 100, seed, true, 5);
   for (int s = 5; s < 10; ++s) EXPECT_TRUE(batches_equal(*f.next(), *m.next())) << s;
 }
-#endif
