@@ -102,8 +102,8 @@ Cost adamw(size_t n) { return elementwise((double)n, kAdamw, 4, 3); }  // reads 
 // ---- CountingBackend ----
 
 void CountingBackend::begin(const char* op, const Cost& c) {
+  if (op_ranges_) range_push(op);  // first, so the cost lands in the op's own range
   if (counting_ && sink_) sink_(op, c);
-  if (op_ranges_) range_push(op);
 }
 void CountingBackend::end() {
   if (op_ranges_) range_pop();

@@ -482,7 +482,7 @@ std::string format_table(const Report& r, int name_width) {
   t.left = {true, false, false, false, false, false, false, false, false, true};
   for (const auto& l : r.layers) {
     ojson j = layer_json(r, l);
-    t.rows.push_back({std::string(2 * l.depth, ' ') + l.name, fmt(j["calls_per_iter"].get<double>(), l.calls % std::max(1, r.iters) ? 2 : 0),
+    t.rows.push_back({std::string(2 * l.depth, ' ') + l.name, l.calls ? fmt(j["calls_per_iter"].get<double>(), l.calls % std::max(1, r.iters) ? 2 : 0) : "-",
                       fmt(j["ms_per_iter"].get<double>(), 3), fmt(j["step_pct"].get<double>(), 1),
                       fmt(j["flops_per_iter"].get<double>() / 1e9, 2), fmt_c(j["bytes_per_iter"].get<double>() / 1e6, 1),
                       fmt(j["tflops"].get<double>(), 2), fmt_c(j["gbps"].get<double>(), 0), fmt(j["peak_pct"].get<double>(), 1),

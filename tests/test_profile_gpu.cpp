@@ -1,0 +1,279 @@
+// `unet profile` on a real GPU: CUPTI records attributed to layer ranges, kernel-time sum vs CUDA
+// events (within 10%), and the CLI's table / CSV / JSON / Chrome trace. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "backend.h"
+#include "flops.h"
+#include "profile_report.h"
+#include "profiler_cupti.h"
+#include "testutil.h"
+
+using namespace unet;
+using json = nlohmann::json;
+
+namespace {
+
+bool have_gpu(std::string* why) {
+  if (!cuda_available()) {
+    *why = "no CUDA device";
+    return false;
+  }
+  auto be = make_cuda_backend(why);
+  return be != nullptr;
+}
+
+#define NEED_GPU()                                 \
+  do {                                             \
+    std::string why_;                              \
+    if (!have_gpu(&why_)) GTEST_SKIP() << why_;    \
+  } while (0)
+
+// Chrome trace-event format (JSON object form) as Perfetto / chrome://tracing read it.
+void validate_trace(const json& t, size_t* kernels, size_t* layers) {
+  ASSERT_TRUE(t.is_object());
+  ASSERT_TRUE(t.contains("traceEvents") && t["traceEvents"].is_array());
+  *kernels = *layers = 0;
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> tracks;
+  for (const auto& e : t["traceEvents"]) {
+    ASSERT_TRUE(e.is_object());
+    ASSERT_TRUE(e.contains("name") && e["name"].is_string()) << e.dump();
+    ASSERT_TRUE(e.contains("ph") && e["ph"].is_string()) << e.dump();
+    ASSERT_TRUE(e.contains("pid") && e["pid"].is_number_integer()) << e.dump();
+    ASSERT_TRUE(e.contains("tid") && e["tid"].is_number_integer()) << e.dump();
+    const std::string ph = e["ph"];
+    ASSERT_TRUE(ph == "X" || ph == "M") << e.dump();
+    if (ph == "M") {
+      ASSERT_TRUE(e.contains("args") && e["args"].is_object()) << e.dump();
+      continue;
+    }
+    ASSERT_TRUE(e.contains("ts") && e["ts"].is_number()) << e.dump();
+    ASSERT_TRUE(e.contains("dur") && e["dur"].is_number()) << e.dump();
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+    const std::string cat = e.value("cat", "");
+    if (cat == "kernel") ++*kernels;
+    if (cat == "layer") ++*layers;
+    tracks[{e["pid"].get<int>(), e["tid"].get<int>()}].push_back({e["ts"].get<double>(), e["dur"].get<double>()});
+  }
+  for (auto& kv : tracks) {
+    auto& ev = kv.second;
+    std::sort(ev.begin(), ev.end(),
+              [](auto& a, auto& b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
+    std::vector<double> ends;
+    for (auto& e : ev) {
+      while (!ends.empty() && ends.back() <= e.first + 1e-3) ends.pop_back();
+      if (!ends.empty()) {
+        EXPECT_LE(e.first + e.second, ends.back() + 1e-3) << "overlapping events on track " << kv.first.first << "/"
+                                                          << kv.first.second;
+      }
+      ends.push_back(e.first + e.second);
+    }
+  }
+}
+
+std::string read_file(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+const json* find_layer(const json& j, const std::string& path) {
+  for (const auto& l : j["layers"])
+    if (l["path"] == path) return &l;
+  return nullptr;
+}
+
+// The checks every JSON report must pass.
+void check_report(const json& j, int iters) {
+  ASSERT_FALSE(j["kernels"].empty());
+  uint64_t total = 0;
+  for (auto& k : j["kernels"]) {
+    EXPECT_GT(k["instances"].get<uint64_t>(), 0u);
+    EXPECT_LE(k["min_ns"].get<uint64_t>(), k["max_ns"].get<uint64_t>());
+    total += k["total_ns"].get<uint64_t>();
+  }
+  for (auto& k : j["memops"]) total += k["total_ns"].get<uint64_t>();
+  const auto& tm = j["timing"];
+  EXPECT_NEAR(tm["kernel_sum_ms_per_iter"].get<double>(), (double)total / 1e6 / iters, 1e-6);
+  EXPECT_GT(tm["cuda_events_ms_per_iter"].get<double>(), 0.0);
+  EXPECT_EQ(j["dropped_records"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["peaks"]["tflops"].get<double>(), 0.0);
+  EXPECT_GT(j["peaks"]["gbps"].get<double>(), 0.0);
+}
+
+}  // namespace
+
+// The profiler API directly: every kernel of a convolution loop lands in its range, and the
+// summed kernel time matches CUDA events around the same region.
+TEST(ProfileGpu, ApiKernelsAttributedAndSumMatchesEvents) {
+  NEED_GPU();
+  std::string why;
+  auto dev = make_cuda_backend(&why);
+  ASSERT_TRUE(dev) << why;
+  auto gp = prof::make_gpu_profiler(&why);
+  ASSERT_TRUE(gp) << why;
+  dev->set_precision(Precision::TF32);
+  prof::RangeTracker tracker([&] { return gp->timestamp(); });
+  tracker.on_push = [&](uint64_t id) { gp->push_range(id); };
+  tracker.on_pop = [&] { gp->pop_range(); };
+  flops::CountingBackend be(*dev, [&](const char*, const flops::Cost& c) { tracker.add_cost(c.flops, c.bytes); },
+                            &tracker);
+  const int B = 16, H = 64, C = 128;
+  const size_t n = (size_t)B * H * H * C;
+  auto hx = test::randn(n, test::test_seed());
+  auto hw = test::randn((size_t)C * 9 * C, test::test_seed() + 1, 0.03f);
+  float* x = be.alloc(n);
+  float* w = be.alloc((size_t)C * 9 * C);
+  float* y = be.alloc(n);
+  be.upload(x, hx.data(), n);
+  be.upload(w, hw.data(), hw.size());
+  const int iters = 20;
+  gp->start();
+  for (int i = 0; i < 3; ++i) be.conv2d_fwd(x, w, nullptr, y, B, H, H, C, C, 3, 1);
+  gp->region_begin();
+  tracker.clear();
+  for (int i = 0; i < iters; ++i) {
+    be.range_push("outer");
+    be.range_push("conv");
+    be.conv2d_fwd(x, w, nullptr, y, B, H, H, C, C, 3, 1);
+    be.range_pop();
+    be.range_pop();
+  }
+  const double ms = gp->region_end();
+  gp->stop();
+  auto acts = gp->take_activities();
+  ASSERT_GE(acts.size(), (size_t)iters);
+  uint64_t sum = 0;
+  for (size_t i = 0; i < acts.size(); ++i) {
+    sum += acts[i].duration();
+    EXPECT_NE(acts[i].range, 0u) << acts[i].name << " has no layer range";
+    EXPECT_EQ(prof::range_path(tracker, acts[i].range), "outer/conv") << acts[i].name;
+    if (i) {
+      EXPECT_GE(acts[i].start, acts[i - 1].start);
+    }
+  }
+  EXPECT_EQ(gp->dropped(), 0u);
+  const double ksum = sum / 1e6;
+  std::printf("kernel sum %.3f ms, CUDA events %.3f ms (%zu activities)\n", ksum, ms, acts.size());
+  EXPECT_NEAR(ksum / ms, 1.0, 0.10);
+  auto rows = prof::aggregate_layers(tracker.instances(), acts);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].time_ns, sum);
+  EXPECT_EQ(rows[1].calls, (uint64_t)iters);
+  EXPECT_DOUBLE_EQ(rows[1].flops, iters * flops::conv2d_fwd(B, H, H, C, C, 3, 1, false).flops);
+}
+
+// The issue's done criterion: the resblock profile, JSON + trace, kernel sum vs CUDA events.
+TEST(ProfileGpu, ResblockJsonAndTrace) {
+  NEED_GPU();
+  const std::string trace = test::temp_dir("profile") + "/resblock.json";
+  auto r = test::run_unet("profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 "
+                          "--out-channels 64 --iters 10 --format json --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.err;
+  json j = json::parse(r.out);
+  check_report(j, 10);
+  const double diff = j["timing"]["difference_pct"].get<double>();
+  std::printf("resblock: kernel sum %.3f ms/iter, CUDA events %.3f ms/iter (%.1f%%)\n",
+              j["timing"]["kernel_sum_ms_per_iter"].get<double>(), j["timing"]["cuda_events_ms_per_iter"].get<double>(),
+              diff);
+  EXPECT_LT(std::fabs(diff), 10.0);
+  for (const char* p : {"resblock fwd", "resblock fwd/in_layers", "resblock fwd/emb_layers", "resblock fwd/out_layers",
+                        "resblock fwd/skip_connection", "resblock bwd", "resblock bwd/in_layers"}) {
+    const json* l = find_layer(j, p);
+    ASSERT_TRUE(l) << p;
+    EXPECT_NEAR((*l)["calls_per_iter"].get<double>(), 1.0, 1e-9) << p;
+    EXPECT_GT((*l)["ms_per_iter"].get<double>(), 0.0) << p;
+    EXPECT_GT((*l)["flops_per_iter"].get<double>(), 0.0) << p;
+    EXPECT_GT((*l)["tflops"].get<double>(), 0.0) << p;
+    EXPECT_LT((*l)["peak_pct"].get<double>(), 100.0) << p << ": faster than the GPU's peak?";
+  }
+  const double fwd = (*find_layer(j, "resblock fwd"))["ms_per_iter"].get<double>();
+  const double bwd = (*find_layer(j, "resblock bwd"))["ms_per_iter"].get<double>();
+  EXPECT_NEAR((fwd + bwd) / j["timing"]["kernel_sum_ms_per_iter"].get<double>(), 1.0, 0.02)
+      << "nearly all GPU time lies inside the two ranges";
+
+  json t = json::parse(read_file(trace));
+  size_t kernels = 0, layers = 0;
+  validate_trace(t, &kernels, &layers);
+  uint64_t instances = 0;
+  for (auto& k : j["kernels"]) instances += k["instances"].get<uint64_t>();
+  EXPECT_EQ(kernels, instances);
+  EXPECT_GE(layers, 10u * 2);
+}
+
+TEST(ProfileGpu, ResblockTableAndCsv) {
+  NEED_GPU();
+  const std::string args = "profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 "
+                           "--out-channels 64 --iters 5 --warmup 2";
+  auto t = test::run_unet(args);
+  ASSERT_EQ(t.code, 0) << t.err;
+  std::printf("%s\n", t.out.c_str());
+  for (const char* s : {"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
+                        "StdDev (ns)", "Name", "resblock fwd", "  in_layers", "TFLOP/s", "kernel sum", "CUDA events"})
+    EXPECT_NE(t.out.find(s), std::string::npos) << s;
+  auto c = test::run_unet(args + " --format csv");
+  ASSERT_EQ(c.code, 0) << c.err;
+  // Rectangular: every row has as many fields as the header (fields with commas are quoted).
+  std::istringstream in(c.out);
+  std::string line;
+  size_t ncols = 0, rows = 0, kernel_rows = 0;
+  while (std::getline(in, line)) {
+    size_t fields = 1;
+    bool q = false;
+    for (char ch : line) {
+      if (ch == '"') q = !q;
+      else if (ch == ',' && !q) ++fields;
+    }
+    EXPECT_FALSE(q) << line;
+    if (!rows++) ncols = fields;
+    EXPECT_EQ(fields, ncols) << line;
+    if (line.rfind("kernel,", 0) == 0) ++kernel_rows;
+  }
+  EXPECT_GT(kernel_rows, 0u);
+}
+
+TEST(ProfileGpu, ModelTrainingStep) {
+  NEED_GPU();
+  auto r = test::run_unet("profile --layer model --batch-size 32 --iters 10 --format json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  json j = json::parse(r.out);
+  check_report(j, 10);
+  const double diff = j["timing"]["difference_pct"].get<double>();
+  std::printf("model step: kernel sum %.3f ms/iter, CUDA events %.3f ms/iter (%.1f%%), %.1f GFLOP/iter\n",
+              j["timing"]["kernel_sum_ms_per_iter"].get<double>(), j["timing"]["cuda_events_ms_per_iter"].get<double>(),
+              diff, j["totals"]["flops_per_iter"].get<double>() / 1e9);
+  EXPECT_LT(std::fabs(diff), 10.0);
+  for (const char* p : {"forward", "backward", "optimizer", "loss"}) EXPECT_TRUE(find_layer(j, p)) << p;
+  int blocks = 0;
+  for (const auto& l : j["layers"])
+    if (l["name"].get<std::string>().find("input_blocks.") == 0) {
+      ++blocks;
+      EXPECT_GT(l["ms_per_iter"].get<double>(), 0.0) << l["path"];
+    }
+  EXPECT_GE(blocks, 24);
+  // SPEC §5: 1.47 TFLOP of GEMM-shaped work per step, plus a little memory-bound work.
+  EXPECT_NEAR(j["totals"]["flops_per_iter"].get<double>() / 1.47e12, 1.0, 0.1);
+}
+
+TEST(ProfileGpu, EveryLayerKindRuns) {
+  NEED_GPU();
+  for (const char* l : {"resblock", "attention", "conv3x3", "conv1x1", "groupnorm", "linear", "upsample", "downsample",
+                        "adamw"}) {
+    for (const char* pass : {"forward", "backward", "step"}) {
+      auto r = test::run_unet(std::string("profile --layer ") + l + " --pass " + pass +
+                              " --batch-size 4 --resolution 16 --in-channels 64 --iters 2 --warmup 1 --format json "
+                              "--no-plain-timing --precision bf16");
+      ASSERT_EQ(r.code, 0) << l << " " << pass << ": " << r.err;
+      json j = json::parse(r.out);
+      EXPECT_FALSE(j["kernels"].empty()) << l << " " << pass;
+      EXPECT_FALSE(j["layers"].empty()) << l << " " << pass;
+    }
+  }
+}
