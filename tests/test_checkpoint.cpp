@@ -1,7 +1,11 @@
 // Checkpoint save/load (SPEC §2): bitwise round trip of every part, the PyTorch layout on disk,
 // one-line UserErrors for every kind of bad file, and atomic writes.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -280,6 +284,57 @@ TEST(Checkpoint, ValidationErrors) {
   p = broken("optattr", [](h5::File& f) { H5Adelete_by_name(f.id(), "optimizer", "beta2", H5P_DEFAULT); });
   msg = user_error(load(p, true));
   EXPECT_TRUE(contains(msg, p) && contains(msg, "beta2")) << msg;
+}
+
+// A checkpoint written by PyTorch + h5py (scripts/unet_ckpt.py save_checkpoint) loads, with every
+// value where the engine layout puts it. Tensor k (state_dict order), element i (PyTorch order)
+// holds k * 4099 + i % 4093, exact in float32.
+TEST(Checkpoint, LoadsPythonWrittenCheckpoint) {
+  const std::string dir = test::temp_dir("py");
+  const std::string path = dir + "/py.h5", script = dir + "/make.py";
+  std::ofstream(script)
+      << "import sys\n"
+         "try:\n"
+         "    import torch, h5py\n"
+         "except ImportError:\n"
+         "    sys.exit(77)\n"
+         "from unet_ckpt import save_checkpoint\n"
+         "from unet_torch import create_model\n"
+         "flags = dict(image_size=32, num_channels=32, channel_mult='1,2', num_res_blocks=1,\n"
+         "  attention_resolutions='16', num_heads=2, num_head_channels=-1,\n"
+         "  use_new_attention_order=False, use_scale_shift_norm=True, resblock_updown=True,\n"
+         "  learn_sigma=True, class_cond=True, num_classes=10, dropout=0.25,\n"
+         "  noise_schedule='cosine', diffusion_steps=300)\n"
+         "m = create_model(flags)\n"
+         "with torch.no_grad():\n"
+         "    for k, p in enumerate(m.parameters()):\n"
+         "        p.copy_((k * 4099 + torch.arange(p.numel()) % 4093).float().reshape(p.shape))\n"
+         "save_checkpoint(m, flags, sys.argv[1])\n";
+  const std::string cmd = "PYTHONPATH=" + test::source_dir() + "/scripts /usr/bin/python3 " + script + " " +
+                          path + " >" + dir + "/log.txt 2>&1";
+  const int st = std::system(cmd.c_str());
+  if (!WIFEXITED(st) || WEXITSTATUS(st) == 77 || WEXITSTATUS(st) == 127)
+    GTEST_SKIP() << "no /usr/bin/python3 with torch and h5py";
+  ASSERT_EQ(WEXITSTATUS(st), 0) << "python failed, see " << dir << "/log.txt";
+
+  ModelConfig want = preset("tiny32");
+  want.num_heads = 2, want.num_head_channels = -1, want.use_new_attention_order = false;
+  want.use_scale_shift_norm = true, want.resblock_updown = true, want.learn_sigma = true;
+  want.class_cond = true, want.num_classes = 10, want.dropout = 0.25f, want.noise_schedule = "cosine";
+  want.diffusion_steps = 300;
+  Checkpoint ck = load_checkpoint(path);
+  EXPECT_EQ(ck.cfg.describe(), want.describe());
+  EXPECT_TRUE(ck.ema.empty());
+  EXPECT_TRUE(ck.state.empty());
+  const ParamTable t = build_param_table(ck.cfg);
+  ASSERT_EQ(t.params.size(), 145u);  // params_full32.txt
+  std::vector<float> v;
+  for (size_t k = 0; k < t.params.size(); ++k) {
+    const ParamInfo& p = t.params[k];
+    v.resize(p.numel);
+    engine_to_torch(p, ck.model.data() + p.offset, v.data());
+    for (size_t i = 0; i < p.numel; ++i) ASSERT_EQ(v[i], (float)(k * 4099 + i % 4093)) << p.name << " " << i;
+  }
 }
 
 TEST(Checkpoint, FailedSaveLeavesNoFileAndKeepsTheOld) {
