@@ -11,10 +11,16 @@
 #pragma once
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 namespace unet::ref {
 
 namespace detail {
+
+// lib/ops/gemm.cpp: the float tile in AVX2+FMA, used when the CPU has both.
+bool use_avx2_fma();
+void sgemm_tile_4x16_avx2(int k0, int k1, const float* A, ptrdiff_t a_rs, ptrdiff_t a_cs, const float* B,
+                          ptrdiff_t ldb, float* C, ptrdiff_t ldc);
 
 template <class T, int MR, int NR>
 inline void gemm_tile(int k0, int k1, const T* A, ptrdiff_t a_rs, ptrdiff_t a_cs, const T* B, ptrdiff_t ldb,
@@ -52,6 +58,8 @@ template <class T>
 void gemm_acc(int M, int N, int K, const T* A, ptrdiff_t a_rs, ptrdiff_t a_cs, const T* B, ptrdiff_t ldb,
               T* C, ptrdiff_t ldc) {
   constexpr int MR = 4, NR = 16, KC = 256;  // KC: a B panel of KC x NR stays in L1
+  bool avx2 = false;
+  if constexpr (std::is_same_v<T, float>) avx2 = detail::use_avx2_fma();
   for (int k0 = 0; k0 < K; k0 += KC) {
     const int k1 = std::min(K, k0 + KC);
     for (int j = 0; j < N; j += NR) {
@@ -60,10 +68,17 @@ void gemm_acc(int M, int N, int K, const T* A, ptrdiff_t a_rs, ptrdiff_t a_cs, c
         const int mr = std::min(MR, M - i);
         const T* a = A + i * a_rs;
         T* c = C + i * ldc + j;
-        if (mr == MR && nr == NR)
+        if (mr == MR && nr == NR) {
+          if constexpr (std::is_same_v<T, float>) {
+            if (avx2) {
+              detail::sgemm_tile_4x16_avx2(k0, k1, a, a_rs, a_cs, B + j, ldb, c, ldc);
+              continue;
+            }
+          }
           detail::gemm_tile<T, MR, NR>(k0, k1, a, a_rs, a_cs, B + j, ldb, c, ldc);
-        else
+        } else {
           detail::gemm_edge<T>(mr, nr, k0, k1, a, a_rs, a_cs, B + j, ldb, c, ldc);
+        }
       }
     }
   }

@@ -1,6 +1,8 @@
 // GroupNorm over [B, HW, C] with G groups of C/G consecutive channels, eps 1e-5, optional fused
 // SiLU (reference). Statistics accumulate in double and are stored (mean, rstd [B, G]) in T, and
 // the normalisation uses the stored values, so forward and backward agree exactly.
+// Loops run over (hw, all channels) with per-channel accumulators, reduced to groups afterwards
+// in channel order: contiguous, vectorisable, and the same order whatever the thread count.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -17,36 +19,49 @@ void groupnorm_fwd(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* 
                    int G, bool silu_after) {
   const int cg = C / G;
   const double n = (double)HW * cg;
-#pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * HW * C > 32768)
-  for (int b = 0; b < B; ++b)
-    for (int g = 0; g < G; ++g) {
-      const T* xb = x + (size_t)b * HW * C + (size_t)g * cg;
-      double s = 0;
+#pragma omp parallel if ((size_t)B * HW * C > 32768)
+  {
+    std::vector<double> acc(C);
+    std::vector<T> mu_c(C), rs_c(C);  // the group's stored statistics, per channel
+#pragma omp for schedule(static)
+    for (int b = 0; b < B; ++b) {
+      const T* xb = x + (size_t)b * HW * C;
+      std::fill(acc.begin(), acc.end(), 0.0);
       for (int hw = 0; hw < HW; ++hw)
-        for (int c = 0; c < cg; ++c) s += xb[(size_t)hw * C + c];
-      const double m = s / n;
-      double v = 0;  // two-pass variance: no cancellation
+        for (int c = 0; c < C; ++c) acc[c] += xb[(size_t)hw * C + c];
+      std::vector<double> m(G, 0.0), v(G, 0.0);
+      for (int c = 0; c < C; ++c) m[c / cg] += acc[c];
+      for (int g = 0; g < G; ++g) m[g] /= n;
+      std::fill(acc.begin(), acc.end(), 0.0);  // second pass: sum of squared deviations
       for (int hw = 0; hw < HW; ++hw)
-        for (int c = 0; c < cg; ++c) {
-          const double d = xb[(size_t)hw * C + c] - m;
-          v += d * d;
+        for (int c = 0; c < C; ++c) {
+          const double d = xb[(size_t)hw * C + c] - m[c / cg];
+          acc[c] += d * d;
         }
-      const T mu = (T)m, rs = (T)(1.0 / std::sqrt(v / n + kGroupNormEps));
-      mean[b * G + g] = mu;
-      rstd[b * G + g] = rs;
-      T* yb = y + (size_t)b * HW * C + (size_t)g * cg;
-      const T* ga = gamma + g * cg;
-      const T* be = beta + g * cg;
-      for (int hw = 0; hw < HW; ++hw)
-        for (int c = 0; c < cg; ++c) {
-          const T z = (xb[(size_t)hw * C + c] - mu) * rs * ga[c] + be[c];
-          yb[(size_t)hw * C + c] = silu_after ? silu(z) : z;
-        }
+      for (int c = 0; c < C; ++c) v[c / cg] += acc[c];
+      for (int g = 0; g < G; ++g) {
+        mean[b * G + g] = (T)m[g];
+        rstd[b * G + g] = (T)(1.0 / std::sqrt(v[g] / n + kGroupNormEps));
+      }
+      for (int c = 0; c < C; ++c) {
+        mu_c[c] = mean[b * G + c / cg];
+        rs_c[c] = rstd[b * G + c / cg];
+      }
+      T* yb = y + (size_t)b * HW * C;
+      for (int hw = 0; hw < HW; ++hw) {
+        const T* xr = xb + (size_t)hw * C;
+        T* yr = yb + (size_t)hw * C;
+        for (int c = 0; c < C; ++c) yr[c] = (xr[c] - mu_c[c]) * rs_c[c] * gamma[c] + beta[c];
+        if (silu_after)
+          for (int c = 0; c < C; ++c) yr[c] = silu(yr[c]);
+      }
     }
+  }
 }
 
 // With z = xhat*gamma + beta and dz = dy (times SiLU'(z) when fused):
-// dgamma = sum dz*xhat, dbeta = sum dz, dx = rstd (dz*gamma - mean_g(dz*gamma) - xhat mean_g(dz*gamma*xhat)).
+// dgamma = sum dz*xhat, dbeta = sum dz,
+// dx = rstd (dz*gamma - mean_g(dz*gamma) - xhat mean_g(dz*gamma*xhat)).
 template <class T>
 void groupnorm_bwd(const T* x, const T* gamma, const T* beta, const T* mean, const T* rstd, const T* dy,
                    T* dx, T* dgamma, T* dbeta, int B, int HW, int C, int G, bool silu_after) {
@@ -54,42 +69,53 @@ void groupnorm_bwd(const T* x, const T* gamma, const T* beta, const T* mean, con
   const double n = (double)HW * cg;
   // Per-sample, per-channel sums (double), combined over b in order afterwards.
   std::vector<double> sdz((size_t)B * C), sdzx((size_t)B * C);
-#pragma omp parallel for schedule(static) if ((size_t)B * HW * C > 32768)
-  for (int b = 0; b < B; ++b) {
-    const T* xb = x + (size_t)b * HW * C;
-    const T* dyb = dy + (size_t)b * HW * C;
-    double* pz = &sdz[(size_t)b * C];
-    double* pzx = &sdzx[(size_t)b * C];
-    std::fill(pz, pz + C, 0.0);
-    std::fill(pzx, pzx + C, 0.0);
-    auto dz_at = [&](size_t i, int c, T xh) {
-      if (!silu_after) return dyb[i];
-      return dyb[i] * silu_grad(xh * gamma[c] + beta[c]);
+#pragma omp parallel if ((size_t)B * HW * C > 32768)
+  {
+    std::vector<T> mu_c(C), rs_c(C), dz(C), xh(C), ma_c(C), mb_c(C);
+    // xhat and dz of one pixel row, recomputed in both passes instead of stored
+    auto row = [&](const T* xr, const T* dyr) {
+      for (int c = 0; c < C; ++c) xh[c] = (xr[c] - mu_c[c]) * rs_c[c];
+      if (silu_after)
+        for (int c = 0; c < C; ++c) dz[c] = dyr[c] * silu_grad(xh[c] * gamma[c] + beta[c]);
+      else
+        for (int c = 0; c < C; ++c) dz[c] = dyr[c];
     };
-    for (int hw = 0; hw < HW; ++hw)
+#pragma omp for schedule(static)
+    for (int b = 0; b < B; ++b) {
+      const T* xb = x + (size_t)b * HW * C;
+      const T* dyb = dy + (size_t)b * HW * C;
+      double* pz = &sdz[(size_t)b * C];
+      double* pzx = &sdzx[(size_t)b * C];
+      std::fill(pz, pz + C, 0.0);
+      std::fill(pzx, pzx + C, 0.0);
       for (int c = 0; c < C; ++c) {
-        const size_t i = (size_t)hw * C + c;
-        const int g = c / cg;
-        const T xh = (xb[i] - mean[b * G + g]) * rstd[b * G + g];
-        const T dz = dz_at(i, c, xh);
-        pz[c] += dz;
-        pzx[c] += (double)dz * xh;
+        mu_c[c] = mean[b * G + c / cg];
+        rs_c[c] = rstd[b * G + c / cg];
       }
-    if (dx) {
+      for (int hw = 0; hw < HW; ++hw) {
+        row(xb + (size_t)hw * C, dyb + (size_t)hw * C);
+        for (int c = 0; c < C; ++c) {
+          pz[c] += dz[c];
+          pzx[c] += (double)dz[c] * xh[c];
+        }
+      }
+      if (!dx) continue;
       for (int g = 0; g < G; ++g) {
-        double a = 0, bb = 0;  // mean over the group of dz*gamma and dz*gamma*xhat
+        double a = 0, bb = 0;  // group sums of dz*gamma and dz*gamma*xhat
         for (int c = g * cg; c < (g + 1) * cg; ++c) {
           a += gamma[c] * pz[c];
           bb += gamma[c] * pzx[c];
         }
-        const T ma = (T)(a / n), mb = (T)(bb / n), mu = mean[b * G + g], rs = rstd[b * G + g];
-        T* dxb = dx + (size_t)b * HW * C;
-        for (int hw = 0; hw < HW; ++hw)
-          for (int c = g * cg; c < (g + 1) * cg; ++c) {
-            const size_t i = (size_t)hw * C + c;
-            const T xh = (xb[i] - mu) * rs;
-            dxb[i] = rs * (dz_at(i, c, xh) * gamma[c] - ma - xh * mb);
-          }
+        for (int c = g * cg; c < (g + 1) * cg; ++c) {
+          ma_c[c] = (T)(a / n);
+          mb_c[c] = (T)(bb / n);
+        }
+      }
+      T* dxb = dx + (size_t)b * HW * C;
+      for (int hw = 0; hw < HW; ++hw) {
+        row(xb + (size_t)hw * C, dyb + (size_t)hw * C);
+        T* dxr = dxb + (size_t)hw * C;
+        for (int c = 0; c < C; ++c) dxr[c] = rs_c[c] * (dz[c] * gamma[c] - ma_c[c] - xh[c] * mb_c[c]);
       }
     }
   }
