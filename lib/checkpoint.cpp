@@ -51,7 +51,25 @@ struct AttrReader {
       throw UserError(f.path() + ": attribute '" + name + "' is out of range");
     return (int)v;
   }
-  bool flag(const std::string& name) const { return i64(name) != 0; }
+  // int64 0/1 as written here; also h5py's numpy.bool_ (an HDF5 enum over int8), which a
+  // hand-edited checkpoint may hold and which HDF5 will not convert to an integer.
+  bool flag(const std::string& name) const {
+    need(name);
+    {
+      std::lock_guard<std::recursive_mutex> lock(h5::mutex());
+      h5::Handle a(H5Aopen_by_name(f.id(), obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+      h5::Handle type(a.valid() ? H5Aget_type(a.get()) : -1, H5Tclose);
+      h5::Handle space(a.valid() ? H5Aget_space(a.get()) : -1, H5Sclose);
+      if (type.valid() && space.valid() && H5Tget_class(type.get()) == H5T_ENUM &&
+          H5Tget_size(type.get()) == 1 && H5Sget_simple_extent_npoints(space.get()) == 1) {
+        int8_t v = 0;
+        if (H5Aread(a.get(), type.get(), &v) < 0)
+          throw UserError(f.path() + ": cannot read attribute '" + name + "'");
+        return v != 0;
+      }
+    }
+    return i64(name) != 0;
+  }
   double f64(const std::string& name) const {
     need(name);
     return h5::get_attr_f64(f, obj, name);

@@ -309,7 +309,10 @@ TEST(Checkpoint, LoadsPythonWrittenCheckpoint) {
          "with torch.no_grad():\n"
          "    for k, p in enumerate(m.parameters()):\n"
          "        p.copy_((k * 4099 + torch.arange(p.numel()) % 4093).float().reshape(p.shape))\n"
-         "save_checkpoint(m, flags, sys.argv[1])\n";
+         "save_checkpoint(m, flags, sys.argv[1])\n"
+         "with h5py.File(sys.argv[1], 'r+') as f:  # booleans as h5py writes Python bools\n"
+         "    f.attrs['learn_sigma'] = True\n"
+         "    f.attrs['use_new_attention_order'] = False\n";
   const std::string cmd = "PYTHONPATH=" + test::source_dir() + "/scripts /usr/bin/python3 " + script + " " +
                           path + " >" + dir + "/log.txt 2>&1";
   const int st = std::system(cmd.c_str());
