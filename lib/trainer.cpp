@@ -1,0 +1,256 @@
+#include "trainer.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "dataloader.h"
+#include "diffusion.h"
+#include "grid.h"
+#include "model.h"
+#include "rng.h"
+#include "sampler.h"
+#include "util.h"
+
+namespace unet {
+
+std::atomic<bool>& stop_requested() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+namespace {
+constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
+
+std::string ckpt_name(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "ckpt_%07lld.h5", (long long)step);
+  return b;
+}
+
+// Copies src to dst atomically (temp + rename): latest.h5 is never half-written.
+void atomic_copy(const std::string& src, const std::string& dst) {
+  AtomicFile out(dst);
+  std::filesystem::copy_file(src, out.tmp_path(), std::filesystem::copy_options::overwrite_existing);
+  out.commit();
+}
+}  // namespace
+
+TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool resume, const TrainOptions& o) {
+  namespace fs = std::filesystem;
+  const ModelConfig& cfg = ck.cfg;
+  const int B = o.batch_size;
+  const int R = cfg.image_size, Cin = cfg.in_channels, Cout = cfg.out_channels();
+  const size_t n_img = (size_t)R * R * Cin;
+  TrainResult res;
+
+  int64_t step = resume ? ck.state.at("step") : 0;
+  const uint64_t seed = resume && ck.state.count("seed") ? (uint64_t)ck.state.at("seed") : o.seed;
+  if (resume && ck.state.count("batch_size") && ck.state.at("batch_size") != B)
+    throw UserError("--resume: the checkpoint was trained with --batch-size " +
+                    std::to_string(ck.state.at("batch_size")) + "; exact resume needs the same batch size");
+
+  DataLoader loader(dataset, B, cfg.diffusion_steps, seed, o.flip, step, 3,
+                    [&be](size_t bytes) { return be.alloc_host(bytes); });
+  const DatasetInfo& info = loader.info();
+  if (info.image_size != R)
+    throw UserError(dataset + ": images are " + std::to_string(info.image_size) + "x" + std::to_string(info.image_size) +
+                    " but the model's --image-size is " + std::to_string(R));
+  if (Cin != 3) throw UserError(dataset + ": datasets are RGB but the model has --in-channels " + std::to_string(Cin));
+  if (cfg.class_cond && !info.has_labels)
+    throw UserError(dataset + ": the model is class-conditional but the dataset has no labels (prepare --labels subdirs)");
+  if (cfg.class_cond && (int64_t)info.class_names.size() > cfg.num_classes)
+    throw UserError(dataset + ": " + std::to_string(info.class_names.size()) + " classes but the model has --num-classes " +
+                    std::to_string(cfg.num_classes));
+
+  Model model(cfg, be);
+  model.plan(B);
+  const size_t P = model.arena_floats();
+  be.upload(model.params(), ck.model.data(), P);
+  float* m = be.alloc(P);
+  float* v = be.alloc(P);
+  float* ema = be.alloc(P);
+  if (resume && ck.has_optimizer) {
+    be.upload(m, ck.opt.m.data(), P);
+    be.upload(v, ck.opt.v.data(), P);
+  } else {
+    be.fill(m, 0.0f, P);
+    be.fill(v, 0.0f, P);
+  }
+  if (!ck.ema.empty()) be.upload(ema, ck.ema.data(), P);
+  else be.copy(ema, model.params(), P);
+
+  Diffusion diff(cfg.diffusion_steps, cfg.noise_schedule, cfg.learn_sigma);
+  // Device buffers, planned once.
+  float* x0 = be.alloc(B * n_img);
+  float* noise = be.alloc(B * n_img);
+  float* xt = be.alloc(B * n_img);
+  float* tt = be.alloc(B);
+  float* sab = be.alloc(2 * B);  // sqrt(abar_t) | sqrt(1-abar_t)
+  int32_t* labels = (int32_t*)be.alloc_bytes(sizeof(int32_t) * B);
+  float* out = be.alloc(B * (size_t)R * R * Cout);
+  float* dout = be.alloc(B * (size_t)R * R * Cout);
+  float *eps_part = nullptr, *var_part = nullptr, *deps = nullptr, *zeros = nullptr;
+  if (cfg.learn_sigma) {
+    eps_part = be.alloc(B * n_img), var_part = be.alloc(B * n_img), deps = be.alloc(B * n_img);
+    zeros = be.alloc(B * n_img);
+    be.fill(zeros, 0.0f, B * n_img);
+  }
+  float* scal = be.alloc(8);  // loss, loss_sum, sumsq, norm, norm_sum, scale
+  float *loss = scal, *loss_sum = scal + 1, *sumsq = scal + 2, *norm = scal + 3, *norm_sum = scal + 4,
+        *gscale = scal + 5;
+  be.fill(scal, 0.0f, 8);
+  float* host_coef = (float*)be.alloc_host(sizeof(float) * 2 * B);
+  int32_t* host_labels = (int32_t*)be.alloc_host(sizeof(int32_t) * B);
+
+  if (!fs::exists(o.rundir)) fs::create_directories(o.rundir);
+  const std::string metrics = o.rundir + "/metrics.csv";
+  const bool new_metrics = !fs::exists(metrics);
+  std::ofstream csv(metrics, std::ios::app);
+  if (!csv) throw UserError(metrics + ": cannot write");
+  if (new_metrics) csv << "step,loss,grad_norm,lr,images_per_s,ms_per_step\n";
+
+  auto lr_at = [&](int64_t s) {
+    return o.lr_warmup > 0 ? o.lr * std::min(1.0, (double)(s + 1) / (double)o.lr_warmup) : o.lr;
+  };
+
+  int64_t saved_at = -1;
+  auto save = [&](int64_t at) {
+    Checkpoint c;
+    c.cfg = cfg;
+    c.model.resize(P), c.ema.resize(P), c.opt.m.resize(P), c.opt.v.resize(P);
+    be.download(c.model.data(), model.params(), P);
+    be.download(c.ema.data(), ema, P);
+    be.download(c.opt.m.data(), m, P);
+    be.download(c.opt.v.data(), v, P);
+    c.has_optimizer = true;
+    c.opt.step = at;
+    c.opt.lr = o.lr, c.opt.beta1 = kBeta1, c.opt.beta2 = kBeta2, c.opt.eps = kEps, c.opt.weight_decay = o.weight_decay;
+    c.state = {{"step", at}, {"seed", (int64_t)seed}, {"batch_size", B}, {"flip", o.flip ? 1 : 0},
+               {"dataset_count", info.count}};
+    const std::string path = o.rundir + "/" + ckpt_name(at);
+    save_checkpoint(path, c);
+    atomic_copy(path, o.rundir + "/latest.h5");
+    res.last_checkpoint = path;
+    saved_at = at;
+  };
+
+  auto sample_grid = [&](int64_t at) {
+    // EMA weights for the preview, then the training weights back.
+    std::vector<float> cur(P);
+    be.download(cur.data(), model.params(), P);
+    be.copy(model.params(), ema, P);
+    const int n = std::min(16, B);
+    SampleOptions so;
+    so.sampler = "ddim";
+    so.steps = std::min(50, cfg.diffusion_steps);
+    so.seed = seed;
+    so.batch_size = n;
+    std::vector<int32_t> lab(n);
+    for (int i = 0; i < n; ++i) lab[i] = (int32_t)(i % std::max<int64_t>(1, (int64_t)info.class_names.size()));
+    std::vector<float> imgs((size_t)n * n_img);
+    sample(model, so, n, nullptr, cfg.class_cond ? lab.data() : nullptr, imgs.data(), nullptr);
+    be.upload(model.params(), cur.data(), P);
+    char name[48];
+    std::snprintf(name, sizeof name, "/samples_%07lld.png", (long long)at);
+    save_grid_png(o.rundir + name, imgs.data(), n, R, R, Cin);
+  };
+
+  const int64_t start = step;
+  Progress prog("train", o.steps > 0 ? o.steps : step, "step");
+  double t_window = now_seconds();
+  int64_t window_steps = 0;
+  bool first_window = true;
+  while (o.steps == 0 || step < o.steps) {
+    if (stop_requested().load()) {
+      res.interrupted = true;
+      break;
+    }
+    Batch* b = loader.next();
+    for (int i = 0; i < B; ++i) {
+      const int ti = (int)b->t[i];
+      host_coef[i] = (float)std::sqrt(diff.alphas_cumprod[ti]);
+      host_coef[B + i] = (float)std::sqrt(1.0 - diff.alphas_cumprod[ti]);
+      host_labels[i] = b->labels[i];
+    }
+    be.upload(x0, b->x0.data(), B * n_img);
+    be.upload(noise, b->noise.data(), B * n_img);
+    be.upload(tt, b->t.data(), B);
+    be.upload(sab, host_coef, 2 * B);
+    be.upload_bytes(labels, host_labels, sizeof(int32_t) * B);
+    const uint64_t fence = be.fence();
+
+    be.q_sample(x0, noise, sab, sab + B, xt, B, n_img);
+    model.forward(xt, tt, labels, out, B, true, hash64(seed, (uint64_t)Stream::Dropout, (uint64_t)step));
+    const size_t n = B * n_img;
+    if (cfg.learn_sigma) {
+      // SPEC §1: the loss is the ε-MSE; the variance channels get no gradient.
+      be.concat_bwd(out, eps_part, var_part, B, R * R, Cin, Cin);
+      be.mse_fwd_bwd(eps_part, noise, loss, deps, n);
+      be.concat_fwd(deps, zeros, dout, B, R * R, Cin, Cin);
+    } else {
+      be.mse_fwd_bwd(out, noise, loss, dout, n);
+    }
+    model.backward(dout, B);
+    be.sum_squares(model.grads(), sumsq, P);
+    be.clip_scale(sumsq, (float)o.grad_clip, norm, gscale);
+    const int64_t t1 = step + 1;
+    const double bc1 = 1.0 - std::pow(kBeta1, (double)t1), bc2 = 1.0 - std::pow(kBeta2, (double)t1);
+    be.adamw(model.params(), model.grads(), m, v, P, (float)lr_at(step), (float)kBeta1, (float)kBeta2, (float)kEps,
+             (float)o.weight_decay, (float)bc1, (float)bc2, gscale);
+    be.ema(ema, model.params(), (float)o.ema_rate, P);
+    be.add(loss_sum, loss, loss_sum, 1);
+    be.add(norm_sum, norm, norm_sum, 1);
+    ++step;
+    ++window_steps;
+    be.fence_wait(fence);  // this step's batch has been copied: the loader may refill its buffer
+
+    const bool last = o.steps > 0 && step >= o.steps;
+    const bool log_now = (o.log_every > 0 && step % o.log_every == 0) || last;
+    const bool save_now = (o.save_every > 0 && step % o.save_every == 0) || last;
+    if (log_now || save_now) {
+      float h[2];
+      be.download(&h[0], loss_sum, 1);
+      be.download(&h[1], norm_sum, 1);
+      const double mean_loss = h[0] / window_steps, mean_norm = h[1] / window_steps;
+      if (!std::isfinite(mean_loss)) {
+        std::fprintf(stderr, "\nunet: loss became %s before step %lld; stopping. Last good checkpoint: %s\n",
+                     std::isnan(mean_loss) ? "NaN" : "Inf", (long long)step,
+                     res.last_checkpoint.empty() ? "(none saved in this run)" : res.last_checkpoint.c_str());
+        res.diverged = true;
+        res.step = step;
+        return res;
+      }
+      const double dt = now_seconds() - t_window;
+      const double ms = 1000.0 * dt / window_steps, ips = B * window_steps / dt;
+      if (first_window) res.first_loss = mean_loss, first_window = false;
+      res.last_loss = mean_loss;
+      csv << step << ',' << mean_loss << ',' << mean_norm << ',' << lr_at(step - 1) << ',' << ips << ',' << ms << '\n';
+      csv.flush();
+      if (!o.quiet) {
+        if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
+        std::printf("step %lld | loss %.5f | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step\n", (long long)step,
+                    mean_loss, mean_norm, lr_at(step - 1), ips, ms);
+        std::fflush(stdout);
+      }
+      be.fill(loss_sum, 0.0f, 1);
+      be.fill(norm_sum, 0.0f, 1);
+      window_steps = 0;
+      t_window = now_seconds();
+      if (save_now) save(step);
+    }
+    if (o.sample_every > 0 && step % o.sample_every == 0) sample_grid(step);
+    if (!o.quiet) prog.update(step, res.last_loss > 0 ? "loss " + std::to_string(res.last_loss).substr(0, 7) : "");
+  }
+  if (!o.quiet) prog.finish();
+  if (res.interrupted && step > start && saved_at != step) {
+    float h = 0;
+    be.download(&h, loss_sum, 1);
+    if (std::isfinite(h)) save(step);
+  }
+  res.step = step;
+  return res;
+}
+
+}  // namespace unet

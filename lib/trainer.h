@@ -1,0 +1,49 @@
+// The training loop: data -> q_sample -> model -> MSE -> backward -> clip -> AdamW -> EMA,
+// all on the backend's stream with no host synchronisation inside a step; loss and grad norm
+// are accumulated on the device and read back only at --log-every / checkpoint time.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "backend.h"
+#include "checkpoint.h"
+#include "config.h"
+
+namespace unet {
+
+struct TrainOptions {
+  int batch_size = 32;
+  double lr = 1e-4;
+  double weight_decay = 0.0;
+  double ema_rate = 0.9999;
+  int64_t steps = 0;        // stop at this global step (0 = run until interrupted)
+  int64_t save_every = 10000;
+  int64_t log_every = 10;
+  int64_t sample_every = 0;  // 0 = never
+  double grad_clip = 0.0;    // 0 = off
+  int64_t lr_warmup = 0;
+  bool flip = true;
+  uint64_t seed = 0;
+  std::string rundir;
+  bool quiet = false;        // no progress line (tests)
+};
+
+struct TrainResult {
+  int64_t step = 0;          // global step reached
+  double last_loss = 0;      // mean loss of the last logged window
+  double first_loss = 0;     // mean loss of the first logged window
+  bool interrupted = false;  // SIGINT/SIGTERM
+  bool diverged = false;     // NaN/Inf loss
+  std::string last_checkpoint;
+};
+
+// Set by the signal handler of `unet train`; the loop saves and stops at the next step boundary.
+std::atomic<bool>& stop_requested();
+
+// `ck` holds the starting point: model (and, on resume, ema/optimizer/state). `resume` says
+// whether ck.state/optimizer continue a previous run.
+TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool resume, const TrainOptions& opt);
+
+}  // namespace unet
