@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <stdexcept>
 
@@ -25,6 +27,17 @@ std::vector<hsize_t> to_hsize(const std::vector<int64_t>& v) {
 }
 
 std::vector<int64_t> to_i64(const std::vector<int>& v) { return std::vector<int64_t>(v.begin(), v.end()); }
+
+// The float as the shortest decimal that reads back to it, as a double: 0.1f is stored as 0.1,
+// not 0.10000000149011612, so Python sees the value the user typed.
+double shortest_double(float x) {
+  char buf[32];
+  for (int prec = 6; prec <= 9; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, (double)x);
+    if (std::strtof(buf, nullptr) == x) return std::strtod(buf, nullptr);
+  }
+  return x;
+}
 
 void check_arena(const std::vector<float>& a, const ParamTable& t, const char* what) {
   if (a.size() != t.total)
@@ -108,7 +121,7 @@ void write_config(h5::File& f, const ModelConfig& c, const std::string& obj) {
   h5::set_attr(f, obj, "learn_sigma", c.learn_sigma);
   h5::set_attr(f, obj, "class_cond", c.class_cond);
   h5::set_attr(f, obj, "num_classes", c.num_classes);
-  h5::set_attr(f, obj, "dropout", (double)c.dropout);
+  h5::set_attr(f, obj, "dropout", shortest_double(c.dropout));
   h5::set_attr(f, obj, "diffusion_steps", c.diffusion_steps);
   h5::set_attr(f, obj, "noise_schedule", c.noise_schedule);
 }

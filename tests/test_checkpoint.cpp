@@ -166,7 +166,7 @@ TEST(Checkpoint, FileUsesPyTorchLayoutAndNames) {
   EXPECT_EQ(h5::get_attr_i64(f, "/", "class_cond"), 1);
   EXPECT_EQ(h5::get_attr_i64(f, "/", "use_new_attention_order"), 0);
   EXPECT_EQ(h5::get_attr_str(f, "/", "noise_schedule"), "cosine");
-  EXPECT_FLOAT_EQ((float)h5::get_attr_f64(f, "/", "dropout"), 0.1f);
+  EXPECT_EQ(h5::get_attr_f64(f, "/", "dropout"), 0.1);  // the decimal the user typed, not 0.1f
 
   std::vector<std::string> names;
   for (auto& p : t.params) names.push_back(p.name);
