@@ -41,8 +41,7 @@ __device__ __forceinline__ float warp_max(float v) {
 __global__ void softmax_rows_kernel(float* p, size_t rows, int T) {
   const int lane = threadIdx.x & 31;
   const size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
-  for (size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; row < rows;
-       row += nwarps) {
+  for (size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; row < rows; row += nwarps) {
     float* r = p + row * T;
     float mx = -INFINITY;
     for (int j = lane; j < T; j += 32) mx = fmaxf(mx, r[j]);
@@ -63,8 +62,7 @@ __global__ void softmax_bwd_kernel(const float* P, long long p_stride, float* dS
   const int lane = threadIdx.x & 31;
   const size_t rows = (size_t)nb * T;
   const size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
-  for (size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; row < rows;
-       row += nwarps) {
+  for (size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; row < rows; row += nwarps) {
     const float* pr = P + (long long)(row / T) * p_stride + (long long)(row % T) * T;
     float* g = dS + row * T;
     float dot = 0.f;
@@ -84,8 +82,8 @@ void check_attn(int C, int heads) {
 
 }  // namespace
 
-void CudaBackend::attention_fwd(const float* qkv, float* out, float* attn, int B, int T, int C,
-                                int heads, bool legacy) {
+void CudaBackend::attention_fwd(const float* qkv, float* out, float* attn, int B, int T, int C, int heads,
+                                bool legacy) {
   check_attn(C, heads);
   if (B <= 0 || T <= 0) return;
   const int d = C / heads, ld = 3 * C;
@@ -101,13 +99,13 @@ void CudaBackend::attention_fwd(const float* qkv, float* out, float* attn, int B
   KERNEL_CHECK();
   for (int h = 0; h < heads; ++h) {
     const HeadOffsets o = head_offsets(h, C, d, legacy);
-    gemm_batched(false, false, T, d, T, 1.f, attn + (size_t)h * T * T, T, sAttn, qkv + o.v, ld,
-                 sQKV, 0.f, out + (size_t)h * d, C, (long long)T * C, B);
+    gemm_batched(false, false, T, d, T, 1.f, attn + (size_t)h * T * T, T, sAttn, qkv + o.v, ld, sQKV, 0.f,
+                 out + (size_t)h * d, C, (long long)T * C, B);
   }
 }
 
-void CudaBackend::attention_bwd(const float* qkv, const float* attn, const float* dout,
-                                float* dqkv, int B, int T, int C, int heads, bool legacy) {
+void CudaBackend::attention_bwd(const float* qkv, const float* attn, const float* dout, float* dqkv, int B,
+                                int T, int C, int heads, bool legacy) {
   check_attn(C, heads);
   if (B <= 0 || T <= 0 || !dqkv) return;
   const int d = C / heads, ld = 3 * C;
@@ -123,8 +121,8 @@ void CudaBackend::attention_bwd(const float* qkv, const float* attn, const float
     const HeadOffsets o = head_offsets(h, C, d, legacy);
     const float* P = attn + (size_t)h * tt;
     // dv[s, i] = sum_t P[t, s] dout[t, i]
-    gemm_batched(true, false, T, d, T, 1.f, P, T, sAttn, dout + (size_t)h * d, C, sOut, 0.f,
-                 dqkv + o.v, ld, sQKV, B);
+    gemm_batched(true, false, T, d, T, 1.f, P, T, sAttn, dout + (size_t)h * d, C, sOut, 0.f, dqkv + o.v, ld,
+                 sQKV, B);
     for (int b0 = 0; b0 < B; b0 += Bc) {
       const int nb = std::min(Bc, B - b0);
       const size_t q0 = (size_t)b0 * T * ld;
@@ -132,14 +130,14 @@ void CudaBackend::attention_bwd(const float* qkv, const float* attn, const float
       gemm_batched(false, true, T, T, d, 1.f, dout + (size_t)b0 * T * C + (size_t)h * d, C, sOut,
                    qkv + q0 + o.v, ld, sQKV, 0.f, ws_, T, (long long)tt, nb);
       const size_t rows = (size_t)nb * T;
-      softmax_bwd_kernel<<<warp_grid(rows), kThreads, 0, stream_>>>(P + (size_t)b0 * sAttn, sAttn,
-                                                                    ws_, nb, T);
+      softmax_bwd_kernel<<<warp_grid(rows), kThreads, 0, stream_>>>(P + (size_t)b0 * sAttn, sAttn, ws_, nb,
+                                                                    T);
       KERNEL_CHECK();
       // dq = alpha dS k;  dk = alpha dS^T q
-      gemm_batched(false, false, T, d, T, alpha, ws_, T, (long long)tt, qkv + q0 + o.k, ld, sQKV,
-                   0.f, dqkv + q0 + o.q, ld, sQKV, nb);
-      gemm_batched(true, false, T, d, T, alpha, ws_, T, (long long)tt, qkv + q0 + o.q, ld, sQKV,
-                   0.f, dqkv + q0 + o.k, ld, sQKV, nb);
+      gemm_batched(false, false, T, d, T, alpha, ws_, T, (long long)tt, qkv + q0 + o.k, ld, sQKV, 0.f,
+                   dqkv + q0 + o.q, ld, sQKV, nb);
+      gemm_batched(true, false, T, d, T, alpha, ws_, T, (long long)tt, qkv + q0 + o.q, ld, sQKV, 0.f,
+                   dqkv + q0 + o.k, ld, sQKV, nb);
     }
   }
 }

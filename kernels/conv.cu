@@ -44,8 +44,8 @@ struct VecT<4> {
 // col[m, (ky*k + kx)*Ci + ci] = x[b, oy*s - p + ky, ox*s - p + kx, ci] (0 outside), m = (b, oy, ox)
 // of the chunk. Thread idx handles V channels; its col offset is exactly idx*V.
 template <int V>
-__global__ void im2col_kernel(const float* __restrict__ x, float* __restrict__ col, int nb, int H,
-                              int W, int Ci, int k, int s, int Ho, int Wo) {
+__global__ void im2col_kernel(const float* __restrict__ x, float* __restrict__ col, int nb, int H, int W,
+                              int Ci, int k, int s, int Ho, int Wo) {
   using T = typename VecT<V>::T;
   const int pad = k / 2, Cv = Ci / V, kk2 = k * k;
   const size_t total = (size_t)nb * Ho * Wo * kk2 * Cv;
@@ -70,8 +70,8 @@ __global__ void im2col_kernel(const float* __restrict__ x, float* __restrict__ c
 // dx[b, iy, ix, ci] = sum over taps (ky, kx) with oy = (iy + p - ky)/s, ox = (ix + p - kx)/s exact
 // and in range of dcol[(b, oy, ox), (ky*k + kx)*Ci + ci]; taps in order. dx offset = idx*V.
 template <int V>
-__global__ void col2im_kernel(const float* __restrict__ dcol, float* __restrict__ dx, int nb, int H,
-                              int W, int Ci, int k, int s, int Ho, int Wo) {
+__global__ void col2im_kernel(const float* __restrict__ dcol, float* __restrict__ dx, int nb, int H, int W,
+                              int Ci, int k, int s, int Ho, int Wo) {
   using T = typename VecT<V>::T;
   const int pad = k / 2, Cv = Ci / V;
   const size_t K = (size_t)k * k * Ci;
@@ -128,42 +128,37 @@ ConvGeom conv_geom(int H, int W, int Ci, int k, int stride) {
 int conv_chunk(const CudaBackend& be, const ConvGeom& g, int B) {
   const size_t bc = be.ws_floats() / std::max<size_t>(1, g.per_sample);
   if (bc == 0)
-    throw std::runtime_error("conv2d: one sample's patch matrix (" +
-                             std::to_string(g.per_sample * 4 >> 20) +
-                             " MiB) exceeds the CUDA workspace (" +
-                             std::to_string(be.ws_floats() * 4 >> 20) + " MiB)");
+    throw std::runtime_error("conv2d: one sample's patch matrix (" + std::to_string(g.per_sample * 4 >> 20) +
+                             " MiB) exceeds the CUDA workspace (" + std::to_string(be.ws_floats() * 4 >> 20) +
+                             " MiB)");
   return (int)std::min<size_t>(bc, (size_t)B);
 }
-void launch_im2col(CudaBackend& be, const float* x, float* col, int nb, int H, int W, int Ci, int k,
-                   int s, const ConvGeom& g) {
+void launch_im2col(CudaBackend& be, const float* x, float* col, int nb, int H, int W, int Ci, int k, int s,
+                   const ConvGeom& g) {
   const bool v4 = Ci % 4 == 0 && aligned16(x) && aligned16(col);
   const size_t total = (size_t)nb * g.per_sample / (v4 ? 4 : 1);
   if (!total) return;
   if (v4)
-    im2col_kernel<4><<<grid_for(total), kThreads, 0, be.stream()>>>(x, col, nb, H, W, Ci, k, s,
-                                                                     g.Ho, g.Wo);
+    im2col_kernel<4><<<grid_for(total), kThreads, 0, be.stream()>>>(x, col, nb, H, W, Ci, k, s, g.Ho, g.Wo);
   else
-    im2col_kernel<1><<<grid_for(total), kThreads, 0, be.stream()>>>(x, col, nb, H, W, Ci, k, s,
-                                                                     g.Ho, g.Wo);
+    im2col_kernel<1><<<grid_for(total), kThreads, 0, be.stream()>>>(x, col, nb, H, W, Ci, k, s, g.Ho, g.Wo);
   KERNEL_CHECK();
 }
-void launch_col2im(CudaBackend& be, const float* dcol, float* dx, int nb, int H, int W, int Ci,
-                   int k, int s, const ConvGeom& g) {
+void launch_col2im(CudaBackend& be, const float* dcol, float* dx, int nb, int H, int W, int Ci, int k, int s,
+                   const ConvGeom& g) {
   const bool v4 = Ci % 4 == 0 && aligned16(dcol) && aligned16(dx);
   const size_t total = (size_t)nb * H * W * Ci / (v4 ? 4 : 1);
   if (!total) return;
   if (v4)
-    col2im_kernel<4><<<grid_for(total), kThreads, 0, be.stream()>>>(dcol, dx, nb, H, W, Ci, k, s,
-                                                                     g.Ho, g.Wo);
+    col2im_kernel<4><<<grid_for(total), kThreads, 0, be.stream()>>>(dcol, dx, nb, H, W, Ci, k, s, g.Ho, g.Wo);
   else
-    col2im_kernel<1><<<grid_for(total), kThreads, 0, be.stream()>>>(dcol, dx, nb, H, W, Ci, k, s,
-                                                                     g.Ho, g.Wo);
+    col2im_kernel<1><<<grid_for(total), kThreads, 0, be.stream()>>>(dcol, dx, nb, H, W, Ci, k, s, g.Ho, g.Wo);
   KERNEL_CHECK();
 }
 }  // namespace
 
-void CudaBackend::conv2d_fwd(const float* x, const float* w, const float* bias, float* y, int B,
-                             int H, int W, int Ci, int Co, int k, int stride) {
+void CudaBackend::conv2d_fwd(const float* x, const float* w, const float* bias, float* y, int B, int H, int W,
+                             int Ci, int Co, int k, int stride) {
   check_conv_args(k, stride);
   const ConvGeom g = conv_geom(H, W, Ci, k, stride);
   if (B <= 0 || g.Ho <= 0 || g.Wo <= 0) return;
@@ -181,8 +176,8 @@ void CudaBackend::conv2d_fwd(const float* x, const float* w, const float* bias, 
   add_bias_rows(*this, y, bias, (size_t)B * g.Ho * g.Wo, Co);
 }
 
-void CudaBackend::conv2d_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                             float* db, int B, int H, int W, int Ci, int Co, int k, int stride) {
+void CudaBackend::conv2d_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                             int B, int H, int W, int Ci, int Co, int k, int stride) {
   check_conv_args(k, stride);
   const ConvGeom g = conv_geom(H, W, Ci, k, stride);
   if (B <= 0 || g.Ho <= 0 || g.Wo <= 0) return;

@@ -21,8 +21,7 @@ namespace {
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
 __global__ void fill_kernel(float* x, float v, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x)
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     x[i] = v;
 }
 
@@ -40,8 +39,7 @@ std::string no_device_reason() {
 
 bool cuda_available() { return no_device_reason().empty(); }
 
-std::unique_ptr<Backend> make_cuda_backend_with_workspace(size_t workspace_bytes,
-                                                          std::string* why_not) {
+std::unique_ptr<Backend> make_cuda_backend_with_workspace(size_t workspace_bytes, std::string* why_not) {
   std::string why = no_device_reason();
   if (!why.empty()) {
     if (why_not) *why_not = why;
@@ -88,8 +86,7 @@ CudaBackend::CudaBackend(size_t workspace_bytes) {
     if (ws_floats_ < 64) ws_floats_ = 64;
     CUDA_CHECK(cudaMalloc(&ws_, ws_floats_ * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&scratch_, (kPartialFloats + kAuxFloats) * sizeof(float)));
-    fixed_bytes_ =
-        kCublasWorkspaceBytes + ws_floats_ * sizeof(float) + (kPartialFloats + kAuxFloats) * 4;
+    fixed_bytes_ = kCublasWorkspaceBytes + ws_floats_ * sizeof(float) + (kPartialFloats + kAuxFloats) * 4;
     for (auto& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   } catch (...) {
     release();  // a throwing constructor runs no destructor
@@ -128,8 +125,8 @@ void* CudaBackend::alloc_bytes(size_t bytes) {
   cudaError_t e = cudaMalloc(&p, bytes);  // 256-byte aligned
   if (e != cudaSuccess) {
     cudaGetLastError();
-    throw std::runtime_error("CUDA out of memory allocating " + std::to_string(bytes >> 20) +
-                             " MiB (" + std::to_string(bytes_ >> 20) + " MiB already planned)");
+    throw std::runtime_error("CUDA out of memory allocating " + std::to_string(bytes >> 20) + " MiB (" +
+                             std::to_string(bytes_ >> 20) + " MiB already planned)");
   }
   blocks_.push_back(p);
   bytes_ += bytes;
@@ -217,19 +214,19 @@ cublasComputeType_t compute_type(Precision p) {
 void CudaBackend::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                        const float* B, int ldb, float beta, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
-  CUBLAS_CHECK(cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C,
-                            CUDA_R_32F, ldc, compute_type(prec_), CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                            &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                            compute_type(prec_), CUBLAS_GEMM_DEFAULT));
 }
 
-void CudaBackend::gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
-                               int lda, long long sA, const float* B, int ldb, long long sB,
-                               float beta, float* C, int ldc, long long sC, int batch) {
+void CudaBackend::gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                               long long sA, const float* B, int ldb, long long sB, float beta, float* C,
+                               int ldc, long long sC, int batch) {
   if (M <= 0 || N <= 0 || batch <= 0) return;
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
-      CUDA_R_32F, ldb, sB, A, CUDA_R_32F, lda, sA, &beta, C, CUDA_R_32F, ldc, sC, batch,
-      compute_type(prec_), CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                          ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F, ldb,
+                                          sB, A, CUDA_R_32F, lda, sA, &beta, C, CUDA_R_32F, ldc, sC, batch,
+                                          compute_type(prec_), CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace unet

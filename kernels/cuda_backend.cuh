@@ -23,20 +23,19 @@ namespace unet {
 
 [[noreturn]] void cuda_fail(const char* what, const char* file, int line);
 
-#define CUDA_CHECK(expr)                                                               \
-  do {                                                                                 \
-    cudaError_t err_ = (expr);                                                         \
-    if (err_ != cudaSuccess)                                                           \
-      ::unet::cuda_fail((std::string(#expr) + ": " + cudaGetErrorString(err_)).c_str(), \
-                        __FILE__, __LINE__);                                           \
+#define CUDA_CHECK(expr)                                                                                     \
+  do {                                                                                                       \
+    cudaError_t err_ = (expr);                                                                               \
+    if (err_ != cudaSuccess)                                                                                 \
+      ::unet::cuda_fail((std::string(#expr) + ": " + cudaGetErrorString(err_)).c_str(), __FILE__, __LINE__); \
   } while (0)
 
-#define CUBLAS_CHECK(expr)                                                                 \
-  do {                                                                                     \
-    cublasStatus_t st_ = (expr);                                                           \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                      \
-      ::unet::cuda_fail((std::string(#expr) + ": " + cublasGetStatusString(st_)).c_str(), \
-                        __FILE__, __LINE__);                                               \
+#define CUBLAS_CHECK(expr)                                                                          \
+  do {                                                                                              \
+    cublasStatus_t st_ = (expr);                                                                    \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                               \
+      ::unet::cuda_fail((std::string(#expr) + ": " + cublasGetStatusString(st_)).c_str(), __FILE__, \
+                        __LINE__);                                                                  \
   } while (0)
 
 // After every kernel launch: catches bad launch configurations (and earlier asynchronous errors).
@@ -81,19 +80,18 @@ class CudaBackend final : public Backend {
   void range_push(const char* name) override;
   void range_pop() override;
 
-  void conv2d_fwd(const float* x, const float* w, const float* bias, float* y, int B, int H, int W,
-                  int Ci, int Co, int k, int stride) override;
-  void conv2d_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                  int B, int H, int W, int Ci, int Co, int k, int stride) override;
-  void linear_fwd(const float* x, const float* w, const float* b, float* y, int N, int I,
-                  int O) override;
-  void linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
-                  int N, int I, int O) override;
+  void conv2d_fwd(const float* x, const float* w, const float* bias, float* y, int B, int H, int W, int Ci,
+                  int Co, int k, int stride) override;
+  void conv2d_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int B,
+                  int H, int W, int Ci, int Co, int k, int stride) override;
+  void linear_fwd(const float* x, const float* w, const float* b, float* y, int N, int I, int O) override;
+  void linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int N,
+                  int I, int O) override;
   void groupnorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                      float* rstd, int B, int HW, int C, int G, bool silu) override;
   void groupnorm_bwd(const float* x, const float* gamma, const float* beta, const float* mean,
-                     const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta,
-                     int B, int HW, int C, int G, bool silu) override;
+                     const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, int B,
+                     int HW, int C, int G, bool silu) override;
   void silu_fwd(const float* x, float* y, size_t n) override;
   void silu_bwd(const float* x, const float* dy, float* dx, size_t n) override;
   void add(const float* a, const float* b, float* y, size_t n) override;
@@ -101,37 +99,31 @@ class CudaBackend final : public Backend {
   void add_bcast_fwd(float* h, const float* e, int B, int HW, int C) override;
   void add_bcast_bwd(const float* dh, float* de, int B, int HW, int C) override;
   void scale_shift_fwd(const float* x, const float* ss, float* y, int B, int HW, int C) override;
-  void scale_shift_bwd(const float* x, const float* ss, const float* dy, float* dx, float* dss,
-                       int B, int HW, int C) override;
+  void scale_shift_bwd(const float* x, const float* ss, const float* dy, float* dx, float* dss, int B, int HW,
+                       int C) override;
   void upsample2x_fwd(const float* x, float* y, int B, int H, int W, int C) override;
   void upsample2x_bwd(const float* dy, float* dx, int B, int H, int W, int C) override;
   void avgpool2x2_fwd(const float* x, float* y, int B, int H, int W, int C) override;
   void avgpool2x2_bwd(const float* dy, float* dx, int B, int H, int W, int C) override;
-  void concat_fwd(const float* a, const float* b, float* y, int B, int HW, int Ca,
-                  int Cb) override;
+  void concat_fwd(const float* a, const float* b, float* y, int B, int HW, int Ca, int Cb) override;
   void concat_bwd(const float* dy, float* da, float* db, int B, int HW, int Ca, int Cb) override;
   void timestep_embedding(const float* t, float* y, int B, int dim) override;
-  void embedding_add_fwd(const int32_t* labels, const float* table, float* y, int B,
-                         int D) override;
-  void embedding_bwd(const int32_t* labels, const float* dy, float* dtable, int B, int K,
-                     int D) override;
+  void embedding_add_fwd(const int32_t* labels, const float* table, float* y, int B, int D) override;
+  void embedding_bwd(const int32_t* labels, const float* dy, float* dtable, int B, int K, int D) override;
   void attention_fwd(const float* qkv, float* out, float* attn, int B, int T, int C, int heads,
                      bool legacy) override;
-  void attention_bwd(const float* qkv, const float* attn, const float* dout, float* dqkv, int B,
-                     int T, int C, int heads, bool legacy) override;
+  void attention_bwd(const float* qkv, const float* attn, const float* dout, float* dqkv, int B, int T, int C,
+                     int heads, bool legacy) override;
   void dropout_fwd(const float* x, float* y, size_t n, float p, uint64_t seed) override;
   void dropout_bwd(const float* dy, float* dx, size_t n, float p, uint64_t seed) override;
-  void mse_fwd_bwd(const float* pred, const float* target, float* loss, float* dpred,
-                   size_t n) override;
-  void q_sample(const float* x0, const float* noise, const float* sqrt_ab, const float* sqrt_1mab,
-                float* xt, int B, size_t n_per) override;
-  void axpbypcz(float a, const float* x, float b, float* y, float c, const float* z,
-                size_t n) override;
+  void mse_fwd_bwd(const float* pred, const float* target, float* loss, float* dpred, size_t n) override;
+  void q_sample(const float* x0, const float* noise, const float* sqrt_ab, const float* sqrt_1mab, float* xt,
+                int B, size_t n_per) override;
+  void axpbypcz(float a, const float* x, float b, float* y, float c, const float* z, size_t n) override;
   void clamp(float* x, float lo, float hi, size_t n) override;
   void sum_squares(const float* x, float* out, size_t n) override;
-  void adamw(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-             float beta2, float eps, float wd, float bc1, float bc2,
-             const float* grad_scale) override;
+  void adamw(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2,
+             float eps, float wd, float bc1, float bc2, const float* grad_scale) override;
   void clip_scale(const float* sumsq, float clip, float* norm, float* grad_scale) override;
   void ema(float* ema, const float* p, float rate, size_t n) override;
 
@@ -142,12 +134,12 @@ class CudaBackend final : public Backend {
   // Row-major GEMM: C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, leading dimensions
   // in elements of the row-major storage (op(A) = A^T reads A stored [K,M]). Runs on cuBLAS
   // in the current precision (FP32: CUBLAS_COMPUTE_32F on CUDA cores; TF32: tensor cores).
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc);
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+            int ldb, float beta, float* C, int ldc);
   // The same for `batch` independent products at fixed element strides.
-  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-                    long long sA, const float* B, int ldb, long long sB, float beta, float* C,
-                    int ldc, long long sC, int batch);
+  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, long long sA,
+                    const float* B, int ldb, long long sB, float beta, float* C, int ldc, long long sC,
+                    int batch);
 
   // Op workspace (floats): one op at a time uses it, in stream order.
   float* ws() const { return ws_; }

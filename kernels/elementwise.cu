@@ -80,8 +80,8 @@ struct ScaleShift {
     const float4 sh = *reinterpret_cast<const float4*>(s + C);
     const float4 u = ld4(x, j);
     st4(y, j,
-        make_float4(u.x * (1.f + sc.x) + sh.x, u.y * (1.f + sc.y) + sh.y,
-                    u.z * (1.f + sc.z) + sh.z, u.w * (1.f + sc.w) + sh.w));
+        make_float4(u.x * (1.f + sc.x) + sh.x, u.y * (1.f + sc.y) + sh.y, u.z * (1.f + sc.z) + sh.z,
+                    u.w * (1.f + sc.w) + sh.w));
   }
   __device__ void scalar(size_t i) const {
     const float* s = ss + (i / HWC) * 2 * C + (int)(i % C);
@@ -99,12 +99,9 @@ struct ScaleShiftDx {
     const size_t i = 4 * j;
     const float4 sc = *reinterpret_cast<const float4*>(ss + (i / HWC) * 2 * C + (int)(i % C));
     const float4 g = ld4(dy, j);
-    st4(dx, j,
-        make_float4(g.x * (1.f + sc.x), g.y * (1.f + sc.y), g.z * (1.f + sc.z), g.w * (1.f + sc.w)));
+    st4(dx, j, make_float4(g.x * (1.f + sc.x), g.y * (1.f + sc.y), g.z * (1.f + sc.z), g.w * (1.f + sc.w)));
   }
-  __device__ void scalar(size_t i) const {
-    dx[i] = dy[i] * (1.f + ss[(i / HWC) * 2 * C + (int)(i % C)]);
-  }
+  __device__ void scalar(size_t i) const { dx[i] = dy[i] * (1.f + ss[(i / HWC) * 2 * C + (int)(i % C)]); }
 };
 
 // Column-sum functors: f(b, r, c) over [B, HW, C] rows.
@@ -118,9 +115,7 @@ struct DhRow {
 struct WriteX {
   float* out;
   int C;
-  __device__ void operator()(int b, int c, double x, double) const {
-    out[(size_t)b * C + c] = (float)x;
-  }
+  __device__ void operator()(int b, int c, double x, double) const { out[(size_t)b * C + c] = (float)x; }
 };
 struct DyXRow {
   const float* x;
@@ -193,8 +188,9 @@ struct Axpbypcz {
     const float4 yv = ld4(y, j);
     const float4 xv = x ? ld4(x, j) : make_float4(0.f, 0.f, 0.f, 0.f);
     const float4 zv = z ? ld4(z, j) : make_float4(0.f, 0.f, 0.f, 0.f);
-    st4(y, j, make_float4(one(xv.x, yv.x, zv.x), one(xv.y, yv.y, zv.y), one(xv.z, yv.z, zv.z),
-                          one(xv.w, yv.w, zv.w)));
+    st4(y, j,
+        make_float4(one(xv.x, yv.x, zv.x), one(xv.y, yv.y, zv.y), one(xv.z, yv.z, zv.z),
+                    one(xv.w, yv.w, zv.w)));
   }
   __device__ void scalar(size_t i) const { y[i] = one(x ? x[i] : 0.f, y[i], z ? z[i] : 0.f); }
 };
@@ -231,9 +227,9 @@ struct MseItem {
   __device__ double operator()(size_t it) const {
     if (it >= n4) return one(4 * n4 + (it - n4));
     const float4 p = ld4(pred, it), t = ld4(target, it);
-    if (dpred) st4(dpred, it, make_float4(k * (p.x - t.x), k * (p.y - t.y), k * (p.z - t.z), k * (p.w - t.w)));
-    const double a = (double)p.x - t.x, b = (double)p.y - t.y, c = (double)p.z - t.z,
-                 d = (double)p.w - t.w;
+    if (dpred)
+      st4(dpred, it, make_float4(k * (p.x - t.x), k * (p.y - t.y), k * (p.z - t.z), k * (p.w - t.w)));
+    const double a = (double)p.x - t.x, b = (double)p.y - t.y, c = (double)p.z - t.z, d = (double)p.w - t.w;
     return a * a + b * b + c * c + d * d;
   }
 };
@@ -264,14 +260,11 @@ void CudaBackend::add(const float* a, const float* b, float* y, size_t n) {
   launch_map(Add{a, b, y}, n, aligned16(a) && aligned16(b) && aligned16(y), stream_);
 }
 
-void CudaBackend::scale(float* x, float s, size_t n) {
-  launch_map(Scale{x, s}, n, aligned16(x), stream_);
-}
+void CudaBackend::scale(float* x, float s, size_t n) { launch_map(Scale{x, s}, n, aligned16(x), stream_); }
 
 void CudaBackend::add_bcast_fwd(float* h, const float* e, int B, int HW, int C) {
   const size_t n = (size_t)B * HW * C;
-  launch_map(AddBcast{h, e, (size_t)HW * C, C}, n, C % 4 == 0 && aligned16(h) && aligned16(e),
-             stream_);
+  launch_map(AddBcast{h, e, (size_t)HW * C, C}, n, C % 4 == 0 && aligned16(h) && aligned16(e), stream_);
 }
 
 void CudaBackend::add_bcast_bwd(const float* dh, float* de, int B, int HW, int C) {
@@ -284,8 +277,8 @@ void CudaBackend::scale_shift_fwd(const float* x, const float* ss, float* y, int
              C % 4 == 0 && aligned16(x) && aligned16(ss) && aligned16(y), stream_);
 }
 
-void CudaBackend::scale_shift_bwd(const float* x, const float* ss, const float* dy, float* dx,
-                                  float* dss, int B, int HW, int C) {
+void CudaBackend::scale_shift_bwd(const float* x, const float* ss, const float* dy, float* dx, float* dss,
+                                  int B, int HW, int C) {
   // dss first: dx may alias dy or x.
   if (dss) colsum2(*this, DyXRow{x, dy, HW, C}, WriteDss{dss, C}, B, HW, C);
   if (dx) {
@@ -304,8 +297,7 @@ void CudaBackend::dropout_bwd(const float* dy, float* dx, size_t n, float p, uin
   dropout_fwd(dy, dx, n, p, seed);  // the same mask and scale
 }
 
-void CudaBackend::mse_fwd_bwd(const float* pred, const float* target, float* loss, float* dpred,
-                              size_t n) {
+void CudaBackend::mse_fwd_bwd(const float* pred, const float* target, float* loss, float* dpred, size_t n) {
   if (!n) return;
   const float k = 2.0f / (float)n;
   const bool vec = aligned16(pred) && aligned16(target) && (!dpred || aligned16(dpred));
@@ -317,17 +309,16 @@ void CudaBackend::mse_fwd_bwd(const float* pred, const float* target, float* los
   }
 }
 
-void CudaBackend::q_sample(const float* x0, const float* noise, const float* sqrt_ab,
-                           const float* sqrt_1mab, float* xt, int B, size_t n_per) {
+void CudaBackend::q_sample(const float* x0, const float* noise, const float* sqrt_ab, const float* sqrt_1mab,
+                           float* xt, int B, size_t n_per) {
   const size_t n = (size_t)B * n_per;
   launch_map(QSample{x0, noise, sqrt_ab, sqrt_1mab, xt, n_per}, n,
              n_per % 4 == 0 && aligned16(x0) && aligned16(noise) && aligned16(xt), stream_);
 }
 
-void CudaBackend::axpbypcz(float a, const float* x, float b, float* y, float c, const float* z,
-                           size_t n) {
-  launch_map(Axpbypcz{a, b, c, x, y, z}, n,
-             aligned16(y) && (!x || aligned16(x)) && (!z || aligned16(z)), stream_);
+void CudaBackend::axpbypcz(float a, const float* x, float b, float* y, float c, const float* z, size_t n) {
+  launch_map(Axpbypcz{a, b, c, x, y, z}, n, aligned16(y) && (!x || aligned16(x)) && (!z || aligned16(z)),
+             stream_);
 }
 
 void CudaBackend::clamp(float* x, float lo, float hi, size_t n) {

@@ -26,8 +26,7 @@ __global__ void timestep_kernel(const float* t, float* y, int B, int dim, float 
   }
 }
 
-__global__ void embedding_add_kernel(const int32_t* labels, const float* table, float* y, int B,
-                                     int D) {
+__global__ void embedding_add_kernel(const int32_t* labels, const float* table, float* y, int B, int D) {
   const size_t n = (size_t)B * D;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
        idx += (size_t)gridDim.x * blockDim.x) {
@@ -38,8 +37,8 @@ __global__ void embedding_add_kernel(const int32_t* labels, const float* table, 
 
 // One thread per table entry (k, d), summing the matching rows in batch order: deterministic and
 // bitwise the same as the reference (which adds in the same order starting from zero).
-__global__ void embedding_bwd_kernel(const int32_t* labels, const float* dy, float* dtable, int B,
-                                     int K, int D) {
+__global__ void embedding_bwd_kernel(const int32_t* labels, const float* dy, float* dtable, int B, int K,
+                                     int D) {
   const size_t n = (size_t)K * D;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
        idx += (size_t)gridDim.x * blockDim.x) {
@@ -61,16 +60,14 @@ void CudaBackend::timestep_embedding(const float* t, float* y, int B, int dim) {
   KERNEL_CHECK();
 }
 
-void CudaBackend::embedding_add_fwd(const int32_t* labels, const float* table, float* y, int B,
-                                    int D) {
+void CudaBackend::embedding_add_fwd(const int32_t* labels, const float* table, float* y, int B, int D) {
   const size_t n = (size_t)B * D;
   if (!n) return;
   embedding_add_kernel<<<grid_for(n), kThreads, 0, stream_>>>(labels, table, y, B, D);
   KERNEL_CHECK();
 }
 
-void CudaBackend::embedding_bwd(const int32_t* labels, const float* dy, float* dtable, int B, int K,
-                                int D) {
+void CudaBackend::embedding_bwd(const int32_t* labels, const float* dy, float* dtable, int B, int K, int D) {
   const size_t n = (size_t)K * D;
   if (!n) return;
   embedding_bwd_kernel<<<grid_for(n), kThreads, 0, stream_>>>(labels, dy, dtable, B, K, D);

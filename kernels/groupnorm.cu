@@ -39,8 +39,8 @@ struct StoreBC {  // per-(b, c) totals into aux [B*C] as double2
   }
 };
 
-__global__ void gn_stats_kernel(const double2* sums, const float* x, float* mean, float* rstd,
-                                int B, int HW, int C, int G) {
+__global__ void gn_stats_kernel(const double2* sums, const float* x, float* mean, float* rstd, int B, int HW,
+                                int C, int G) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B * G) return;
   const int b = i / G, g = i % G, Cg = C / G;
@@ -107,8 +107,8 @@ struct GradSums {  // (dz*xhat, dz) per (b, c)
 };
 
 // coef[b*G+g] = (mean_g(dz*gamma), mean_g(dz*gamma*xhat)); dgamma/dbeta summed over b in order.
-__global__ void gn_bwd_coef_kernel(const double2* sums, const float* gamma, float2* coef,
-                                   float* dgamma, float* dbeta, int B, int HW, int C, int G) {
+__global__ void gn_bwd_coef_kernel(const double2* sums, const float* gamma, float2* coef, float* dgamma,
+                                   float* dbeta, int B, int HW, int C, int G) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const int Cg = C / G;
   if (i < B * G) {
@@ -163,25 +163,24 @@ void check_gn(const CudaBackend& be, int B, int C, int G) {
 
 }  // namespace
 
-void CudaBackend::groupnorm_fwd(const float* x, const float* gamma, const float* beta, float* y,
-                                float* mean, float* rstd, int B, int HW, int C, int G, bool silu) {
+void CudaBackend::groupnorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                                float* rstd, int B, int HW, int C, int G, bool silu) {
   check_gn(*this, B, C, G);
   if (B <= 0 || C <= 0) return;
   const int Cg = C / G;
   double2* sums = reinterpret_cast<double2*>(aux());
   colsum2(*this, ShiftedSums{x, HW, C, Cg}, StoreBC{sums, C}, B, HW, C);
-  gn_stats_kernel<<<(B * G + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(sums, x, mean, rstd,
-                                                                                B, HW, C, G);
+  gn_stats_kernel<<<(B * G + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(sums, x, mean, rstd, B, HW, C,
+                                                                               G);
   KERNEL_CHECK();
   const size_t n = (size_t)B * HW * C;
   launch_map(GnApply{x, gamma, beta, mean, rstd, y, (size_t)HW * C, C, G, Cg, silu}, n,
              aligned16(x) && aligned16(y), stream_);
 }
 
-void CudaBackend::groupnorm_bwd(const float* x, const float* gamma, const float* beta,
-                                const float* mean, const float* rstd, const float* dy, float* dx,
-                                float* dgamma, float* dbeta, int B, int HW, int C, int G,
-                                bool silu) {
+void CudaBackend::groupnorm_bwd(const float* x, const float* gamma, const float* beta, const float* mean,
+                                const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta,
+                                int B, int HW, int C, int G, bool silu) {
   check_gn(*this, B, C, G);
   if (B <= 0 || C <= 0) return;
   const int Cg = C / G;
@@ -190,8 +189,8 @@ void CudaBackend::groupnorm_bwd(const float* x, const float* gamma, const float*
   const GnGrad gg{x, dy, gamma, beta, mean, rstd, silu};
   colsum2(*this, GradSums{gg, HW, C, G, Cg}, StoreBC{sums, C}, B, HW, C);
   const int nt = std::max(B * G, C);
-  gn_bwd_coef_kernel<<<(nt + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(
-      sums, gamma, coef, dgamma, dbeta, B, HW, C, G);
+  gn_bwd_coef_kernel<<<(nt + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(sums, gamma, coef, dgamma,
+                                                                               dbeta, B, HW, C, G);
   KERNEL_CHECK();
   if (dx) {
     const size_t n = (size_t)B * HW * C;

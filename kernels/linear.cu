@@ -24,9 +24,7 @@ struct BiasAdd {  // vec4 needs C % 4 == 0
 struct DyCol {
   const float* dy;
   int C;
-  __device__ float2 operator()(int, int r, int c) const {
-    return make_float2(dy[(size_t)r * C + c], 0.f);
-  }
+  __device__ float2 operator()(int, int r, int c) const { return make_float2(dy[(size_t)r * C + c], 0.f); }
 };
 
 struct WriteBias {
@@ -38,8 +36,7 @@ struct WriteBias {
 
 void add_bias_rows(CudaBackend& be, float* y, const float* bias, size_t rows, int C) {
   if (!bias) return;
-  launch_map(BiasAdd{y, bias, C}, rows * C, C % 4 == 0 && aligned16(y) && aligned16(bias),
-             be.stream());
+  launch_map(BiasAdd{y, bias, C}, rows * C, C % 4 == 0 && aligned16(y) && aligned16(bias), be.stream());
 }
 
 void bias_grad(CudaBackend& be, const float* dy, float* db, int rows, int C) {
@@ -47,14 +44,13 @@ void bias_grad(CudaBackend& be, const float* dy, float* db, int rows, int C) {
   colsum2(be, DyCol{dy, C}, WriteBias{db}, 1, rows, C);
 }
 
-void CudaBackend::linear_fwd(const float* x, const float* w, const float* b, float* y, int N, int I,
-                             int O) {
+void CudaBackend::linear_fwd(const float* x, const float* w, const float* b, float* y, int N, int I, int O) {
   gemm(false, true, N, O, I, 1.f, x, I, w, I, 0.f, y, O);
   add_bias_rows(*this, y, b, (size_t)N, O);
 }
 
-void CudaBackend::linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                             float* db, int N, int I, int O) {
+void CudaBackend::linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                             int N, int I, int O) {
   if (dx) gemm(false, false, N, I, O, 1.f, dy, O, w, I, 0.f, dx, I);
   if (dw) gemm(true, false, O, I, N, 1.f, dy, O, x, I, 0.f, dw, I);
   bias_grad(*this, dy, db, N, O);

@@ -69,8 +69,9 @@ struct Ema {
   float rate, r1;
   __device__ void vec4(size_t j) const {
     const float4 a = ld4(e, j), b = ld4(p, j);
-    st4(e, j, make_float4(rate * a.x + r1 * b.x, rate * a.y + r1 * b.y, rate * a.z + r1 * b.z,
-                          rate * a.w + r1 * b.w));
+    st4(e, j,
+        make_float4(rate * a.x + r1 * b.x, rate * a.y + r1 * b.y, rate * a.z + r1 * b.z,
+                    rate * a.w + r1 * b.w));
   }
   __device__ void scalar(size_t i) const { e[i] = rate * e[i] + r1 * p[i]; }
 };
@@ -87,9 +88,8 @@ void CudaBackend::clip_scale(const float* sumsq, float clip, float* norm, float*
   KERNEL_CHECK();
 }
 
-void CudaBackend::adamw(float* p, const float* g, float* m, float* v, size_t n, float lr,
-                        float beta1, float beta2, float eps, float wd, float bc1, float bc2,
-                        const float* grad_scale) {
+void CudaBackend::adamw(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
+                        float beta2, float eps, float wd, float bc1, float bc2, const float* grad_scale) {
   AdamW f{p, g, m, v, grad_scale, beta1, beta2, eps, 1.f - lr * wd, lr / bc1, sqrtf(bc2)};
   launch_map(f, n, aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v), stream_);
 }

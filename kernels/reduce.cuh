@@ -32,9 +32,7 @@ void launch_map(const F& f, size_t n, bool vec_ok, cudaStream_t s) {
 __device__ __forceinline__ float4 ld4(const float* p, size_t j) {
   return reinterpret_cast<const float4*>(p)[j];
 }
-__device__ __forceinline__ void st4(float* p, size_t j, float4 v) {
-  reinterpret_cast<float4*>(p)[j] = v;
-}
+__device__ __forceinline__ void st4(float* p, size_t j, float4 v) { reinterpret_cast<float4*>(p)[j] = v; }
 
 __device__ __forceinline__ float sigmoidf_(float z) { return 1.0f / (1.0f + expf(-z)); }
 __device__ __forceinline__ float siluf_(float z) { return z / (1.0f + expf(-z)); }
@@ -102,8 +100,7 @@ void colsum2(CudaBackend& be, const F& f, const G& g, int Bt, int R, int C) {
   colsum2_partial_kernel<<<grid, block, 0, be.stream()>>>(f, R, C, rps, partial);
   KERNEL_CHECK();
   const int n = Bt * C;
-  colsum2_final_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, be.stream()>>>(partial, Bt,
-                                                                                   Sn, C, g);
+  colsum2_final_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, be.stream()>>>(partial, Bt, Sn, C, g);
   KERNEL_CHECK();
 }
 
@@ -152,7 +149,7 @@ void full_sum(CudaBackend& be, const F& f, size_t items, double scale, float* ou
   const int nb = sum_blocks(items);
   sum_partial_kernel<<<nb, kThreads, 0, be.stream()>>>(f, items, partial);
   KERNEL_CHECK();
-  sum_final_kernel<0> <<<1, kThreads, 0, be.stream()>>>(partial, nb, scale, out);
+  sum_final_kernel<0><<<1, kThreads, 0, be.stream()>>>(partial, nb, scale, out);
   KERNEL_CHECK();
 }
 

@@ -22,9 +22,7 @@ struct Upsample {
     const size_t b = p / (2 * H);
     return ((b * H + Y / 2) * W + X / 2) * C + c;
   }
-  __device__ void vec4(size_t j) const {
-    st4(y, j, *reinterpret_cast<const float4*>(x + src(4 * j)));
-  }
+  __device__ void vec4(size_t j) const { st4(y, j, *reinterpret_cast<const float4*>(x + src(4 * j))); }
   __device__ void scalar(size_t i) const { y[i] = x[src(i)]; }
 };
 
@@ -165,8 +163,7 @@ void CudaBackend::upsample2x_fwd(const float* x, float* y, int B, int H, int W, 
 
 void CudaBackend::upsample2x_bwd(const float* dy, float* dx, int B, int H, int W, int C) {
   const size_t n = (size_t)B * H * W * C;
-  launch_map(UpsampleBwd{dy, dx, H, W, C}, n, C % 4 == 0 && aligned16(dy) && aligned16(dx),
-             stream_);
+  launch_map(UpsampleBwd{dy, dx, H, W, C}, n, C % 4 == 0 && aligned16(dy) && aligned16(dx), stream_);
 }
 
 void CudaBackend::avgpool2x2_fwd(const float* x, float* y, int B, int H, int W, int C) {
@@ -176,24 +173,20 @@ void CudaBackend::avgpool2x2_fwd(const float* x, float* y, int B, int H, int W, 
 
 void CudaBackend::avgpool2x2_bwd(const float* dy, float* dx, int B, int H, int W, int C) {
   const size_t n = (size_t)B * H * W * C;
-  launch_map(AvgpoolBwd{dy, dx, H, W, C}, n, C % 4 == 0 && aligned16(dy) && aligned16(dx),
-             stream_);
+  launch_map(AvgpoolBwd{dy, dx, H, W, C}, n, C % 4 == 0 && aligned16(dy) && aligned16(dx), stream_);
 }
 
-void CudaBackend::concat_fwd(const float* a, const float* b, float* y, int B, int HW, int Ca,
-                             int Cb) {
+void CudaBackend::concat_fwd(const float* a, const float* b, float* y, int B, int HW, int Ca, int Cb) {
   const size_t n = (size_t)B * HW * (Ca + Cb);
   launch_map(Concat{a, b, y, Ca, Cb}, n,
              Ca % 4 == 0 && Cb % 4 == 0 && aligned16(a) && aligned16(b) && aligned16(y), stream_);
 }
 
-void CudaBackend::concat_bwd(const float* dy, float* da, float* db, int B, int HW, int Ca,
-                             int Cb) {
+void CudaBackend::concat_bwd(const float* dy, float* da, float* db, int B, int HW, int Ca, int Cb) {
   if (!da && !db) return;
   const size_t n = (size_t)B * HW * (Ca + Cb);
   launch_map(ConcatBwd{dy, da, db, Ca, Cb}, n,
-             Ca % 4 == 0 && Cb % 4 == 0 && aligned16(dy) && (!da || aligned16(da)) &&
-                 (!db || aligned16(db)),
+             Ca % 4 == 0 && Cb % 4 == 0 && aligned16(dy) && (!da || aligned16(da)) && (!db || aligned16(db)),
              stream_);
 }
 

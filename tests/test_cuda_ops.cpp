@@ -24,6 +24,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -133,23 +135,32 @@ F take(const F& v, size_t per, const std::vector<int>& which) {
   return out;
 }
 
-#define EXPECT_CLOSE(got, want, tolerance, what)                                          \
-  do {                                                                                    \
-    const F& g_ = (got);                                                                  \
-    const F& w_ = (want);                                                                 \
-    ASSERT_EQ(g_.size(), w_.size()) << (what);                                            \
-    const double r_ = tu::rel_l2(g_, w_);                                                 \
-    EXPECT_LE(r_, (tolerance)) << (what) << ": relative L2 error " << r_ << " (max abs " \
-                               << tu::max_abs_diff(g_, w_) << ")";                       \
+// UNET_TEST_VERBOSE=1 prints every comparison's error next to its tolerance (margins).
+bool verbose() {
+  static const bool v = std::getenv("UNET_TEST_VERBOSE") != nullptr;
+  return v;
+}
+
+#define EXPECT_CLOSE(got, want, tolerance, what)                                                    \
+  do {                                                                                              \
+    const F& g_ = (got);                                                                            \
+    const F& w_ = (want);                                                                           \
+    ASSERT_EQ(g_.size(), w_.size()) << (what);                                                      \
+    ASSERT_FALSE(g_.empty()) << (what);                                                             \
+    const double r_ = tu::rel_l2(g_, w_);                                                           \
+    if (verbose())                                                                                  \
+      std::printf("  %-70s %.2e (tol %.0e)\n", std::string(what).c_str(), r_, (double)(tolerance)); \
+    EXPECT_LE(r_, (tolerance)) << (what) << ": relative L2 error " << r_ << " (max abs "            \
+                               << tu::max_abs_diff(g_, w_) << ")";                                  \
   } while (0)
 
-#define EXPECT_BITWISE(got, want, what)                                           \
-  do {                                                                            \
-    const F& g_ = (got);                                                          \
-    const F& w_ = (want);                                                         \
-    ASSERT_EQ(g_.size(), w_.size()) << (what);                                    \
+#define EXPECT_BITWISE(got, want, what)                                            \
+  do {                                                                             \
+    const F& g_ = (got);                                                           \
+    const F& w_ = (want);                                                          \
+    ASSERT_EQ(g_.size(), w_.size()) << (what);                                     \
     EXPECT_TRUE(std::memcmp(g_.data(), w_.data(), g_.size() * sizeof(float)) == 0) \
-        << (what) << ": not bitwise equal (rel L2 " << tu::rel_l2(g_, w_) << ")";   \
+        << (what) << ": not bitwise equal (rel L2 " << tu::rel_l2(g_, w_) << ")";  \
   } while (0)
 
 class CudaOps : public ::testing::Test {
@@ -174,18 +185,16 @@ struct ConvShape {
 };
 struct AttnShape {
   int T, C, heads;
-  bool operator<(const AttnShape& o) const {
-    return std::tie(T, C, heads) < std::tie(o.T, o.C, o.heads);
-  }
+  bool operator<(const AttnShape& o) const { return std::tie(T, C, heads) < std::tie(o.T, o.C, o.heads); }
 };
 struct Shapes {
   std::set<ConvShape> conv;
-  std::set<std::pair<int, int>> gn;          // (HW, C)
+  std::set<std::pair<int, int>> gn;  // (HW, C)
   std::set<AttnShape> attn;
-  std::set<std::pair<int, int>> lin;         // (I, O)
-  std::set<std::tuple<int, int, int>> cat;   // (HW, Ca, Cb)
-  std::set<std::pair<int, int>> up, pool;    // (input res, C)
-  std::set<std::pair<int, int>> bcast, ss;   // (HW, C)
+  std::set<std::pair<int, int>> lin;        // (I, O)
+  std::set<std::tuple<int, int, int>> cat;  // (HW, Ca, Cb)
+  std::set<std::pair<int, int>> up, pool;   // (input res, C)
+  std::set<std::pair<int, int>> bcast, ss;  // (HW, C)
   bool legacy = false;
 };
 
@@ -201,8 +210,12 @@ Shapes model_shapes(const std::string& preset) {
   auto visit = [&](const unet::Layer& l) {
     const int r = l.res;
     switch (l.kind) {
-      case unet::Layer::Conv: s.conv.insert({l.cin, l.cout, r, 3, 1}); break;
-      case unet::Layer::Down: s.conv.insert({l.cin, l.cout, r, 3, 2}); break;
+      case unet::Layer::Conv:
+        s.conv.insert({l.cin, l.cout, r, 3, 1});
+        break;
+      case unet::Layer::Down:
+        s.conv.insert({l.cin, l.cout, r, 3, 2});
+        break;
       case unet::Layer::Up:
         s.up.insert({r, l.cin});
         s.conv.insert({l.cin, l.cout, 2 * r, 3, 1});
@@ -247,8 +260,7 @@ Shapes model_shapes(const std::string& preset) {
 
 std::string conv_name(const ConvShape& c, int B) {
   std::ostringstream o;
-  o << "conv k" << c.k << " s" << c.s << " B" << B << " " << c.H << "x" << c.H << " " << c.Ci
-    << "->" << c.Co;
+  o << "conv k" << c.k << " s" << c.s << " B" << B << " " << c.H << "x" << c.H << " " << c.Ci << "->" << c.Co;
   return o.str();
 }
 int conv_out(int n, int k, int s) { return (n + 2 * (k / 2) - k) / s + 1; }
@@ -329,10 +341,10 @@ ConvRef cpu_conv(const F& x, const F& w, const F* bias, const F& dy, int B, cons
   r.dx.assign(x.size(), kNaN);
   r.dw.assign(w.size(), kNaN);
   r.db.assign(c.Co, kNaN);
-  cpu().conv2d_fwd(x.data(), w.data(), bias ? bias->data() : nullptr, r.y.data(), B, c.H, c.H,
-                   c.Ci, c.Co, c.k, c.s);
-  cpu().conv2d_bwd(x.data(), w.data(), dy.data(), r.dx.data(), r.dw.data(), r.db.data(), B, c.H,
-                   c.H, c.Ci, c.Co, c.k, c.s);
+  cpu().conv2d_fwd(x.data(), w.data(), bias ? bias->data() : nullptr, r.y.data(), B, c.H, c.H, c.Ci, c.Co,
+                   c.k, c.s);
+  cpu().conv2d_bwd(x.data(), w.data(), dy.data(), r.dx.data(), r.dw.data(), r.db.data(), B, c.H, c.H, c.Ci,
+                   c.Co, c.k, c.s);
   return r;
 }
 
@@ -345,14 +357,14 @@ void check_conv_small(int B, int H, int W, const ConvShape& c) {
   F y(ny), y0(ny), dx(nx), dw(nw), db(c.Co);
   cpu().conv2d_fwd(x.data(), w.data(), bias.data(), y.data(), B, H, W, c.Ci, c.Co, c.k, c.s);
   cpu().conv2d_fwd(x.data(), w.data(), nullptr, y0.data(), B, H, W, c.Ci, c.Co, c.k, c.s);
-  cpu().conv2d_bwd(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), B, H, W, c.Ci,
-                   c.Co, c.k, c.s);
+  cpu().conv2d_bwd(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), B, H, W, c.Ci, c.Co, c.k,
+                   c.s);
   float *gx = dup(x), *gw = dup(w), *gb = dup(bias), *gdy = dup(dy);
   for (Precision p : {Precision::FP32, Precision::TF32}) {
     gpu().set_precision(p);
     std::ostringstream nm;
-    nm << "conv k" << c.k << " s" << c.s << " B" << B << " " << H << "x" << W << " " << c.Ci
-       << "->" << c.Co << " " << pname(p);
+    nm << "conv k" << c.k << " s" << c.s << " B" << B << " " << H << "x" << W << " " << c.Ci << "->" << c.Co
+       << " " << pname(p);
     const std::string n = nm.str();
     float* gy = dnan(ny);
     gpu().conv2d_fwd(gx, gw, gb, gy, B, H, W, c.Ci, c.Co, c.k, c.s);
@@ -414,8 +426,7 @@ TEST_F(CudaOps, ConvChunkedWorkspace) {
       return h;
     };
     float *gx = put(x), *gw = put(w), *gb = put(bias), *gdy = put(dy);
-    float *gy = put(F(ny, kNaN)), *gdx = put(F(nx, kNaN)), *gdw = put(F(nw, kNaN)),
-          *gdb = put(F(c.Co, kNaN));
+    float *gy = put(F(ny, kNaN)), *gdx = put(F(nx, kNaN)), *gdw = put(F(nw, kNaN)), *gdb = put(F(c.Co, kNaN));
     small->conv2d_fwd(gx, gw, gb, gy, B, c.H, c.H, c.Ci, c.Co, c.k, c.s);
     small->conv2d_bwd(gx, gw, gdy, gdx, gdw, gdb, B, c.H, c.H, c.Ci, c.Co, c.k, c.s);
     const std::string n = conv_name(c, B) + " chunked";
@@ -458,8 +469,7 @@ TEST_F(CudaOps, ConvSeed64Shapes) {
       for (size_t i = 0; i < dy.size(); ++i) acc[i % c.Co] += dy[i];
       for (int co = 0; co < c.Co; ++co) db_full[co] = (float)acc[co];
     }
-    float *gx = dup(x), *gw = dup(w), *gb = dup(bias), *gdy = dup(dy), *gx2 = dup(x2),
-          *gdy2 = dup(dy2);
+    float *gx = dup(x), *gw = dup(w), *gb = dup(bias), *gdy = dup(dy), *gx2 = dup(x2), *gdy2 = dup(dy2);
     F V = rnd(nw);
     float* gV = dup(V);
     for (Precision p : {Precision::FP32, Precision::TF32}) {
@@ -511,8 +521,8 @@ void check_linear(int N, int I, int O) {
   float *gx = dup(x), *gw = dup(w), *gb = dup(b), *gdy = dup(dy);
   for (Precision p : {Precision::FP32, Precision::TF32}) {
     gpu().set_precision(p);
-    const std::string n = "linear " + std::to_string(N) + "x" + std::to_string(I) + "->" +
-                          std::to_string(O) + " " + pname(p);
+    const std::string n =
+        "linear " + std::to_string(N) + "x" + std::to_string(I) + "->" + std::to_string(O) + " " + pname(p);
     float* gy = dnan(y.size());
     gpu().linear_fwd(gx, gw, gb, gy, N, I, O);
     EXPECT_CLOSE(dget(gy, y.size()), y, tol(p), n + " y");
@@ -540,8 +550,7 @@ TEST_F(CudaOps, Linear) {
 
 void check_groupnorm(int B, int HW, int C, int G, float offset = 0.f) {
   const size_t n = (size_t)B * HW * C;
-  F x = rnd(n, offset - 2.f, offset + 2.f), gamma = rnd(C, 0.5f, 1.5f), beta = rnd(C),
-    dy = rnd(n);
+  F x = rnd(n, offset - 2.f, offset + 2.f), gamma = rnd(C, 0.5f, 1.5f), beta = rnd(C), dy = rnd(n);
   float *gx = dup(x), *gg = dup(gamma), *gbt = dup(beta), *gdy = dup(dy);
   for (bool silu : {false, true}) {
     std::ostringstream nm;
@@ -549,10 +558,10 @@ void check_groupnorm(int B, int HW, int C, int G, float offset = 0.f) {
        << (offset != 0.f ? " mean " + std::to_string(offset) : "");
     const std::string name = nm.str();
     F y(n), mean(B * G), rstd(B * G), dx(n), dgm(C), dbt(C);
-    cpu().groupnorm_fwd(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(),
-                        B, HW, C, G, silu);
-    cpu().groupnorm_bwd(x.data(), gamma.data(), beta.data(), mean.data(), rstd.data(), dy.data(),
-                        dx.data(), dgm.data(), dbt.data(), B, HW, C, G, silu);
+    cpu().groupnorm_fwd(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), B, HW, C, G,
+                        silu);
+    cpu().groupnorm_bwd(x.data(), gamma.data(), beta.data(), mean.data(), rstd.data(), dy.data(), dx.data(),
+                        dgm.data(), dbt.data(), B, HW, C, G, silu);
     float *gy = dnan(n), *gm = dnan(B * G), *gr = dnan(B * G);
     gpu().groupnorm_fwd(gx, gg, gbt, gy, gm, gr, B, HW, C, G, silu);
     EXPECT_CLOSE(dget(gy, n), y, kFp32, name + " y");
@@ -575,10 +584,10 @@ void check_groupnorm(int B, int HW, int C, int G, float offset = 0.f) {
 }
 
 TEST_F(CudaOps, GroupNormSmallAndOdd) {
-  check_groupnorm(3, 5, 96, 32);         // 3 channels per group: vectors straddle groups
-  check_groupnorm(2, 7, 64, 8);          // 8 channels per group
-  check_groupnorm(2, 9, 6, 1);           // one group
-  check_groupnorm(2, 300, 64, 32, 50.f); // |mean| >> std: the shifted sums must hold up
+  check_groupnorm(3, 5, 96, 32);          // 3 channels per group: vectors straddle groups
+  check_groupnorm(2, 7, 64, 8);           // 8 channels per group
+  check_groupnorm(2, 9, 6, 1);            // one group
+  check_groupnorm(2, 300, 64, 32, 50.f);  // |mean| >> std: the shifted sums must hold up
 }
 
 TEST_F(CudaOps, GroupNormSeed64Shapes) {
@@ -670,8 +679,7 @@ TEST_F(CudaOps, SiluAddScale) {
 
 void check_bcast_ss(int B, int HW, int C) {
   const size_t n = (size_t)B * HW * C;
-  const std::string tag = " B" + std::to_string(B) + " HW" + std::to_string(HW) + " C" +
-                          std::to_string(C);
+  const std::string tag = " B" + std::to_string(B) + " HW" + std::to_string(HW) + " C" + std::to_string(C);
   F h = rnd(n), e = rnd((size_t)B * C), ss = rnd((size_t)B * 2 * C), dy = rnd(n);
   // add_bcast
   F h2 = h, de(B * C);
@@ -715,8 +723,8 @@ TEST_F(CudaOps, BroadcastAddAndScaleShift) {
 }
 
 void check_resample(int B, int H, int W, int C) {
-  const std::string tag = " B" + std::to_string(B) + " " + std::to_string(H) + "x" +
-                          std::to_string(W) + " C" + std::to_string(C);
+  const std::string tag =
+      " B" + std::to_string(B) + " " + std::to_string(H) + "x" + std::to_string(W) + " C" + std::to_string(C);
   const size_t n = (size_t)B * H * W * C, nu = 4 * n, np = (size_t)B * (H / 2) * (W / 2) * C;
   F x = rnd(n), dyu = rnd(nu), dyp = rnd(np);
   F yu(nu), dxu(n), yp(np), dxp(n);
@@ -749,15 +757,14 @@ TEST_F(CudaOps, Resample) {
 }
 
 void check_concat(int B, int HW, int Ca, int Cb) {
-  const std::string tag = " B" + std::to_string(B) + " HW" + std::to_string(HW) + " " +
-                          std::to_string(Ca) + "+" + std::to_string(Cb);
+  const std::string tag = " B" + std::to_string(B) + " HW" + std::to_string(HW) + " " + std::to_string(Ca) +
+                          "+" + std::to_string(Cb);
   const size_t na = (size_t)B * HW * Ca, nb = (size_t)B * HW * Cb, n = na + nb;
   F a = rnd(na), b = rnd(nb), dy = rnd(n);
   F y(n), da(na), db(nb);
   cpu().concat_fwd(a.data(), b.data(), y.data(), B, HW, Ca, Cb);
   cpu().concat_bwd(dy.data(), da.data(), db.data(), B, HW, Ca, Cb);
-  float *ga = dup(a), *gb = dup(b), *gdy = dup(dy), *gy = dnan(n), *gda = dnan(na),
-        *gdb = dnan(nb);
+  float *ga = dup(a), *gb = dup(b), *gdy = dup(dy), *gy = dnan(n), *gda = dnan(na), *gdb = dnan(nb);
   gpu().concat_fwd(ga, gb, gy, B, HW, Ca, Cb);
   EXPECT_BITWISE(dget(gy, n), y, "concat_fwd" + tag);
   gpu().concat_bwd(gdy, gda, gdb, B, HW, Ca, Cb);
@@ -873,8 +880,8 @@ TEST_F(CudaOps, LossAndDiffusionHelpers) {
     EXPECT_CLOSE(dget(gxt, B * per), xt, 1e-6, "q_sample");
     F xt3(3 * 7);
     cpu().q_sample(x0.data(), noise.data(), sa.data(), s1.data(), xt3.data(), 3, 7);
-    gpu().q_sample(dup(F(x0.begin(), x0.begin() + 21)), dup(F(noise.begin(), noise.begin() + 21)),
-                   dup(sa), dup(s1), gxt, 3, 7);
+    gpu().q_sample(dup(F(x0.begin(), x0.begin() + 21)), dup(F(noise.begin(), noise.begin() + 21)), dup(sa),
+                   dup(s1), gxt, 3, 7);
     EXPECT_CLOSE(dget(gxt, 21), xt3, 1e-6, "q_sample odd");
   }
   {  // axpbypcz (null x or z count as zero), clamp
@@ -885,8 +892,7 @@ TEST_F(CudaOps, LossAndDiffusionHelpers) {
     };
     for (Case cs : {Case{true, true}, Case{false, true}, Case{true, false}}) {
       F yc = y;
-      cpu().axpbypcz(0.3f, cs.hx ? x.data() : nullptr, -1.7f, yc.data(), 2.1f,
-                     cs.hz ? z.data() : nullptr, n);
+      cpu().axpbypcz(0.3f, cs.hx ? x.data() : nullptr, -1.7f, yc.data(), 2.1f, cs.hz ? z.data() : nullptr, n);
       float* gy = dup(y);
       gpu().axpbypcz(0.3f, cs.hx ? dup(x) : nullptr, -1.7f, gy, 2.1f, cs.hz ? dup(z) : nullptr, n);
       EXPECT_CLOSE(dget(gy, n), yc, 1e-6,
@@ -936,8 +942,7 @@ TEST_F(CudaOps, Optimizer) {
       cpu().adamw(p2.data(), g.data(), m2.data(), v2.data(), n, lr, b1, b2, eps, wd, bc1, bc2,
                   with_scale ? scale.data() : nullptr);
       float *gp = dup(p), *gm = dup(m), *gv = dup(v);
-      gpu().adamw(gp, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2,
-                  with_scale ? dup(scale) : nullptr);
+      gpu().adamw(gp, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2, with_scale ? dup(scale) : nullptr);
       const std::string t2 = tag + (with_scale ? " grad_scale 0.7" : " no grad_scale");
       EXPECT_CLOSE(dget(gp, n), p2, 1e-6, "adamw p" + t2);
       EXPECT_CLOSE(dget(gm, n), m2, 1e-6, "adamw m" + t2);
@@ -976,9 +981,8 @@ std::vector<F> run_suite(Backend& be, Precision p, const std::map<std::string, F
   };
   const int B = 8, H = 32, C = 64;
   const size_t n = (size_t)B * H * H * C;
-  float *x = put(in.at("x")), *w3 = put(in.at("w3")), *w1 = put(in.at("w1")),
-        *bias = put(in.at("bias")), *bias256 = put(in.at("bias256")), *dy = put(in.at("dy")),
-        *dy2 = put(in.at("dy2"));
+  float *x = put(in.at("x")), *w3 = put(in.at("w3")), *w1 = put(in.at("w1")), *bias = put(in.at("bias")),
+        *bias256 = put(in.at("bias256")), *dy = put(in.at("dy")), *dy2 = put(in.at("dy2"));
   for (auto [k, s] : {std::pair{3, 1}, std::pair{3, 2}, std::pair{1, 1}}) {
     const int Ho = conv_out(H, k, s);
     const size_t ny = (size_t)B * Ho * Ho * C;
@@ -988,8 +992,7 @@ std::vector<F> run_suite(Backend& be, Precision p, const std::map<std::string, F
     get(y, ny), get(dx, n), get(dw, (size_t)C * k * k * C), get(db, C);
   }
   {
-    float *y = out(n), *m = out(B * 32), *r = out(B * 32), *dx = out(n), *dg = out(C),
-          *dbt = out(C);
+    float *y = out(n), *m = out(B * 32), *r = out(B * 32), *dx = out(n), *dg = out(C), *dbt = out(C);
     be.groupnorm_fwd(x, bias, bias, y, m, r, B, H * H, C, 32, true);
     be.groupnorm_bwd(x, bias, bias, m, r, dy, dx, dg, dbt, B, H * H, C, 32, true);
     get(y, n), get(m, B * 32), get(r, B * 32), get(dx, n), get(dg, C), get(dbt, C);
@@ -1004,15 +1007,13 @@ std::vector<F> run_suite(Backend& be, Precision p, const std::map<std::string, F
     get(o, (size_t)B * T * Ca), get(dq, (size_t)B * T * 3 * Ca);
   }
   {
-    float *y = out((size_t)B * 256), *dx = out((size_t)B * 64), *dw = out(256 * 64),
-          *db = out(256);
+    float *y = out((size_t)B * 256), *dx = out((size_t)B * 64), *dw = out(256 * 64), *db = out(256);
     be.linear_fwd(x, w3, bias256, y, B, 64, 256);
     be.linear_bwd(x, w3, dy, dx, dw, db, B, 64, 256);
     get(y, (size_t)B * 256), get(dx, (size_t)B * 64), get(dw, 256 * 64), get(db, 256);
   }
   {
-    float *de = out((size_t)B * C), *dss = out((size_t)B * 2 * C), *l = out(1), *dp = out(n),
-          *ss = out(1);
+    float *de = out((size_t)B * C), *dss = out((size_t)B * 2 * C), *l = out(1), *dp = out(n), *ss = out(1);
     be.add_bcast_bwd(dy, de, B, H * H, C);
     be.scale_shift_bwd(x, dy, dy, nullptr, dss, B, H * H, C);
     be.mse_fwd_bwd(x, dy, l, dp, n);
