@@ -947,6 +947,7 @@ TEST(Determinism, BitwiseIndependentOfThreadCount) {
     d.be->add_bcast_bwd(X, DE, B, H * W, Ci);
     d.be->scale_shift_bwd(X, d.put(ss), X, DX, DSS, B, H * W, Ci);
     r.push_back(d.get(DE, (size_t)B * Ci));
+    r.push_back(d.get(DSS, (size_t)B * 2 * Ci));
     return r;
   };
   const int saved = omp_get_max_threads();

@@ -3,17 +3,19 @@
 // as the portable tile: start from C, add the products in ascending p (fused multiply-adds).
 #include "gemm.h"
 
+#include <cstdlib>
+
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 namespace unet::ref::detail {
 
-bool use_avx2_fma() {
 #if defined(__x86_64__)
+
+bool use_avx2_fma() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return ok;
-#else
-  return false;
-#endif
 }
 
 __attribute__((target("avx2,fma"))) void sgemm_tile_4x16_avx2(int k0, int k1, const float* A, ptrdiff_t a_rs,
@@ -49,5 +51,15 @@ __attribute__((target("avx2,fma"))) void sgemm_tile_4x16_avx2(int k0, int k1, co
   _mm256_storeu_ps(C + 3 * ldc, c30);
   _mm256_storeu_ps(C + 3 * ldc + 8, c31);
 }
+
+#else  // not x86-64: the portable tile only
+
+bool use_avx2_fma() { return false; }
+void sgemm_tile_4x16_avx2(int, int, const float*, ptrdiff_t, ptrdiff_t, const float*, ptrdiff_t, float*,
+                          ptrdiff_t) {
+  std::abort();  // unreachable: use_avx2_fma() is false
+}
+
+#endif
 
 }  // namespace unet::ref::detail
