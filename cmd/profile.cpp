@@ -705,10 +705,14 @@ void run_profile(ProfileArgs& a) {
   if (outside)
     rep.notes.push_back(std::to_string(outside) + " of " + std::to_string(acts.size()) +
                         " GPU activities ran outside any layer range");
-  if (rep.difference_pct() > 10)
-    rep.notes.push_back("the GPU was idle for part of the region (launch latency between kernels or host "
-                        "overhead, e.g. small kernels); compare with the time without the profiler below");
-
+  if (rep.difference_pct() > 10) {
+    char b[300];
+    std::snprintf(b, sizeof b,
+                  "the GPU sat idle %.3f ms/iter between kernels: launch latency or a host that cannot issue "
+                  "kernels as fast as they run (small kernels); CUDA graphs remove most of it",
+                  rep.idle_ms_per_iter());
+    rep.notes.push_back(b);
+  }
   if (!a.trace.empty()) {
     AtomicFile f(a.trace);
     {

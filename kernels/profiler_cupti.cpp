@@ -77,6 +77,7 @@ class CuptiProfiler final : public GpuProfiler {
     if (cudaDeviceGetAttribute(&v, cudaDevAttrGlobalMemoryBusWidth, dev) == cudaSuccess) info_.bus_bits = v;
     cuda_check(cudaEventCreate(&ev0_), "cudaEventCreate");
     cuda_check(cudaEventCreate(&ev1_), "cudaEventCreate");
+    cuda_check(cudaEventCreate(&ev2_), "cudaEventCreate");
     {
       std::lock_guard<std::mutex> lk(g_mu);
       if (g_active) throw std::logic_error("only one GpuProfiler at a time");
@@ -95,6 +96,7 @@ class CuptiProfiler final : public GpuProfiler {
     g_active = nullptr;
     cudaEventDestroy(ev0_);
     cudaEventDestroy(ev1_);
+    cudaEventDestroy(ev2_);
   }
 
   const DeviceInfo& device() const override { return info_; }
@@ -134,16 +136,27 @@ class CuptiProfiler final : public GpuProfiler {
   }
 
   double region_end() override {
-    // Synchronise first: the backend may use a non-blocking stream the legacy stream does not
-    // wait for. The few microseconds of host latency this adds are far below the region length.
-    cuda_check(cudaDeviceSynchronize(), "synchronize");
+    // An event on the legacy stream waits for all work on blocking streams (the backend's), so
+    // recorded right after the last launch it marks the end of the GPU work exactly. If the
+    // backend's stream does not synchronise with the legacy stream, that event fires early:
+    // then the one recorded after a device synchronisation (a few microseconds late) is used.
     cuda_check(cudaEventRecord(ev1_, 0), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(ev1_), "cudaEventSynchronize");
+    cuda_check(cudaDeviceSynchronize(), "synchronize");
+    cuda_check(cudaEventRecord(ev2_, 0), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(ev2_), "cudaEventSynchronize");
     t1_ = timestamp();
-    float ms = 0;
+    float ms = 0, ms_sync = 0;
     cuda_check(cudaEventElapsedTime(&ms, ev0_, ev1_), "cudaEventElapsedTime");
+    cuda_check(cudaEventElapsedTime(&ms_sync, ev0_, ev2_), "cudaEventElapsedTime");
     cupti_check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "flush");
-    return ms;
+    uint64_t first = UINT64_MAX, last = 0;
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      for (const auto& a : acts_)
+        if (a.start >= t0_ && a.end <= t1_) first = std::min(first, a.start), last = std::max(last, a.end);
+    }
+    const double span_ms = last > first ? (double)(last - first) / 1e6 : 0.0;
+    return ms < 0.99 * span_ms ? ms_sync : ms;
   }
 
   std::vector<Activity> take_activities() override {
@@ -182,12 +195,15 @@ class CuptiProfiler final : public GpuProfiler {
     cuda_check(cudaDeviceSynchronize(), "synchronize");
     cuda_check(cudaEventRecord(ev0_, 0), "cudaEventRecord");
     work();
+    cuda_check(cudaEventRecord(ev1_, 0), "cudaEventRecord");  // exact with blocking streams
     cuda_check(cudaDeviceSynchronize(), "synchronize");
-    cuda_check(cudaEventRecord(ev1_, 0), "cudaEventRecord");
-    cuda_check(cudaEventSynchronize(ev1_), "cudaEventSynchronize");
-    float ms = 0;
+    cuda_check(cudaEventRecord(ev2_, 0), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(ev2_), "cudaEventSynchronize");
+    float ms = 0, ms_sync = 0;
     cuda_check(cudaEventElapsedTime(&ms, ev0_, ev1_), "cudaEventElapsedTime");
-    return ms;
+    cuda_check(cudaEventElapsedTime(&ms_sync, ev0_, ev2_), "cudaEventElapsedTime");
+    // A non-blocking backend stream would let ev1 fire at once; the synchronised one is safe.
+    return ms < 0.5 * ms_sync ? ms_sync : ms;
   }
 
   Peaks measure_peaks(Precision prec) override;
@@ -294,7 +310,7 @@ class CuptiProfiler final : public GpuProfiler {
   }
 
   DeviceInfo info_;
-  cudaEvent_t ev0_ = nullptr, ev1_ = nullptr;
+  cudaEvent_t ev0_ = nullptr, ev1_ = nullptr, ev2_ = nullptr;
   bool enabled_ = false;
   uint64_t t0_ = 0, t1_ = UINT64_MAX;
   std::vector<Activity> acts_;

@@ -330,7 +330,28 @@ double Report::difference_pct() const {
   return e > 0 ? 100.0 * (e - kernel_ms_per_iter()) / e : 0.0;
 }
 
+double Report::idle_ms_per_iter() const { return iters ? (double)(span_ns - std::min(span_ns, busy_ns)) / 1e6 / iters : 0.0; }
+double Report::outside_ms_per_iter() const { return iters ? (events_ms - (double)span_ns / 1e6) / iters : 0.0; }
+
 void build_report(Report& r, const std::vector<Activity>& acts, const RangeTracker& ranges) {
+  std::vector<std::pair<uint64_t, uint64_t>> iv;
+  for (const auto& a : acts) iv.push_back({a.start, std::max(a.start, a.end)});
+  std::sort(iv.begin(), iv.end());
+  r.span_ns = r.busy_ns = 0;
+  if (!iv.empty()) {
+    uint64_t last = 0;
+    for (const auto& p : iv) last = std::max(last, p.second);
+    r.span_ns = last - iv.front().first;
+    uint64_t cs = iv.front().first, ce = iv.front().second;
+    for (const auto& p : iv) {
+      if (p.first > ce) {
+        r.busy_ns += ce - cs;
+        cs = p.first;
+      }
+      ce = std::max(ce, p.second);
+    }
+    r.busy_ns += ce - cs;
+  }
   r.kernels = summarize(acts, true);
   r.memops = summarize(acts, false);
   r.kernel_ns = r.memop_ns = 0;
@@ -459,6 +480,16 @@ std::string timing_line(const Report& r) {
   return b;
 }
 
+std::string gap_line(const Report& r) {
+  const double it = std::max(1, r.iters);
+  char b[400];
+  std::snprintf(b, sizeof b,
+                "GPU busy %.3f ms/iter (union of kernel intervals); idle between kernels %.3f ms/iter; CUDA-event time "
+                "outside the kernels' span %.3f ms/iter",
+                (double)r.busy_ns / 1e6 / it, r.idle_ms_per_iter(), r.outside_ms_per_iter());
+  return b;
+}
+
 std::string format_table(const Report& r, int name_width) {
   std::ostringstream os;
   os << "GPU: " << r.gpu << " | precision " << r.precision << " | peak " << fmt(r.peaks.tflops, 1) << " TFLOP/s ("
@@ -498,6 +529,7 @@ std::string format_table(const Report& r, int name_width) {
      << " MB minimum traffic; " << fmt(tot.tflops, 2) << " TFLOP/s, " << fmt_c(tot.gbps, 0) << " GB/s ("
      << fmt(tot.peak_pct, 1) << "% of peak, " << tot.bound << "-bound)\n";
   os << timing_line(r) << "\n";
+  os << gap_line(r) << "\n";
   if (r.plain_events_ms >= 0)
     os << "without the profiler attached: CUDA events " << fmt(r.plain_events_ms / it, 3) << " ms/iter\n";
   if (r.dropped) os << "warning: CUPTI dropped " << r.dropped << " activity records; the tables are incomplete\n";
@@ -517,7 +549,7 @@ std::string csv_field(const std::string& s) {
 }
 std::string num(double v) {
   char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
+  std::snprintf(b, sizeof b, "%.9g", v);
   return b;
 }
 }  // namespace
@@ -584,6 +616,9 @@ std::string format_csv(const Report& r) {
   timing("kernel_sum_ms_per_iter", r.kernel_ms_per_iter());
   timing("cuda_events_ms_per_iter", r.events_ms_per_iter());
   timing("difference_pct", r.difference_pct());
+  timing("gpu_busy_ms_per_iter", (double)r.busy_ns / 1e6 / std::max(1, r.iters));
+  timing("idle_between_kernels_ms_per_iter", r.idle_ms_per_iter());
+  timing("outside_kernel_span_ms_per_iter", r.outside_ms_per_iter());
   if (r.plain_events_ms >= 0) timing("without_profiler_ms_per_iter", r.plain_events_ms / std::max(1, r.iters));
   timing("dropped_records", (double)r.dropped);
   return os.str();
@@ -629,6 +664,10 @@ std::string format_json(const Report& r) {
   tm["memop_ms_per_iter"] = (double)r.memop_ns / 1e6 / it;
   tm["cuda_events_ms_per_iter"] = r.events_ms_per_iter();
   tm["difference_pct"] = r.difference_pct();
+  tm["gpu_busy_ms_per_iter"] = (double)r.busy_ns / 1e6 / it;
+  tm["gpu_span_ms_per_iter"] = (double)r.span_ns / 1e6 / it;
+  tm["idle_between_kernels_ms_per_iter"] = r.idle_ms_per_iter();
+  tm["outside_kernel_span_ms_per_iter"] = r.outside_ms_per_iter();
   tm["without_profiler_ms_per_iter"] = r.plain_events_ms >= 0 ? ojson(r.plain_events_ms / it) : ojson(nullptr);
   j["timing"] = std::move(tm);
   j["dropped_records"] = r.dropped;

@@ -146,6 +146,8 @@ struct Report {
   std::vector<SumRow> kernels, memops;
   std::vector<LayerRow> layers;
   uint64_t kernel_ns = 0, memop_ns = 0;  // summed over the timed region
+  uint64_t span_ns = 0;                  // first activity start to last activity end
+  uint64_t busy_ns = 0;                  // union of the activities' intervals (GPU busy)
   double events_ms = 0;                  // CUDA-event time of the timed region (all iterations)
   double plain_events_ms = -1;           // same work without the profiler attached (<0: not run)
   double flops = 0, bytes = 0;           // whole timed region
@@ -155,6 +157,8 @@ struct Report {
   double kernel_ms_per_iter() const;
   double events_ms_per_iter() const;
   double difference_pct() const;  // (events - kernel sum) / events
+  double idle_ms_per_iter() const;   // GPU idle between activities, inside their span
+  double outside_ms_per_iter() const;  // CUDA-event time outside the activities' span
 };
 // Fills kernels/memops/layers/kernel_ns/memop_ns/flops/bytes from the records.
 void build_report(Report& r, const std::vector<Activity>& acts, const RangeTracker& ranges);
@@ -164,6 +168,8 @@ std::string format_csv(const Report& r);
 std::string format_json(const Report& r);
 // The closing line: "kernel sum X ms/iter, CUDA events Y ms/iter (Z% difference)".
 std::string timing_line(const Report& r);
+// Where the difference goes: "GPU busy ..., idle between kernels ..., outside the kernels ...".
+std::string gap_line(const Report& r);
 
 // Chrome trace-event JSON (Perfetto, chrome://tracing): process "GPU" with one track per stream
 // (kernels, memcpy, memset) and a "layers (GPU)" track spanning each range's kernels; process

@@ -644,6 +644,10 @@ TEST(ProfileReport, TableCsvJsonAgree) {
   EXPECT_EQ(r.kernel_ns, kern);
   EXPECT_EQ(r.memop_ns, 4u * 800);
   EXPECT_NEAR(r.flops, 4 * 2 * 2e9, 1);
+  // Activities run back to back: busy time is their sum, the span runs first start to last end.
+  EXPECT_EQ(r.busy_ns, kern + 3200);
+  EXPECT_EQ(r.span_ns, acts.back().end - acts.front().start);
+  EXPECT_NEAR(r.idle_ms_per_iter(), (double)(r.span_ns - r.busy_ns) / 1e6 / 4, 1e-12);
 
   const std::string table = format_table(r);
   for (const char* col : {"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
@@ -692,6 +696,28 @@ TEST(ProfileReport, TableCsvJsonAgree) {
   const double ms = j["layers"][0]["ms_per_iter"].get<double>();
   EXPECT_NEAR(j["layers"][0]["tflops"].get<double>(), 4e9 / (ms * 1e-3) / 1e12, 1e-9);
   EXPECT_NEAR(j["layers"][0]["step_pct"].get<double>(), 100.0 * ms / j["timing"]["kernel_sum_ms_per_iter"].get<double>(), 1e-9);
+}
+
+TEST(ProfileReport, BusyTimeIsTheUnionOfIntervals) {
+  // Random overlapping intervals (two streams); reference: a 1-ns bitmap.
+  std::mt19937_64 g(test::test_seed() + 4);
+  std::uniform_int_distribution<uint64_t> st(0, 5000), du(0, 400);
+  std::vector<Activity> acts(60);
+  std::vector<char> busy(6000, 0);
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (auto& a : acts) {
+    a.start = st(g);
+    a.end = a.start + du(g);
+    a.stream = a.start % 2;
+    for (uint64_t t = a.start; t < a.end; ++t) busy[t] = 1;
+    lo = std::min(lo, a.start), hi = std::max(hi, a.end);
+  }
+  RangeTracker none;
+  Report r;
+  r.iters = 1;
+  build_report(r, acts, none);
+  EXPECT_EQ(r.busy_ns, (uint64_t)std::count(busy.begin(), busy.end(), 1));
+  EXPECT_EQ(r.span_ns, hi - lo);
 }
 
 TEST(ProfileReport, ChromeTraceIsValid) {
