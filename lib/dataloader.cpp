@@ -121,7 +121,8 @@ void DataLoader::fill(int64_t step, Batch& out, PermCache& cache) const {
   const uint64_t kflip = rng_key(seed_, Stream::TrainFlip, static_cast<uint64_t>(step));
   float* x0 = out.x0.data();
   float* noise = out.noise.data();
-#pragma omp parallel for schedule(static) if (static_cast <size_t>(B_) * numel > 32768)
+  const bool big = static_cast<size_t>(B_) * numel > 32768;  // threads cost more than tiny batches
+#pragma omp parallel for schedule(static) if (big)
   for (int b = 0; b < B_; ++b) {
     const uint8_t* img = images_.data() + static_cast<size_t>(idx[b]) * numel;
     float* dst = x0 + b * numel;

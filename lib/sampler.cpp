@@ -13,7 +13,8 @@ namespace {
 // z[b*numel + j] = normal(key(t), SampleStep, (first+b)*numel + j): independent of batching.
 void step_noise(uint64_t seed, int t_orig, int64_t first, int B, size_t numel, float* z) {
   const uint64_t key = rng_key(seed, Stream::SampleStep, static_cast<uint64_t>(t_orig));
-#pragma omp parallel for schedule(static) if (static_cast <size_t>(B) * numel > 32768)
+  const bool big = static_cast<size_t>(B) * numel > 32768;  // threads cost more than tiny draws
+#pragma omp parallel for schedule(static) if (big)
   for (int b = 0; b < B; ++b)
     normal_fill(key, Stream::SampleStep, static_cast<uint64_t>(first + b) * numel, numel, z + b * numel);
 }
@@ -78,7 +79,8 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       be_.upload(x_, noise_nhwc + static_cast<size_t>(first) * numel, m);
     } else {
       float* hz = hz_.data();
-#pragma omp parallel for schedule(static) if (static_cast <size_t>(B) * numel > 32768)
+      const bool big = m > 32768;
+#pragma omp parallel for schedule(static) if (big)
       for (int b = 0; b < B; ++b)
         normal_fill(opt.seed, Stream::SampleInit, static_cast<uint64_t>(first + b) * numel, numel,
                     hz + b * numel);
