@@ -1,5 +1,8 @@
 // CPU reference engine: plain, obviously-correct loops (OpenMP where free). One file per op
-// family in lib/ops/ (conv.cpp, linear.cpp, groupnorm.cpp, ...), mirroring kernels/*.cu.
+// family in lib/ops/ (conv.cpp, linear.cpp, groupnorm.cpp, ...), mirroring kernels/*.cu; the
+// kernels themselves are templates in lib/ops/<family>.h (all included by lib/ops/ref.h), called
+// here for float and by the tests for double. Results are bitwise independent of the number of
+// OpenMP threads (fixed-order reductions).
 #pragma once
 #include <cstdlib>
 #include <memory>

@@ -7,6 +7,7 @@
 // and writes out[..., h*d + i]. With s = d^-1/4 applied to q and k each (as guided-diffusion does,
 // for fp16 headroom): attn[t, u] = softmax_u(sum_i (s q[t,i]) (s k[u,i])), out[t] = sum_u attn[t,u] v[u].
 // Each (b, h) gathers its q, k, v into contiguous [T, d] buffers and runs three small GEMMs.
+// (In the code T is the scalar type and T_ the number of positions.)
 #pragma once
 #include <algorithm>
 #include <cmath>
