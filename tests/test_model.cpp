@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "backend.h"
 #include "model.h"
@@ -119,32 +120,44 @@ TEST_P(ModelGrad, EveryTensorMatchesFiniteDifferences) {
   f.model->backward(f.ddout, f.B);
   std::vector<float> g(tab.total);
   f.be->download(g.data(), f.model->grads(), tab.total);
-  uint64_t s = test::test_seed() + 99;
+  const uint64_t s = test::test_seed() + 99;
   int checked = 0, bad = 0;
-  for (auto& p : tab.params) {
-    auto dir = test::randn(p.numel, s++);
-    // Step: 1e-2 relative to the tensor's scale — large enough to beat float rounding of L,
-    // small enough that the central difference's O(h^2) error stays far below tolerance.
+  // Float32 rounding of L limits how small h can be; Richardson extrapolation of two central
+  // differences (h, h/2) cancels the O(h^2) term so h can stay large. Every third tensor (offset
+  // varies with the seed) keeps the run short; the PyTorch golden test covers every gradient.
+  double l_abs = 0;
+  {
+    f.loss();
+    std::vector<float> y(f.n_out);
+    f.be->download(y.data(), f.dy, f.n_out);
+    for (size_t i = 0; i < f.n_out; ++i) l_abs += std::fabs((double)y[i] * f.dout[i]);
+  }
+  const size_t phase = s % 3;
+  for (size_t k = 0; k < tab.params.size(); ++k) {
+    const ParamInfo& p = tab.params[k];
+    if (k % 3 != phase && p.name.find("label_emb") == std::string::npos) continue;
+    auto dir = test::randn(p.numel, s + k);
     double scale = 0;
     for (size_t i = 0; i < p.numel; ++i) scale = std::max(scale, (double)std::fabs(f.params[p.offset + i]));
-    const double h = 3e-2 * std::max(scale, 1e-2);
+    const double h = 2e-2 * std::max(scale, 1e-2);
     double analytic = 0;
-    for (size_t i = 0; i < p.numel; ++i) analytic += (double)g[p.offset + i] * dir[i] * h;
-    auto perturb = [&](double sign) {
-      std::vector<float> q(f.params.begin() + p.offset, f.params.begin() + p.offset + p.numel);
-      for (size_t i = 0; i < p.numel; ++i) q[i] = (float)(f.params[p.offset + i] + sign * h * dir[i]);
+    for (size_t i = 0; i < p.numel; ++i) analytic += (double)g[p.offset + i] * dir[i];
+    auto at = [&](double step) {
+      std::vector<float> q(p.numel);
+      for (size_t i = 0; i < p.numel; ++i) q[i] = (float)(f.params[p.offset + i] + step * dir[i]);
       f.be->upload(f.model->params() + p.offset, q.data(), p.numel);
       double l = f.loss();
       f.be->upload(f.model->params() + p.offset, f.params.data() + p.offset, p.numel);
       return l;
     };
-    double numeric = (perturb(+1) - perturb(-1)) / 2.0;
-    double err = std::fabs(numeric - analytic);
-    double tol = 2e-2 * std::fabs(analytic) + 5e-4;
+    auto slope = [&](double hh) { return (at(hh) - at(-hh)) / (2 * hh); };
+    const double numeric = (4 * slope(h / 2) - slope(h)) / 3;
+    const double err = std::fabs(numeric - analytic);
+    const double tol = 2e-2 * std::fabs(analytic) + 50 * 1.2e-7 * l_abs / h;
     ++checked;
     if (!(err <= tol)) {
       ++bad;
-      ADD_FAILURE() << p.name << ": analytic " << analytic << " numeric " << numeric;
+      ADD_FAILURE() << p.name << ": analytic " << analytic << " numeric " << numeric << " tol " << tol;
     }
   }
   EXPECT_EQ(bad, 0) << "of " << checked;
