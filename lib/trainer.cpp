@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "dataloader.h"
 #include "diffusion.h"
@@ -136,6 +137,7 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     saved_at = at;
   };
 
+  std::unique_ptr<Sampler> preview;  // allocated once, at the first preview
   auto sample_grid = [&](int64_t at) {
     // EMA weights for the preview, then the training weights back.
     std::vector<float> cur(P);
@@ -150,7 +152,8 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     std::vector<int32_t> lab(n);
     for (int i = 0; i < n; ++i) lab[i] = (int32_t)(i % std::max<int64_t>(1, (int64_t)info.class_names.size()));
     std::vector<float> imgs((size_t)n * n_img);
-    sample(model, so, n, nullptr, cfg.class_cond ? lab.data() : nullptr, imgs.data(), nullptr);
+    if (!preview) preview = std::make_unique<Sampler>(be, sampler_net(model), n);
+    preview->run(so, n, nullptr, cfg.class_cond ? lab.data() : nullptr, imgs.data(), nullptr);
     be.upload(model.params(), cur.data(), P);
     char name[48];
     std::snprintf(name, sizeof name, "/samples_%07lld.png", (long long)at);
