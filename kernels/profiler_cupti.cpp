@@ -129,10 +129,15 @@ class CuptiProfiler final : public GpuProfiler {
       launch_.clear();
       dropped_ = 0;
     }
+    // The first CUDA call after a forced flush makes CUPTI set up new buffers, which can stall
+    // the host for milliseconds: pay that before the region starts.
+    cuda_check(cudaEventRecord(ev2_, 0), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(ev2_), "cudaEventSynchronize");
     t0_ = timestamp();
     // The device is idle, so an event on the legacy stream marks the start whatever stream the
     // backend uses.
     cuda_check(cudaEventRecord(ev0_, 0), "cudaEventRecord");
+    t0_after_ = timestamp();
   }
 
   double region_end() override {
@@ -140,8 +145,10 @@ class CuptiProfiler final : public GpuProfiler {
     // recorded right after the last launch it marks the end of the GPU work exactly. If the
     // backend's stream does not synchronise with the legacy stream, that event fires early:
     // then the one recorded after a device synchronisation (a few microseconds late) is used.
+    const uint64_t t_end_call = timestamp();
     cuda_check(cudaEventRecord(ev1_, 0), "cudaEventRecord");
     cuda_check(cudaDeviceSynchronize(), "synchronize");
+    const uint64_t t_synced = timestamp();
     cuda_check(cudaEventRecord(ev2_, 0), "cudaEventRecord");
     cuda_check(cudaEventSynchronize(ev2_), "cudaEventSynchronize");
     t1_ = timestamp();
@@ -156,6 +163,13 @@ class CuptiProfiler final : public GpuProfiler {
         if (a.start >= t0_ && a.end <= t1_) first = std::min(first, a.start), last = std::max(last, a.end);
     }
     const double span_ms = last > first ? (double)(last - first) / 1e6 : 0.0;
+    if (std::getenv("UNET_PROFILE_DEBUG"))
+      std::fprintf(stderr,
+                   "profile debug (us from t0): ev0 call %.1f, first activity %.1f, last end %.1f, region_end call "
+                   "%.1f, synced %.1f, t1 %.1f | events %.3f ms, after sync %.3f ms, span %.3f ms\n",
+                   (t0_after_ - t0_) / 1e3, (first - (double)t0_) / 1e3, (last - (double)t0_) / 1e3,
+                   (t_end_call - (double)t0_) / 1e3, (t_synced - (double)t0_) / 1e3, (t1_ - (double)t0_) / 1e3, ms,
+                   ms_sync, span_ms);
     return ms < 0.99 * span_ms ? ms_sync : ms;
   }
 
@@ -312,7 +326,7 @@ class CuptiProfiler final : public GpuProfiler {
   DeviceInfo info_;
   cudaEvent_t ev0_ = nullptr, ev1_ = nullptr, ev2_ = nullptr;
   bool enabled_ = false;
-  uint64_t t0_ = 0, t1_ = UINT64_MAX;
+  uint64_t t0_ = 0, t0_after_ = 0, t1_ = UINT64_MAX;
   std::vector<Activity> acts_;
   std::unordered_map<uint32_t, uint64_t> ext_;     // API correlation id -> range instance id
   std::unordered_map<uint32_t, uint64_t> launch_;  // API correlation id -> host start time
