@@ -4,12 +4,13 @@
 // The work runs through flops::CountingBackend, which counts each op's FLOPs and minimum bytes
 // into the innermost open layer range (RangeTracker) while forwarding to the CUDA backend; the
 // tracker pushes each range's id to CUPTI so the kernels it launches are attributed to it.
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <sys/stat.h>
 #include <vector>
 
 #include "commands.h"
@@ -123,7 +124,8 @@ struct UpsampleWork : Workload {
   Backend& be;
   int B, R, Ci, Co;
   float *x, *u, *w, *b, *y, *dy, *du, *dx, *dw, *db;
-  UpsampleWork(Backend& be_, Buffers& m, int B_, int R_, int Ci_, int Co_) : be(be_), B(B_), R(R_), Ci(Ci_), Co(Co_) {
+  UpsampleWork(Backend& be_, Buffers& m, int B_, int R_, int Ci_, int Co_)
+      : be(be_), B(B_), R(R_), Ci(Ci_), Co(Co_) {
     const size_t n2 = (size_t)B * 4 * R * R;
     x = m.uniform((size_t)B * R * R * Ci, 1.0f);
     u = m.empty(n2 * Ci);
@@ -296,8 +298,9 @@ struct ResBlockWork : Workload {
   float *x, *emb, *g1, *b1, *a1, *m1, *r1, *w1, *c1, *h1, *embs, *we, *ce, *e;
   float *g2, *b2, *n2 = nullptr, *n2s = nullptr, *a2, *m2, *r2, *w2, *c2, *h2, *ws = nullptr, *cs = nullptr,
                   *s = nullptr, *out;
-  float *dout, *dxs = nullptr, *dws = nullptr, *dcs = nullptr, *da2, *dw2, *dc2, *dn2s = nullptr, *dn2 = nullptr,
-               *dh1, *dg2, *db2, *de, *dembs, *dwe, *dce, *demb, *da1, *dw1, *dc1, *dx, *dg1, *db1;
+  float *dout, *dxs = nullptr, *dws = nullptr, *dcs = nullptr, *da2, *dw2, *dc2, *dn2s = nullptr,
+               *dn2 = nullptr, *dh1, *dg2, *db2, *de, *dembs, *dwe, *dce, *demb, *da1, *dw1, *dc1, *dx, *dg1,
+               *db1;
   ResBlockWork(Backend& be_, Buffers& m, int B_, int R_, int Ci_, int Co_, int E_, bool ss_)
       : be(be_), B(B_), R(R_), HW(R_ * R_), Ci(Ci_), Co(Co_), E(E_), Eo(ss_ ? 2 * Co_ : Co_), ss(ss_) {
     const size_t ni = (size_t)B * HW * Ci, no = (size_t)B * HW * Co;
@@ -556,7 +559,8 @@ void run_profile(ProfileArgs& a) {
   if (!a.checkpoint.empty()) {
 #ifdef UNET_PROFILE_CHECKPOINT
     if (a.layer == "model") {
-      need(!a.model.any_given(), "profile: model flags cannot be combined with a checkpoint (" + a.checkpoint + ")");
+      need(!a.model.any_given(),
+           "profile: model flags cannot be combined with a checkpoint (" + a.checkpoint + ")");
       Checkpoint ck = load_checkpoint(a.checkpoint);
       cfg = ck.cfg;
       ck_weights = std::move(ck.model);
@@ -595,13 +599,15 @@ void run_profile(ProfileArgs& a) {
   const int Co = a.out_ch > 0 ? a.out_ch : Ci;
   int att_res = 0;
   for (int r : cfg.attention_resolutions) att_res = std::max(att_res, r);
-  const int R = a.resolution > 0                                           ? a.resolution
-                : a.layer == "attention"                                   ? (att_res ? att_res : 16)
-                : a.layer == "upsample" || a.layer == "downsample" ? cfg.image_size / (a.layer == "upsample" ? 2 : 1)
-                                                                           : cfg.image_size;
+  const int R = a.resolution > 0         ? a.resolution
+                : a.layer == "attention" ? (att_res ? att_res : 16)
+                : a.layer == "upsample" || a.layer == "downsample"
+                    ? cfg.image_size / (a.layer == "upsample" ? 2 : 1)
+                    : cfg.image_size;
   need(Ci >= 1 && Co >= 1 && R >= 1, "--in-channels, --out-channels and --resolution must be positive");
   auto need_groups = [&](int c, const char* what) {
-    need(c % kGroups == 0, std::string(what) + " " + std::to_string(c) + " is not divisible by the 32 GroupNorm groups");
+    need(c % kGroups == 0,
+         std::string(what) + " " + std::to_string(c) + " is not divisible by the 32 GroupNorm groups");
   };
 
   std::unique_ptr<Workload> w;
@@ -610,8 +616,8 @@ void run_profile(ProfileArgs& a) {
     if (ck_weights.empty()) ck_weights = init_params(table, 0);
     w = std::make_unique<ModelWork>(be, mem, cfg, B, ck_weights);
     char b[200];
-    std::snprintf(b, sizeof b, "model %s (%.2f M parameters), B=%d %dx%d", model_what.c_str(), table.count / 1e6, B,
-                  cfg.image_size, cfg.image_size);
+    std::snprintf(b, sizeof b, "model %s (%.2f M parameters), B=%d %dx%d", model_what.c_str(),
+                  table.count / 1e6, B, cfg.image_size, cfg.image_size);
     w->describe = b;
   } else if (a.layer == "resblock") {
     need_groups(Ci, "--in-channels");
@@ -656,8 +662,10 @@ void run_profile(ProfileArgs& a) {
   be.sync();
 
   prof::Peaks peaks = a.measure_peaks ? gp->measure_peaks(prec) : prof::device_peaks(gp->device(), prec);
-  if (a.peak_tflops > 0) peaks.tflops = a.peak_tflops, peaks.source = "--peak-tflops/--peak-gbps and " + peaks.source;
-  if (a.peak_gbps > 0) peaks.gbps = a.peak_gbps, peaks.source = "--peak-tflops/--peak-gbps and " + peaks.source;
+  if (a.peak_tflops > 0)
+    peaks.tflops = a.peak_tflops, peaks.source = "--peak-tflops/--peak-gbps and " + peaks.source;
+  if (a.peak_gbps > 0)
+    peaks.gbps = a.peak_gbps, peaks.source = "--peak-tflops/--peak-gbps and " + peaks.source;
 
   auto once = [&] {
     if (pass == "forward") {
@@ -673,7 +681,8 @@ void run_profile(ProfileArgs& a) {
   if (pass == "backward") w->forward();  // saved activations for the backward-only loop
 
   std::fprintf(stderr, "unet: profiling %s, pass %s, precision %s on %s (%d warm-up + %d timed iterations)\n",
-               w->describe.c_str(), pass.c_str(), precision_name(prec), gp->device().name.c_str(), a.warmup, a.iters);
+               w->describe.c_str(), pass.c_str(), precision_name(prec), gp->device().name.c_str(), a.warmup,
+               a.iters);
   gp->start();
   for (int i = 0; i < a.warmup; ++i) once();
   gp->region_begin();
@@ -698,7 +707,8 @@ void run_profile(ProfileArgs& a) {
   rep.dropped = gp->dropped();
   prof::build_report(rep, acts, tracker);
   rep.notes.push_back(
-      "FLOPs count 2 per multiply-add (3x3 taps on padding included); bytes are the minimum traffic, each op's "
+      "FLOPs count 2 per multiply-add (3x3 taps on padding included); bytes are the minimum traffic, each "
+      "op's "
       "fp32 inputs read once and outputs written once");
   size_t outside = 0;
   for (const auto& x : acts) outside += x.range == 0;
@@ -722,7 +732,8 @@ void run_profile(ProfileArgs& a) {
       if (!os) throw UserError(a.trace + ": write failed");
     }
     f.commit();
-    rep.notes.push_back("trace written to " + a.trace + " (open in https://ui.perfetto.dev or chrome://tracing)");
+    rep.notes.push_back("trace written to " + a.trace +
+                        " (open in https://ui.perfetto.dev or chrome://tracing)");
   }
 
   if (!a.no_plain) {
@@ -734,7 +745,7 @@ void run_profile(ProfileArgs& a) {
     });
   }
 
-  std::string text = a.format == "json" ? prof::format_json(rep)
+  std::string text = a.format == "json"  ? prof::format_json(rep)
                      : a.format == "csv" ? prof::format_csv(rep)
                                          : prof::format_table(rep);
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -747,28 +758,35 @@ void register_profile(CLI::App& app) {
   auto a = std::make_shared<ProfileArgs>();
   auto* sub = app.add_subcommand("profile", "per-kernel, per-layer and roofline GPU time breakdown (CUPTI)");
   sub->add_option("checkpoint", a->checkpoint, "checkpoint whose model (and weights) to profile (optional)");
-  sub->add_option("--layer", a->layer,
-                  "what to run: model (the full training step; default) or one layer alone: resblock, attention, "
-                  "conv3x3, conv1x1, groupnorm, linear, upsample, downsample, adamw")
-      ->check(CLI::IsMember({"model", "resblock", "attention", "conv3x3", "conv1x1", "groupnorm", "linear", "upsample",
-                             "downsample", "adamw"}));
-  sub->add_option("--pass", a->pass, "forward, backward or step (forward+backward, + AdamW for the model; default)")
+  sub->add_option(
+         "--layer", a->layer,
+         "what to run: model (the full training step; default) or one layer alone: resblock, attention, "
+         "conv3x3, conv1x1, groupnorm, linear, upsample, downsample, adamw")
+      ->check(CLI::IsMember({"model", "resblock", "attention", "conv3x3", "conv1x1", "groupnorm", "linear",
+                             "upsample", "downsample", "adamw"}));
+  sub->add_option("--pass", a->pass,
+                  "forward, backward or step (forward+backward, + AdamW for the model; default)")
       ->check(CLI::IsMember({"forward", "backward", "step"}));
   sub->add_option("--batch-size", a->batch, "batch size (default 32)");
-  sub->add_option("--resolution", a->resolution,
-                  "layer input size R (RxR feature maps; default: --image-size, 16 for attention, half for upsample)");
+  sub->add_option(
+      "--resolution", a->resolution,
+      "layer input size R (RxR feature maps; default: --image-size, 16 for attention, half for upsample)");
   sub->add_option("--out-channels", a->out_ch, "layer output channels (default: = input channels)");
-  sub->add_option("--emb-channels", a->emb_ch, "resblock timestep-embedding width (default 4 x --num-channels)");
+  sub->add_option("--emb-channels", a->emb_ch,
+                  "resblock timestep-embedding width (default 4 x --num-channels)");
   sub->add_option("--params", a->params, "adamw: number of parameters (default: the model's)");
   sub->add_option("--iters", a->iters, "timed iterations (default 20)");
   sub->add_option("--warmup", a->warmup, "untimed warm-up iterations first (default 5)");
   sub->add_option("--precision", a->precision, "fp32, tf32 (default) or bf16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
-  sub->add_option("--format", a->format, "table (default), csv or json")->check(CLI::IsMember({"table", "csv", "json"}));
+  sub->add_option("--format", a->format, "table (default), csv or json")
+      ->check(CLI::IsMember({"table", "csv", "json"}));
   sub->add_option("--trace", a->trace, "write a Chrome trace-event JSON (Perfetto, chrome://tracing) here");
-  sub->add_flag("--ops", a->op_ranges, "also mark every backend op as a range (finer roofline, more host overhead)");
-  sub->add_flag("--measure-peaks", a->measure_peaks,
-                "measure the peaks (1 GiB device copy, 8192^3 cuBLAS GEMM) instead of datasheet/device values");
+  sub->add_flag("--ops", a->op_ranges,
+                "also mark every backend op as a range (finer roofline, more host overhead)");
+  sub->add_flag(
+      "--measure-peaks", a->measure_peaks,
+      "measure the peaks (1 GiB device copy, 8192^3 cuBLAS GEMM) instead of datasheet/device values");
   sub->add_option("--peak-tflops", a->peak_tflops, "override the peak TFLOP/s of the roofline");
   sub->add_option("--peak-gbps", a->peak_gbps, "override the peak GB/s of the roofline");
   sub->add_flag("--no-plain-timing", a->no_plain, "skip the extra timing run without the profiler attached");

@@ -32,7 +32,8 @@ void cupti_check(CUptiResult r, const char* what) {
   throw UserError(std::string("CUPTI ") + what + ": " + (s ? s : "unknown error"));
 }
 void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("profile: ") + what + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("profile: ") + what + ": " + cudaGetErrorString(e));
 }
 void cublas_check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
@@ -41,18 +42,24 @@ void cublas_check(cublasStatus_t s, const char* what) {
 
 const char* memcpy_name(uint8_t kind) {
   switch (kind) {
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "[CUDA memcpy Host-to-Device]";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "[CUDA memcpy Device-to-Host]";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "[CUDA memcpy Device-to-Device]";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH: return "[CUDA memcpy Host-to-Host]";
-    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "[CUDA memcpy Peer-to-Peer]";
-    default: return "[CUDA memcpy (array)]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
+      return "[CUDA memcpy Host-to-Device]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH:
+      return "[CUDA memcpy Device-to-Host]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD:
+      return "[CUDA memcpy Device-to-Device]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH:
+      return "[CUDA memcpy Host-to-Host]";
+    case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP:
+      return "[CUDA memcpy Peer-to-Peer]";
+    default:
+      return "[CUDA memcpy (array)]";
   }
 }
 
 constexpr size_t kBufferBytes = 8u << 20;
 constexpr CUpti_ActivityKind kKinds[] = {
-    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+    CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,    CUPTI_ACTIVITY_KIND_MEMCPY,  CUPTI_ACTIVITY_KIND_MEMSET,
     CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER};
 
 class CuptiProfiler;
@@ -73,7 +80,8 @@ class CuptiProfiler final : public GpuProfiler {
     info_.mem_gib = (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0);
     int v = 0;
     if (cudaDeviceGetAttribute(&v, cudaDevAttrClockRate, dev) == cudaSuccess) info_.sm_clock_mhz = v / 1000.0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMemoryClockRate, dev) == cudaSuccess) info_.mem_clock_mhz = v / 1000.0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMemoryClockRate, dev) == cudaSuccess)
+      info_.mem_clock_mhz = v / 1000.0;
     if (cudaDeviceGetAttribute(&v, cudaDevAttrGlobalMemoryBusWidth, dev) == cudaSuccess) info_.bus_bits = v;
     cuda_check(cudaEventCreate(&ev0_), "cudaEventCreate");
     cuda_check(cudaEventCreate(&ev1_), "cudaEventCreate");
@@ -164,12 +172,13 @@ class CuptiProfiler final : public GpuProfiler {
     }
     const double span_ms = last > first ? (double)(last - first) / 1e6 : 0.0;
     if (std::getenv("UNET_PROFILE_DEBUG"))
-      std::fprintf(stderr,
-                   "profile debug (us from t0): ev0 call %.1f, first activity %.1f, last end %.1f, region_end call "
-                   "%.1f, synced %.1f, t1 %.1f | events %.3f ms, after sync %.3f ms, span %.3f ms\n",
-                   (t0_after_ - t0_) / 1e3, (first - (double)t0_) / 1e3, (last - (double)t0_) / 1e3,
-                   (t_end_call - (double)t0_) / 1e3, (t_synced - (double)t0_) / 1e3, (t1_ - (double)t0_) / 1e3, ms,
-                   ms_sync, span_ms);
+      std::fprintf(
+          stderr,
+          "profile debug (us from t0): ev0 call %.1f, first activity %.1f, last end %.1f, region_end call "
+          "%.1f, synced %.1f, t1 %.1f | events %.3f ms, after sync %.3f ms, span %.3f ms\n",
+          (t0_after_ - t0_) / 1e3, (first - (double)t0_) / 1e3, (last - (double)t0_) / 1e3,
+          (t_end_call - (double)t0_) / 1e3, (t_synced - (double)t0_) / 1e3, (t1_ - (double)t0_) / 1e3, ms,
+          ms_sync, span_ms);
     return ms < 0.99 * span_ms ? ms_sync : ms;
   }
 
@@ -288,7 +297,8 @@ class CuptiProfiler final : public GpuProfiler {
           launch_.emplace(corr, start);
           break;
         }
-        default: break;
+        default:
+          break;
       }
     }
   }
@@ -304,7 +314,8 @@ class CuptiProfiler final : public GpuProfiler {
     *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
     *max_records = 0;
   }
-  static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
+  static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* buffer, size_t,
+                                        size_t valid) {
     if (g_active && buffer && valid) {
       g_active->parse(buffer, valid);
       size_t dropped = 0;
@@ -361,7 +372,8 @@ Peaks CuptiProfiler::measure_peaks(Precision prec) {
   cuda_check(cudaMalloc(&src, bytes), "cudaMalloc (peak measurement)");
   cuda_check(cudaMalloc(&dst, bytes), "cudaMalloc (peak measurement)");
   cuda_check(cudaMemsetAsync(src, 0x3c, bytes, s), "cudaMemset");
-  const double tcopy = timed(10, [&] { cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "copy"); });
+  const double tcopy =
+      timed(10, [&] { cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "copy"); });
   pk.gbps = 2.0 * bytes / tcopy / 1e9;
   cudaFree(src);
   cudaFree(dst);
@@ -380,13 +392,13 @@ Peaks CuptiProfiler::measure_peaks(Precision prec) {
   cublas_check(cublasCreate(&h), "cublasCreate");
   cublas_check(cublasSetStream(h, s), "cublasSetStream");
   const cudaDataType_t dt = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasComputeType_t ct = prec == Precision::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+  const cublasComputeType_t ct = prec == Precision::TF32   ? CUBLAS_COMPUTE_32F_FAST_TF32
                                  : prec == Precision::FP32 ? CUBLAS_COMPUTE_32F_PEDANTIC
                                                            : CUBLAS_COMPUTE_32F;
   const float alpha = 1.0f, beta = 0.0f;
   const double tgemm = timed(5, [&] {
-    cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A, dt, n, B, dt, n, &beta, C, dt, n, ct,
-                              CUBLAS_GEMM_DEFAULT),
+    cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A, dt, n, B, dt, n, &beta, C, dt,
+                              n, ct, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   });
   pk.tflops = 2.0 * n * (double)n * n / tgemm / 1e12;

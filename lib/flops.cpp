@@ -145,7 +145,8 @@ void CountingBackend::fill(float* x, float v, size_t n) {
 
 void CountingBackend::conv2d_fwd(const float* x, const float* w, const float* bias, float* y, int B, int H,
                                  int W, int Ci, int Co, int k, int stride) {
-  begin(k == 1 ? "conv1x1_fwd" : "conv3x3_fwd", flops::conv2d_fwd(B, H, W, Ci, Co, k, stride, bias != nullptr));
+  begin(k == 1 ? "conv1x1_fwd" : "conv3x3_fwd",
+        flops::conv2d_fwd(B, H, W, Ci, Co, k, stride, bias != nullptr));
   in_.conv2d_fwd(x, w, bias, y, B, H, W, Ci, Co, k, stride);
   end();
 }
@@ -175,8 +176,8 @@ void CountingBackend::groupnorm_fwd(const float* x, const float* gamma, const fl
   end();
 }
 void CountingBackend::groupnorm_bwd(const float* x, const float* gamma, const float* beta, const float* mean,
-                                    const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta,
-                                    int B, int HW, int C, int G, bool silu) {
+                                    const float* rstd, const float* dy, float* dx, float* dgamma,
+                                    float* dbeta, int B, int HW, int C, int G, bool silu) {
   begin(silu ? "groupnorm_silu_bwd" : "groupnorm_bwd",
         flops::groupnorm_bwd(B, HW, C, G, silu, dx != nullptr, dgamma != nullptr, dbeta != nullptr));
   in_.groupnorm_bwd(x, gamma, beta, mean, rstd, dy, dx, dgamma, dbeta, B, HW, C, G, silu);
@@ -288,8 +289,8 @@ void CountingBackend::attention_fwd(const float* qkv, float* out, float* attn, i
   in_.attention_fwd(qkv, out, attn, B, T, C, heads, legacy);
   end();
 }
-void CountingBackend::attention_bwd(const float* qkv, const float* attn, const float* dout, float* dqkv, int B,
-                                    int T, int C, int heads, bool legacy) {
+void CountingBackend::attention_bwd(const float* qkv, const float* attn, const float* dout, float* dqkv,
+                                    int B, int T, int C, int heads, bool legacy) {
   begin("attention_bwd", flops::attention_bwd(B, T, C, heads));
   in_.attention_bwd(qkv, attn, dout, dqkv, B, T, C, heads, legacy);
   end();
@@ -304,7 +305,8 @@ void CountingBackend::dropout_bwd(const float* dy, float* dx, size_t n, float p,
   in_.dropout_bwd(dy, dx, n, p, seed);
   end();
 }
-void CountingBackend::mse_fwd_bwd(const float* pred, const float* target, float* loss, float* dpred, size_t n) {
+void CountingBackend::mse_fwd_bwd(const float* pred, const float* target, float* loss, float* dpred,
+                                  size_t n) {
   begin("mse_fwd_bwd", elementwise((double)n, 4, 2, 1));
   in_.mse_fwd_bwd(pred, target, loss, dpred, n);
   end();
@@ -315,7 +317,8 @@ void CountingBackend::q_sample(const float* x0, const float* noise, const float*
   in_.q_sample(x0, noise, sqrt_ab, sqrt_1mab, xt, B, n_per);
   end();
 }
-void CountingBackend::axpbypcz(float a, const float* x, float b, float* y, float c, const float* z, size_t n) {
+void CountingBackend::axpbypcz(float a, const float* x, float b, float* y, float c, const float* z,
+                               size_t n) {
   begin("axpbypcz", elementwise((double)n, 5, z ? 3 : 2, 1));
   in_.axpbypcz(a, x, b, y, c, z, n);
   end();

@@ -79,11 +79,11 @@ class CountingBackend final : public Backend {
   void linear_fwd(const float* x, const float* w, const float* b, float* y, int N, int I, int O) override;
   void linear_bwd(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db, int N,
                   int I, int O) override;
-  void groupnorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
-                     int B, int HW, int C, int G, bool silu) override;
+  void groupnorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                     float* rstd, int B, int HW, int C, int G, bool silu) override;
   void groupnorm_bwd(const float* x, const float* gamma, const float* beta, const float* mean,
-                     const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, int B, int HW,
-                     int C, int G, bool silu) override;
+                     const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta, int B,
+                     int HW, int C, int G, bool silu) override;
   void silu_fwd(const float* x, float* y, size_t n) override;
   void silu_bwd(const float* x, const float* dy, float* dx, size_t n) override;
   void add(const float* a, const float* b, float* y, size_t n) override;

@@ -132,7 +132,8 @@ const RangeInstance* RangeTracker::find(uint64_t id) const {
 
 std::string range_path(const RangeTracker& t, uint64_t id) {
   std::vector<const std::string*> parts;
-  for (const RangeInstance* r = t.find(id); r; r = r->parent ? t.find(r->parent) : nullptr) parts.push_back(&r->name);
+  for (const RangeInstance* r = t.find(id); r; r = r->parent ? t.find(r->parent) : nullptr)
+    parts.push_back(&r->name);
   std::string p;
   for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
     if (!p.empty()) p += '/';
@@ -145,7 +146,8 @@ void assign_ranges_by_launch_time(std::vector<Activity>& acts, const std::vector
   if (inst.empty()) return;
   std::vector<size_t> order(inst.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return inst[a].host_start < inst[b].host_start; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return inst[a].host_start < inst[b].host_start; });
   std::unordered_map<uint64_t, size_t> index;
   for (size_t i = 0; i < inst.size(); ++i) index[inst[i].id] = i;
   for (auto& a : acts) {
@@ -164,8 +166,9 @@ void assign_ranges_by_launch_time(std::vector<Activity>& acts, const std::vector
   }
 }
 
-std::vector<LayerRow> aggregate_layers(const std::vector<RangeInstance>& inst, const std::vector<Activity>& acts,
-                                       double outside_flops, double outside_bytes) {
+std::vector<LayerRow> aggregate_layers(const std::vector<RangeInstance>& inst,
+                                       const std::vector<Activity>& acts, double outside_flops,
+                                       double outside_bytes) {
   struct Node {
     LayerRow row;
     std::vector<size_t> children;
@@ -262,19 +265,28 @@ const Datasheet kSheets[] = {
 // Dense FLOP per clock per SM: {fp32 CUDA cores, TF32 tensor, BF16 tensor}.
 void flop_per_clock(int major, int minor, double out[3], bool* known) {
   *known = true;
-  if (major == 9) out[0] = 256, out[1] = 2048, out[2] = 4096;
-  else if (major == 10) out[0] = 256, out[1] = 4096, out[2] = 8192;
-  else if (major == 8 && minor == 0) out[0] = 128, out[1] = 1024, out[2] = 2048;
-  else if (major == 8 || major == 12) out[0] = 256, out[1] = 512, out[2] = 1024;
-  else if (major == 7) out[0] = 128, out[1] = 128, out[2] = 128;  // no TF32/BF16 tensor cores
-  else out[0] = out[1] = out[2] = 128, *known = false;
+  if (major == 9)
+    out[0] = 256, out[1] = 2048, out[2] = 4096;
+  else if (major == 10)
+    out[0] = 256, out[1] = 4096, out[2] = 8192;
+  else if (major == 8 && minor == 0)
+    out[0] = 128, out[1] = 1024, out[2] = 2048;
+  else if (major == 8 || major == 12)
+    out[0] = 256, out[1] = 512, out[2] = 1024;
+  else if (major == 7)
+    out[0] = 128, out[1] = 128, out[2] = 128;  // no TF32/BF16 tensor cores
+  else
+    out[0] = out[1] = out[2] = 128, *known = false;
 }
 
 const char* what_for(Precision p) {
   switch (p) {
-    case Precision::FP32: return "FP32 CUDA cores";
-    case Precision::TF32: return "TF32 tensor cores, dense";
-    case Precision::BF16: return "BF16 tensor cores, dense";
+    case Precision::FP32:
+      return "FP32 CUDA cores";
+    case Precision::TF32:
+      return "TF32 tensor cores, dense";
+    case Precision::BF16:
+      return "BF16 tensor cores, dense";
   }
   return "";
 }
@@ -299,7 +311,8 @@ Peaks device_peaks(const DeviceInfo& d, Precision p) {
   pk.tflops = d.sms * d.sm_clock_mhz * 1e6 * fpc[idx] / 1e12;
   pk.gbps = 2.0 * d.mem_clock_mhz * 1e6 * d.bus_bits / 8.0 / 1e9;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "device properties: %d SMs x %.0f MHz x %.0f FLOP/clock/SM%s; %d-bit bus x %.0f MHz x 2",
+  std::snprintf(buf, sizeof buf,
+                "device properties: %d SMs x %.0f MHz x %.0f FLOP/clock/SM%s; %d-bit bus x %.0f MHz x 2",
                 d.sms, d.sm_clock_mhz, fpc[idx], known ? "" : " (unknown architecture, guessed)", d.bus_bits,
                 d.mem_clock_mhz);
   pk.source = buf;
@@ -323,15 +336,21 @@ Roofline roofline(double flops, double bytes, double ns, const Peaks& peaks) {
 // ---------------------------------------------------------------------------------------------
 // Report
 
-double Report::kernel_ms_per_iter() const { return iters ? (double)(kernel_ns + memop_ns) / 1e6 / iters : 0.0; }
+double Report::kernel_ms_per_iter() const {
+  return iters ? (double)(kernel_ns + memop_ns) / 1e6 / iters : 0.0;
+}
 double Report::events_ms_per_iter() const { return iters ? events_ms / iters : 0.0; }
 double Report::difference_pct() const {
   const double e = events_ms_per_iter();
   return e > 0 ? 100.0 * (e - kernel_ms_per_iter()) / e : 0.0;
 }
 
-double Report::idle_ms_per_iter() const { return iters ? (double)(span_ns - std::min(span_ns, busy_ns)) / 1e6 / iters : 0.0; }
-double Report::outside_ms_per_iter() const { return iters ? (events_ms - (double)span_ns / 1e6) / iters : 0.0; }
+double Report::idle_ms_per_iter() const {
+  return iters ? (double)(span_ns - std::min(span_ns, busy_ns)) / 1e6 / iters : 0.0;
+}
+double Report::outside_ms_per_iter() const {
+  return iters ? (events_ms - (double)span_ns / 1e6) / iters : 0.0;
+}
 
 void build_report(Report& r, const std::vector<Activity>& acts, const RangeTracker& ranges) {
   std::vector<std::pair<uint64_t, uint64_t>> iv;
@@ -414,7 +433,8 @@ struct TextTable {
     };
     line(head);
     std::vector<std::string> dashes;
-    for (size_t c = 0; c < head.size(); ++c) dashes.push_back(std::string(left[c] && c + 1 == head.size() ? head[c].size() : w[c], '-'));
+    for (size_t c = 0; c < head.size(); ++c)
+      dashes.push_back(std::string(left[c] && c + 1 == head.size() ? head[c].size() : w[c], '-'));
     line(dashes);
     for (const auto& r : rows) line(r);
     return out;
@@ -435,8 +455,9 @@ std::string sum_table(const std::vector<SumRow>& rows, bool memops, int name_wid
   t.left.assign(t.head.size(), false);
   t.left.back() = true;
   for (const auto& r : rows) {
-    std::vector<std::string> c = {fmt(r.time_pct, 1), fmt_u(r.total_ns), fmt_u(r.instances), fmt_c(r.avg_ns, 1),
-                                  fmt_c(r.med_ns, 1), fmt_u(r.min_ns), fmt_u(r.max_ns), fmt_c(r.stddev_ns, 1)};
+    std::vector<std::string> c = {fmt(r.time_pct, 1), fmt_u(r.total_ns),    fmt_u(r.instances),
+                                  fmt_c(r.avg_ns, 1), fmt_c(r.med_ns, 1),   fmt_u(r.min_ns),
+                                  fmt_u(r.max_ns),    fmt_c(r.stddev_ns, 1)};
     if (memops) c.push_back(fmt_c((double)r.bytes / 1e6, 3));
     c.push_back(clip(r.name, name_width));
     t.rows.push_back(std::move(c));
@@ -474,7 +495,8 @@ ojson layer_json(const Report& r, const LayerRow& l) {
 std::string timing_line(const Report& r) {
   char b[512];
   std::string memop;
-  if (r.memop_ns > 0) memop = " (incl. " + fmt((double)r.memop_ns / 1e6 / std::max(1, r.iters), 3) + " ms memcpy/memset)";
+  if (r.memop_ns > 0)
+    memop = " (incl. " + fmt((double)r.memop_ns / 1e6 / std::max(1, r.iters), 3) + " ms memcpy/memset)";
   std::snprintf(b, sizeof b, "kernel sum %.3f ms/iter%s, CUDA events %.3f ms/iter (%.1f%% difference)",
                 r.kernel_ms_per_iter(), memop.c_str(), r.events_ms_per_iter(), r.difference_pct());
   return b;
@@ -483,19 +505,21 @@ std::string timing_line(const Report& r) {
 std::string gap_line(const Report& r) {
   const double it = std::max(1, r.iters);
   char b[400];
-  std::snprintf(b, sizeof b,
-                "GPU busy %.3f ms/iter (union of kernel intervals); idle between kernels %.3f ms/iter; CUDA-event time "
-                "outside the kernels' span %.3f ms/iter",
-                (double)r.busy_ns / 1e6 / it, r.idle_ms_per_iter(), r.outside_ms_per_iter());
+  std::snprintf(
+      b, sizeof b,
+      "GPU busy %.3f ms/iter (union of kernel intervals); idle between kernels %.3f ms/iter; CUDA-event time "
+      "outside the kernels' span %.3f ms/iter",
+      (double)r.busy_ns / 1e6 / it, r.idle_ms_per_iter(), r.outside_ms_per_iter());
   return b;
 }
 
 std::string format_table(const Report& r, int name_width) {
   std::ostringstream os;
-  os << "GPU: " << r.gpu << " | precision " << r.precision << " | peak " << fmt(r.peaks.tflops, 1) << " TFLOP/s ("
-     << r.peaks.what << "), " << fmt(r.peaks.gbps, 0) << " GB/s DRAM | peaks from " << r.peaks.source << "\n";
-  os << "Target: " << r.target << " | pass " << r.pass << " | " << r.iters << " timed iterations after " << r.warmup
-     << " warm-up\n\n";
+  os << "GPU: " << r.gpu << " | precision " << r.precision << " | peak " << fmt(r.peaks.tflops, 1)
+     << " TFLOP/s (" << r.peaks.what << "), " << fmt(r.peaks.gbps, 0) << " GB/s DRAM | peaks from "
+     << r.peaks.source << "\n";
+  os << "Target: " << r.target << " | pass " << r.pass << " | " << r.iters << " timed iterations after "
+     << r.warmup << " warm-up\n\n";
   os << "CUDA kernels (CUPTI activity records, all " << r.iters << " timed iterations):\n\n";
   if (r.kernels.empty())
     os << " (no kernels recorded)\n";
@@ -507,17 +531,20 @@ std::string format_table(const Report& r, int name_width) {
   else
     os << sum_table(r.memops, true, name_width);
 
-  os << "\nLayers (per iteration; time = summed GPU time of the range's kernels, nested ranges included):\n\n";
+  os << "\nLayers (per iteration; time = summed GPU time of the range's kernels, nested ranges "
+        "included):\n\n";
   TextTable t;
   t.head = {"Layer", "Calls", "Time (ms)", "Step (%)", "GFLOP", "MB", "TFLOP/s", "GB/s", "Peak (%)", "Bound"};
   t.left = {true, false, false, false, false, false, false, false, false, true};
   for (const auto& l : r.layers) {
     ojson j = layer_json(r, l);
-    t.rows.push_back({std::string(2 * l.depth, ' ') + l.name, l.calls ? fmt(j["calls_per_iter"].get<double>(), l.calls % std::max(1, r.iters) ? 2 : 0) : "-",
-                      fmt(j["ms_per_iter"].get<double>(), 3), fmt(j["step_pct"].get<double>(), 1),
-                      fmt(j["flops_per_iter"].get<double>() / 1e9, 2), fmt_c(j["bytes_per_iter"].get<double>() / 1e6, 1),
-                      fmt(j["tflops"].get<double>(), 2), fmt_c(j["gbps"].get<double>(), 0), fmt(j["peak_pct"].get<double>(), 1),
-                      j["bound"].get<std::string>()});
+    t.rows.push_back(
+        {std::string(2 * l.depth, ' ') + l.name,
+         l.calls ? fmt(j["calls_per_iter"].get<double>(), l.calls % std::max(1, r.iters) ? 2 : 0) : "-",
+         fmt(j["ms_per_iter"].get<double>(), 3), fmt(j["step_pct"].get<double>(), 1),
+         fmt(j["flops_per_iter"].get<double>() / 1e9, 2), fmt_c(j["bytes_per_iter"].get<double>() / 1e6, 1),
+         fmt(j["tflops"].get<double>(), 2), fmt_c(j["gbps"].get<double>(), 0),
+         fmt(j["peak_pct"].get<double>(), 1), j["bound"].get<std::string>()});
   }
   if (t.rows.empty())
     os << " (no layer ranges)\n";
@@ -532,7 +559,8 @@ std::string format_table(const Report& r, int name_width) {
   os << gap_line(r) << "\n";
   if (r.plain_events_ms >= 0)
     os << "without the profiler attached: CUDA events " << fmt(r.plain_events_ms / it, 3) << " ms/iter\n";
-  if (r.dropped) os << "warning: CUPTI dropped " << r.dropped << " activity records; the tables are incomplete\n";
+  if (r.dropped)
+    os << "warning: CUPTI dropped " << r.dropped << " activity records; the tables are incomplete\n";
   for (const auto& n : r.notes) os << "note: " << n << "\n";
   return os.str();
 }
@@ -555,11 +583,11 @@ std::string num(double v) {
 }  // namespace
 
 std::string format_csv(const Report& r) {
-  static const char* cols[] = {"section",  "name",       "path",           "depth",         "time_pct",
-                               "total_ns", "instances",  "avg_ns",         "med_ns",        "min_ns",
-                               "max_ns",   "stddev_ns",  "bytes",          "calls_per_iter", "ms_per_iter",
-                               "step_pct", "gflop_per_iter", "mb_per_iter", "tflops",       "gbps",
-                               "flop_pct", "bw_pct",     "peak_pct",       "bound",         "value"};
+  static const char* cols[] = {"section",  "name",           "path",        "depth",          "time_pct",
+                               "total_ns", "instances",      "avg_ns",      "med_ns",         "min_ns",
+                               "max_ns",   "stddev_ns",      "bytes",       "calls_per_iter", "ms_per_iter",
+                               "step_pct", "gflop_per_iter", "mb_per_iter", "tflops",         "gbps",
+                               "flop_pct", "bw_pct",         "peak_pct",    "bound",          "value"};
   const size_t ncol = sizeof cols / sizeof cols[0];
   std::ostringstream os;
   for (size_t i = 0; i < ncol; ++i) os << (i ? "," : "") << cols[i];
@@ -568,7 +596,9 @@ std::string format_csv(const Report& r) {
     for (size_t i = 0; i < ncol; ++i) os << (i ? "," : "") << csv_field(f[cols[i]]);
     os << "\n";
   };
-  auto info = [&](const std::string& k, const std::string& v) { row({{"section", "info"}, {"name", k}, {"value", v}}); };
+  auto info = [&](const std::string& k, const std::string& v) {
+    row({{"section", "info"}, {"name", k}, {"value", v}});
+  };
   info("gpu", r.gpu);
   info("target", r.target);
   info("pass", r.pass);
@@ -612,14 +642,17 @@ std::string format_csv(const Report& r) {
          {"peak_pct", num(j["peak_pct"])},
          {"bound", j["bound"].get<std::string>()}});
   }
-  auto timing = [&](const std::string& k, double v) { row({{"section", "timing"}, {"name", k}, {"value", num(v)}}); };
+  auto timing = [&](const std::string& k, double v) {
+    row({{"section", "timing"}, {"name", k}, {"value", num(v)}});
+  };
   timing("kernel_sum_ms_per_iter", r.kernel_ms_per_iter());
   timing("cuda_events_ms_per_iter", r.events_ms_per_iter());
   timing("difference_pct", r.difference_pct());
   timing("gpu_busy_ms_per_iter", (double)r.busy_ns / 1e6 / std::max(1, r.iters));
   timing("idle_between_kernels_ms_per_iter", r.idle_ms_per_iter());
   timing("outside_kernel_span_ms_per_iter", r.outside_ms_per_iter());
-  if (r.plain_events_ms >= 0) timing("without_profiler_ms_per_iter", r.plain_events_ms / std::max(1, r.iters));
+  if (r.plain_events_ms >= 0)
+    timing("without_profiler_ms_per_iter", r.plain_events_ms / std::max(1, r.iters));
   timing("dropped_records", (double)r.dropped);
   return os.str();
 }
@@ -632,7 +665,8 @@ std::string format_json(const Report& r) {
   j["precision"] = r.precision;
   j["iters"] = r.iters;
   j["warmup"] = r.warmup;
-  j["peaks"] = {{"tflops", r.peaks.tflops}, {"gbps", r.peaks.gbps}, {"what", r.peaks.what}, {"source", r.peaks.source}};
+  j["peaks"] = {
+      {"tflops", r.peaks.tflops}, {"gbps", r.peaks.gbps}, {"what", r.peaks.what}, {"source", r.peaks.source}};
   for (int pass = 0; pass < 2; ++pass) {
     ojson arr = ojson::array();
     for (const auto& k : pass ? r.memops : r.kernels) {
@@ -656,8 +690,9 @@ std::string format_json(const Report& r) {
   j["layers"] = std::move(layers);
   const double it = std::max(1, r.iters);
   const Roofline tot = roofline(r.flops, r.bytes, (double)(r.kernel_ns + r.memop_ns), r.peaks);
-  j["totals"] = {{"flops_per_iter", r.flops / it}, {"bytes_per_iter", r.bytes / it}, {"tflops", tot.tflops},
-                 {"gbps", tot.gbps},           {"peak_pct", tot.peak_pct},     {"bound", tot.bound}};
+  j["totals"] = {{"flops_per_iter", r.flops / it}, {"bytes_per_iter", r.bytes / it},
+                 {"tflops", tot.tflops},           {"gbps", tot.gbps},
+                 {"peak_pct", tot.peak_pct},       {"bound", tot.bound}};
   ojson tm;
   tm["kernel_sum_ms_per_iter"] = r.kernel_ms_per_iter();
   tm["kernel_only_ms_per_iter"] = (double)r.kernel_ns / 1e6 / it;
@@ -668,7 +703,8 @@ std::string format_json(const Report& r) {
   tm["gpu_span_ms_per_iter"] = (double)r.span_ns / 1e6 / it;
   tm["idle_between_kernels_ms_per_iter"] = r.idle_ms_per_iter();
   tm["outside_kernel_span_ms_per_iter"] = r.outside_ms_per_iter();
-  tm["without_profiler_ms_per_iter"] = r.plain_events_ms >= 0 ? ojson(r.plain_events_ms / it) : ojson(nullptr);
+  tm["without_profiler_ms_per_iter"] =
+      r.plain_events_ms >= 0 ? ojson(r.plain_events_ms / it) : ojson(nullptr);
   j["timing"] = std::move(tm);
   j["dropped_records"] = r.dropped;
   j["notes"] = r.notes;
@@ -698,7 +734,12 @@ void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, con
   };
   auto meta = [&](int pid, int tid, const char* what, const std::string& name, bool thread) {
     emit({{"name", what}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}});
-    if (thread) emit({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"sort_index", tid}}}});
+    if (thread)
+      emit({{"name", "thread_sort_index"},
+            {"ph", "M"},
+            {"pid", pid},
+            {"tid", tid},
+            {"args", {{"sort_index", tid}}}});
   };
   meta(kGpuPid, 0, "process_name", "GPU: " + gpu, false);
   meta(kHostPid, 0, "process_name", "host", false);
@@ -706,7 +747,8 @@ void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, con
   meta(kHostPid, 1, "thread_name", "layer ranges (host)", true);
   std::map<uint32_t, bool> streams;
   for (const auto& a : acts) streams[a.stream] = true;
-  for (const auto& s : streams) meta(kGpuPid, (int)s.first + 1, "thread_name", "stream " + std::to_string(s.first), true);
+  for (const auto& s : streams)
+    meta(kGpuPid, (int)s.first + 1, "thread_name", "stream " + std::to_string(s.first), true);
 
   // GPU span of each range: first kernel start to last kernel end, over its kernels and its
   // children's (ranges nest, so the spans nest too on one stream).
@@ -718,7 +760,8 @@ void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, con
       if (it == span.end())
         span[r->id] = {a.start, a.end};
       else
-        it->second.first = std::min(it->second.first, a.start), it->second.second = std::max(it->second.second, a.end);
+        it->second.first = std::min(it->second.first, a.start),
+        it->second.second = std::max(it->second.second, a.end);
     }
   }
   for (const auto& r : inst) {
@@ -753,7 +796,9 @@ void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, con
       args["bytes"] = a.bytes;
     }
     emit({{"name", a.name},
-          {"cat", a.kind == ActivityKind::Kernel ? "kernel" : a.kind == ActivityKind::Memcpy ? "memcpy" : "memset"},
+          {"cat", a.kind == ActivityKind::Kernel   ? "kernel"
+                  : a.kind == ActivityKind::Memcpy ? "memcpy"
+                                                   : "memset"},
           {"ph", "X"},
           {"pid", kGpuPid},
           {"tid", (int)a.stream + 1},

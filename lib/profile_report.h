@@ -108,8 +108,9 @@ struct LayerRow {
   uint64_t kernels = 0;  // activities
   double flops = 0, bytes = 0;
 };
-std::vector<LayerRow> aggregate_layers(const std::vector<RangeInstance>& inst, const std::vector<Activity>& acts,
-                                       double outside_flops = 0, double outside_bytes = 0);
+std::vector<LayerRow> aggregate_layers(const std::vector<RangeInstance>& inst,
+                                       const std::vector<Activity>& acts, double outside_flops = 0,
+                                       double outside_bytes = 0);
 
 // Peak rates the roofline is measured against.
 struct Peaks {
@@ -156,8 +157,8 @@ struct Report {
   // per-iteration helpers
   double kernel_ms_per_iter() const;
   double events_ms_per_iter() const;
-  double difference_pct() const;  // (events - kernel sum) / events
-  double idle_ms_per_iter() const;   // GPU idle between activities, inside their span
+  double difference_pct() const;       // (events - kernel sum) / events
+  double idle_ms_per_iter() const;     // GPU idle between activities, inside their span
   double outside_ms_per_iter() const;  // CUDA-event time outside the activities' span
 };
 // Fills kernels/memops/layers/kernel_ns/memop_ns/flops/bytes from the records.

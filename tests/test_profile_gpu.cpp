@@ -29,10 +29,10 @@ bool have_gpu(std::string* why) {
   return be != nullptr;
 }
 
-#define NEED_GPU()                                 \
-  do {                                             \
-    std::string why_;                              \
-    if (!have_gpu(&why_)) GTEST_SKIP() << why_;    \
+#define NEED_GPU()                              \
+  do {                                          \
+    std::string why_;                           \
+    if (!have_gpu(&why_)) GTEST_SKIP() << why_; \
   } while (0)
 
 // Chrome trace-event format (JSON object form) as Perfetto / chrome://tracing read it.
@@ -59,7 +59,8 @@ void validate_trace(const json& t, size_t* kernels, size_t* layers) {
     const std::string cat = e.value("cat", "");
     if (cat == "kernel") ++*kernels;
     if (cat == "layer") ++*layers;
-    tracks[{e["pid"].get<int>(), e["tid"].get<int>()}].push_back({e["ts"].get<double>(), e["dur"].get<double>()});
+    tracks[{e["pid"].get<int>(), e["tid"].get<int>()}].push_back(
+        {e["ts"].get<double>(), e["dur"].get<double>()});
   }
   for (auto& kv : tracks) {
     auto& ev = kv.second;
@@ -69,8 +70,8 @@ void validate_trace(const json& t, size_t* kernels, size_t* layers) {
     for (auto& e : ev) {
       while (!ends.empty() && ends.back() <= e.first + 1e-3) ends.pop_back();
       if (!ends.empty()) {
-        EXPECT_LE(e.first + e.second, ends.back() + 1e-3) << "overlapping events on track " << kv.first.first << "/"
-                                                          << kv.first.second;
+        EXPECT_LE(e.first + e.second, ends.back() + 1e-3)
+            << "overlapping events on track " << kv.first.first << "/" << kv.first.second;
       }
       ends.push_back(e.first + e.second);
     }
@@ -109,7 +110,8 @@ void check_report(const json& j, int iters) {
   const double events = tm["cuda_events_ms_per_iter"].get<double>();
   EXPECT_LT(std::fabs(tm["outside_kernel_span_ms_per_iter"].get<double>()), 0.03 * events) << tm.dump();
   // One stream: the busy time (union of intervals) is the kernel sum.
-  EXPECT_NEAR(tm["gpu_busy_ms_per_iter"].get<double>() / tm["kernel_sum_ms_per_iter"].get<double>(), 1.0, 0.01);
+  EXPECT_NEAR(tm["gpu_busy_ms_per_iter"].get<double>() / tm["kernel_sum_ms_per_iter"].get<double>(), 1.0,
+              0.01);
   EXPECT_GT(j["peaks"]["tflops"].get<double>(), 0.0);
   EXPECT_GT(j["peaks"]["gbps"].get<double>(), 0.0);
 }
@@ -129,8 +131,8 @@ TEST(ProfileGpu, ApiKernelsAttributedAndSumMatchesEvents) {
   prof::RangeTracker tracker([&] { return gp->timestamp(); });
   tracker.on_push = [&](uint64_t id) { gp->push_range(id); };
   tracker.on_pop = [&] { gp->pop_range(); };
-  flops::CountingBackend be(*dev, [&](const char*, const flops::Cost& c) { tracker.add_cost(c.flops, c.bytes); },
-                            &tracker);
+  flops::CountingBackend be(
+      *dev, [&](const char*, const flops::Cost& c) { tracker.add_cost(c.flops, c.bytes); }, &tracker);
   const int B = 16, H = 64, C = 128;
   const size_t n = (size_t)B * H * H * C;
   auto hx = test::randn(n, test::test_seed());
@@ -181,18 +183,21 @@ TEST(ProfileGpu, ApiKernelsAttributedAndSumMatchesEvents) {
 TEST(ProfileGpu, ResblockJsonAndTrace) {
   NEED_GPU();
   const std::string trace = test::temp_dir("profile") + "/resblock.json";
-  auto r = test::run_unet("profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 "
-                          "--out-channels 64 --iters 20 --format json --trace " + trace);
+  auto r = test::run_unet(
+      "profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 "
+      "--out-channels 64 --iters 20 --format json --trace " +
+      trace);
   ASSERT_EQ(r.code, 0) << r.err;
   json j = json::parse(r.out);
   check_report(j, 20);
   const double diff = j["timing"]["difference_pct"].get<double>();
   std::printf("resblock: kernel sum %.3f ms/iter, CUDA events %.3f ms/iter (%.1f%%)\n",
-              j["timing"]["kernel_sum_ms_per_iter"].get<double>(), j["timing"]["cuda_events_ms_per_iter"].get<double>(),
-              diff);
+              j["timing"]["kernel_sum_ms_per_iter"].get<double>(),
+              j["timing"]["cuda_events_ms_per_iter"].get<double>(), diff);
   EXPECT_LT(std::fabs(diff), 10.0);
-  for (const char* p : {"resblock fwd", "resblock fwd/in_layers", "resblock fwd/emb_layers", "resblock fwd/out_layers",
-                        "resblock fwd/skip_connection", "resblock bwd", "resblock bwd/in_layers"}) {
+  for (const char* p :
+       {"resblock fwd", "resblock fwd/in_layers", "resblock fwd/emb_layers", "resblock fwd/out_layers",
+        "resblock fwd/skip_connection", "resblock bwd", "resblock bwd/in_layers"}) {
     const json* l = find_layer(j, p);
     ASSERT_TRUE(l) << p;
     EXPECT_NEAR((*l)["calls_per_iter"].get<double>(), 1.0, 1e-9) << p;
@@ -217,13 +222,15 @@ TEST(ProfileGpu, ResblockJsonAndTrace) {
 
 TEST(ProfileGpu, ResblockTableAndCsv) {
   NEED_GPU();
-  const std::string args = "profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 "
-                           "--out-channels 64 --iters 5 --warmup 2";
+  const std::string args =
+      "profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 "
+      "--out-channels 64 --iters 5 --warmup 2";
   auto t = test::run_unet(args);
   ASSERT_EQ(t.code, 0) << t.err;
   std::printf("%s\n", t.out.c_str());
-  for (const char* s : {"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
-                        "StdDev (ns)", "Name", "resblock fwd", "  in_layers", "TFLOP/s", "kernel sum", "CUDA events"})
+  for (const char* s :
+       {"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
+        "StdDev (ns)", "Name", "resblock fwd", "  in_layers", "TFLOP/s", "kernel sum", "CUDA events"})
     EXPECT_NE(t.out.find(s), std::string::npos) << s;
   auto c = test::run_unet(args + " --format csv");
   ASSERT_EQ(c.code, 0) << c.err;
@@ -235,8 +242,10 @@ TEST(ProfileGpu, ResblockTableAndCsv) {
     size_t fields = 1;
     bool q = false;
     for (char ch : line) {
-      if (ch == '"') q = !q;
-      else if (ch == ',' && !q) ++fields;
+      if (ch == '"')
+        q = !q;
+      else if (ch == ',' && !q)
+        ++fields;
     }
     EXPECT_FALSE(q) << line;
     if (!rows++) ncols = fields;
@@ -254,8 +263,9 @@ TEST(ProfileGpu, ModelTrainingStep) {
   check_report(j, 10);
   const double diff = j["timing"]["difference_pct"].get<double>();
   std::printf("model step: kernel sum %.3f ms/iter, CUDA events %.3f ms/iter (%.1f%%), %.1f GFLOP/iter\n",
-              j["timing"]["kernel_sum_ms_per_iter"].get<double>(), j["timing"]["cuda_events_ms_per_iter"].get<double>(),
-              diff, j["totals"]["flops_per_iter"].get<double>() / 1e9);
+              j["timing"]["kernel_sum_ms_per_iter"].get<double>(),
+              j["timing"]["cuda_events_ms_per_iter"].get<double>(), diff,
+              j["totals"]["flops_per_iter"].get<double>() / 1e9);
   // The difference here is the engine's idle time between kernels (launch latency, host-bound
   // small kernels), which check_report separates from what the profiler could miss; the issue's
   // 10% criterion is enforced on the GPU-bound resblock above and printed here.
@@ -275,12 +285,13 @@ TEST(ProfileGpu, ModelTrainingStep) {
 
 TEST(ProfileGpu, EveryLayerKindRuns) {
   NEED_GPU();
-  for (const char* l : {"resblock", "attention", "conv3x3", "conv1x1", "groupnorm", "linear", "upsample", "downsample",
-                        "adamw"}) {
+  for (const char* l : {"resblock", "attention", "conv3x3", "conv1x1", "groupnorm", "linear", "upsample",
+                        "downsample", "adamw"}) {
     for (const char* pass : {"forward", "backward", "step"}) {
-      auto r = test::run_unet(std::string("profile --layer ") + l + " --pass " + pass +
-                              " --batch-size 4 --resolution 16 --in-channels 64 --iters 2 --warmup 1 --format json "
-                              "--no-plain-timing");
+      auto r = test::run_unet(
+          std::string("profile --layer ") + l + " --pass " + pass +
+          " --batch-size 4 --resolution 16 --in-channels 64 --iters 2 --warmup 1 --format json "
+          "--no-plain-timing");
       ASSERT_EQ(r.code, 0) << l << " " << pass << ": " << r.err;
       json j = json::parse(r.out);
       EXPECT_FALSE(j["kernels"].empty()) << l << " " << pass;

@@ -58,9 +58,12 @@ std::vector<std::vector<std::string>> parse_csv(const std::string& s) {
   for (size_t i = 0; i < s.size(); ++i) {
     char c = s[i];
     if (quoted) {
-      if (c == '"' && i + 1 < s.size() && s[i + 1] == '"') field += '"', ++i;
-      else if (c == '"') quoted = false;
-      else field += c;
+      if (c == '"' && i + 1 < s.size() && s[i + 1] == '"')
+        field += '"', ++i;
+      else if (c == '"')
+        quoted = false;
+      else
+        field += c;
     } else if (c == '"') {
       quoted = true;
     } else if (c == ',') {
@@ -109,12 +112,14 @@ void validate_trace(const json& t, size_t* n_kernels, size_t* n_layers) {
     const std::string cat = e.value("cat", "");
     if (cat == "kernel") ++*n_kernels;
     if (cat == "layer") ++*n_layers;
-    tracks[{e["pid"].get<int>(), e["tid"].get<int>()}].push_back({e["ts"].get<double>(), e["dur"].get<double>()});
+    tracks[{e["pid"].get<int>(), e["tid"].get<int>()}].push_back(
+        {e["ts"].get<double>(), e["dur"].get<double>()});
   }
   // Complete events on one track must nest or be disjoint (else viewers draw them wrongly).
   for (auto& kv : tracks) {
     auto& ev = kv.second;
-    std::sort(ev.begin(), ev.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
+    std::sort(ev.begin(), ev.end(),
+              [](auto& a, auto& b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
     std::vector<double> ends;
     for (auto& e : ev) {
       while (!ends.empty() && ends.back() <= e.first + 1e-9) ends.pop_back();
@@ -148,14 +153,26 @@ class NullBackend final : public Backend {
   void fill(float*, float, size_t) override { ++calls; }
   void sync() override {}
   size_t peak_bytes() const override { return 0; }
-  void conv2d_fwd(const float*, const float*, const float*, float*, int, int, int, int, int, int, int) override { ++calls; }
-  void conv2d_bwd(const float*, const float*, const float*, float*, float*, float*, int, int, int, int, int, int,
-                  int) override { ++calls; }
+  void conv2d_fwd(const float*, const float*, const float*, float*, int, int, int, int, int, int,
+                  int) override {
+    ++calls;
+  }
+  void conv2d_bwd(const float*, const float*, const float*, float*, float*, float*, int, int, int, int, int,
+                  int, int) override {
+    ++calls;
+  }
   void linear_fwd(const float*, const float*, const float*, float*, int, int, int) override { ++calls; }
-  void linear_bwd(const float*, const float*, const float*, float*, float*, float*, int, int, int) override { ++calls; }
-  void groupnorm_fwd(const float*, const float*, const float*, float*, float*, float*, int, int, int, int, bool) override { ++calls; }
-  void groupnorm_bwd(const float*, const float*, const float*, const float*, const float*, const float*, float*, float*,
-                     float*, int, int, int, int, bool) override { ++calls; }
+  void linear_bwd(const float*, const float*, const float*, float*, float*, float*, int, int, int) override {
+    ++calls;
+  }
+  void groupnorm_fwd(const float*, const float*, const float*, float*, float*, float*, int, int, int, int,
+                     bool) override {
+    ++calls;
+  }
+  void groupnorm_bwd(const float*, const float*, const float*, const float*, const float*, const float*,
+                     float*, float*, float*, int, int, int, int, bool) override {
+    ++calls;
+  }
   void silu_fwd(const float*, float*, size_t) override { ++calls; }
   void silu_bwd(const float*, const float*, float*, size_t) override { ++calls; }
   void add(const float*, const float*, float*, size_t) override { ++calls; }
@@ -163,7 +180,9 @@ class NullBackend final : public Backend {
   void add_bcast_fwd(float*, const float*, int, int, int) override { ++calls; }
   void add_bcast_bwd(const float*, float*, int, int, int) override { ++calls; }
   void scale_shift_fwd(const float*, const float*, float*, int, int, int) override { ++calls; }
-  void scale_shift_bwd(const float*, const float*, const float*, float*, float*, int, int, int) override { ++calls; }
+  void scale_shift_bwd(const float*, const float*, const float*, float*, float*, int, int, int) override {
+    ++calls;
+  }
   void upsample2x_fwd(const float*, float*, int, int, int, int) override { ++calls; }
   void upsample2x_bwd(const float*, float*, int, int, int, int) override { ++calls; }
   void avgpool2x2_fwd(const float*, float*, int, int, int, int) override { ++calls; }
@@ -174,16 +193,22 @@ class NullBackend final : public Backend {
   void embedding_add_fwd(const int32_t*, const float*, float*, int, int) override { ++calls; }
   void embedding_bwd(const int32_t*, const float*, float*, int, int, int) override { ++calls; }
   void attention_fwd(const float*, float*, float*, int, int, int, int, bool) override { ++calls; }
-  void attention_bwd(const float*, const float*, const float*, float*, int, int, int, int, bool) override { ++calls; }
+  void attention_bwd(const float*, const float*, const float*, float*, int, int, int, int, bool) override {
+    ++calls;
+  }
   void dropout_fwd(const float*, float*, size_t, float, uint64_t) override { ++calls; }
   void dropout_bwd(const float*, float*, size_t, float, uint64_t) override { ++calls; }
   void mse_fwd_bwd(const float*, const float*, float*, float*, size_t) override { ++calls; }
-  void q_sample(const float*, const float*, const float*, const float*, float*, int, size_t) override { ++calls; }
+  void q_sample(const float*, const float*, const float*, const float*, float*, int, size_t) override {
+    ++calls;
+  }
   void axpbypcz(float, const float*, float, float*, float, const float*, size_t) override { ++calls; }
   void clamp(float*, float, float, size_t) override { ++calls; }
   void sum_squares(const float*, float*, size_t) override { ++calls; }
   void adamw(float*, const float*, float*, float*, size_t, float, float, float, float, float, float, float,
-             const float*) override { ++calls; }
+             const float*) override {
+    ++calls;
+  }
   void clip_scale(const float*, float, float*, float*) override { ++calls; }
   void ema(float*, const float*, float, size_t) override { ++calls; }
 
@@ -344,11 +369,16 @@ TEST(ProfileReport, LayerAggregationInclusiveInTreeOrder) {
   s.kernel(777);  // outside every range
   s.tracker.add_cost(5, 10);
 
-  auto rows = aggregate_layers(s.tracker.instances(), s.acts, s.tracker.outside_flops(), s.tracker.outside_bytes());
+  auto rows =
+      aggregate_layers(s.tracker.instances(), s.acts, s.tracker.outside_flops(), s.tracker.outside_bytes());
   std::vector<std::string> order;
   for (auto& r : rows) order.push_back(r.path);
-  const std::vector<std::string> want = {"forward", "forward/input_blocks.0 fwd", "forward/input_blocks.1 fwd",
-                                         "forward/input_blocks.1 fwd/attn", "backward", "(outside layer ranges)"};
+  const std::vector<std::string> want = {"forward",
+                                         "forward/input_blocks.0 fwd",
+                                         "forward/input_blocks.1 fwd",
+                                         "forward/input_blocks.1 fwd/attn",
+                                         "backward",
+                                         "(outside layer ranges)"};
   ASSERT_EQ(order, want);
   for (auto& r : rows) {
     if (r.path == "(outside layer ranges)") {
@@ -531,7 +561,8 @@ TEST(Flops, CountingBackendForwardsAndAttributes) {
   ASSERT_EQ(rows.size(), 4u);  // layer, layer/conv3x3_fwd, layer/linear_fwd, add (op range, outside)
   EXPECT_EQ(rows[0].path, "layer");
   EXPECT_EQ(rows[1].path, "layer/conv3x3_fwd");
-  EXPECT_EQ(rows[0].flops, flops::conv2d_fwd(1, 8, 8, 32, 32, 3, 1, false).flops + flops::linear_fwd(4, 8, 8, true).flops);
+  EXPECT_EQ(rows[0].flops,
+            flops::conv2d_fwd(1, 8, 8, 32, 32, 3, 1, false).flops + flops::linear_fwd(4, 8, 8, true).flops);
   EXPECT_EQ(rows[1].flops, flops::conv2d_fwd(1, 8, 8, 32, 32, 3, 1, false).flops);
 }
 
@@ -541,11 +572,14 @@ TEST(Flops, Seed64TrainingStepIs147Tflop) {
   NullBackend null;
   RangeTracker t;
   double matmul = 0;
-  flops::CountingBackend cb(null, [&](const char* op, const flops::Cost& c) {
-    t.add_cost(c.flops, c.bytes);
-    const std::string o = op;
-    if (o.find("conv") == 0 || o.find("linear") == 0 || o.find("attention") == 0) matmul += c.flops;
-  }, &t);
+  flops::CountingBackend cb(
+      null,
+      [&](const char* op, const flops::Cost& c) {
+        t.add_cost(c.flops, c.bytes);
+        const std::string o = op;
+        if (o.find("conv") == 0 || o.find("linear") == 0 || o.find("attention") == 0) matmul += c.flops;
+      },
+      &t);
   const ModelConfig cfg = preset("seed64");
   Model m(cfg, cb);
   const int B = 32;
@@ -650,9 +684,10 @@ TEST(ProfileReport, TableCsvJsonAgree) {
   EXPECT_NEAR(r.idle_ms_per_iter(), (double)(r.span_ns - r.busy_ns) / 1e6 / 4, 1e-12);
 
   const std::string table = format_table(r);
-  for (const char* col : {"Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
-                          "StdDev (ns)", "Name", "[CUDA memset]", "resblock fwd", "  in_layers", "TFLOP/s", "GB/s",
-                          "Peak (%)", "NVIDIA H100", "494.7", "kernel sum", "CUDA events", "% difference"})
+  for (const char* col : {"Time (%)",     "Total Time (ns)", "Instances",   "Avg (ns)",    "Med (ns)",
+                          "Min (ns)",     "Max (ns)",        "StdDev (ns)", "Name",        "[CUDA memset]",
+                          "resblock fwd", "  in_layers",     "TFLOP/s",     "GB/s",        "Peak (%)",
+                          "NVIDIA H100",  "494.7",           "kernel sum",  "CUDA events", "% difference"})
     EXPECT_NE(table.find(col), std::string::npos) << col << "\n" << table;
   EXPECT_NE(table.find(timing_line(r)), std::string::npos);
   char want[128];
@@ -670,7 +705,8 @@ TEST(ProfileReport, TableCsvJsonAgree) {
   double layer_ms = -1;
   for (auto& row : rows) {
     if (row[col("section")] == "kernel") kernel_names.insert(row[col("name")]);
-    if (row[col("section")] == "layer" && row[col("path")] == "resblock fwd") layer_ms = std::stod(row[col("ms_per_iter")]);
+    if (row[col("section")] == "layer" && row[col("path")] == "resblock fwd")
+      layer_ms = std::stod(row[col("ms_per_iter")]);
   }
   EXPECT_EQ(kernel_names.size(), 3u);
   EXPECT_TRUE(kernel_names.count("silu \"quoted\", with comma"));
@@ -695,7 +731,8 @@ TEST(ProfileReport, TableCsvJsonAgree) {
   EXPECT_NEAR(j["layers"][0]["flops_per_iter"].get<double>(), 4e9, 1);
   const double ms = j["layers"][0]["ms_per_iter"].get<double>();
   EXPECT_NEAR(j["layers"][0]["tflops"].get<double>(), 4e9 / (ms * 1e-3) / 1e12, 1e-9);
-  EXPECT_NEAR(j["layers"][0]["step_pct"].get<double>(), 100.0 * ms / j["timing"]["kernel_sum_ms_per_iter"].get<double>(), 1e-9);
+  EXPECT_NEAR(j["layers"][0]["step_pct"].get<double>(),
+              100.0 * ms / j["timing"]["kernel_sum_ms_per_iter"].get<double>(), 1e-9);
 }
 
 TEST(ProfileReport, BusyTimeIsTheUnionOfIntervals) {
