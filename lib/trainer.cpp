@@ -117,7 +117,9 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
   };
 
   int64_t saved_at = -1;
-  auto save = [&](int64_t at) {
+  // Returns false (and saves nothing) when the weights are no longer finite: a checkpoint must
+  // never replace the last good one with a diverged state.
+  auto save = [&](int64_t at) -> bool {
     Checkpoint c;
     c.cfg = cfg;
     c.model.resize(P), c.ema.resize(P), c.opt.m.resize(P), c.opt.v.resize(P);
@@ -125,6 +127,8 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     be.download(c.ema.data(), ema, P);
     be.download(c.opt.m.data(), m, P);
     be.download(c.opt.v.data(), v, P);
+    for (float w : c.model)
+      if (!std::isfinite(w)) return false;
     c.has_optimizer = true;
     c.opt.step = at;
     c.opt.lr = o.lr, c.opt.beta1 = kBeta1, c.opt.beta2 = kBeta2, c.opt.eps = kEps, c.opt.weight_decay = o.weight_decay;
@@ -135,6 +139,14 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     atomic_copy(path, o.rundir + "/latest.h5");
     res.last_checkpoint = path;
     saved_at = at;
+    return true;
+  };
+  auto diverged = [&](const char* what) {
+    std::fprintf(stderr, "%sunet: %s at step %lld; stopping. Last good checkpoint: %s\n", stderr_is_tty() ? "\n" : "",
+                 what, (long long)step, res.last_checkpoint.empty() ? "(none saved in this run)" : res.last_checkpoint.c_str());
+    res.diverged = true;
+    res.step = step;
+    return res;
   };
 
   std::unique_ptr<Sampler> preview;  // allocated once, at the first preview
@@ -217,14 +229,7 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
       be.download(&h[0], loss_sum, 1);
       be.download(&h[1], norm_sum, 1);
       const double mean_loss = h[0] / window_steps, mean_norm = h[1] / window_steps;
-      if (!std::isfinite(mean_loss)) {
-        std::fprintf(stderr, "\nunet: loss became %s before step %lld; stopping. Last good checkpoint: %s\n",
-                     std::isnan(mean_loss) ? "NaN" : "Inf", (long long)step,
-                     res.last_checkpoint.empty() ? "(none saved in this run)" : res.last_checkpoint.c_str());
-        res.diverged = true;
-        res.step = step;
-        return res;
-      }
+      if (!std::isfinite(mean_loss)) return diverged(std::isnan(mean_loss) ? "the loss became NaN" : "the loss became Inf");
       const double dt = now_seconds() - t_window;
       const double ms = 1000.0 * dt / window_steps, ips = B * window_steps / dt;
       if (first_window) res.first_loss = mean_loss, first_window = false;
@@ -241,7 +246,7 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
       be.fill(norm_sum, 0.0f, 1);
       window_steps = 0;
       t_window = now_seconds();
-      if (save_now) save(step);
+      if (save_now && !save(step)) return diverged("the weights became NaN/Inf");
     }
     if (o.sample_every > 0 && step % o.sample_every == 0) sample_grid(step);
     if (!o.quiet) prog.update(step, res.last_loss > 0 ? "loss " + std::to_string(res.last_loss).substr(0, 7) : "");
@@ -250,7 +255,7 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
   if (res.interrupted && step > start && saved_at != step) {
     float h = 0;
     be.download(&h, loss_sum, 1);
-    if (std::isfinite(h)) save(step);
+    if (std::isfinite(h) && !save(step)) return diverged("the weights became NaN/Inf");
   }
   res.step = step;
   return res;
