@@ -715,6 +715,13 @@ void run_profile(ProfileArgs& a) {
   if (outside)
     rep.notes.push_back(std::to_string(outside) + " of " + std::to_string(acts.size()) +
                         " GPU activities ran outside any layer range");
+  for (const auto& l : rep.layers)
+    if (prof::roofline(l.flops, l.bytes, (double)l.time_ns, rep.peaks).peak_pct > 100) {
+      rep.notes.push_back(
+          "Peak (%) above 100: that range's data stayed in the L2 cache, which is faster than the "
+          "DRAM roof");
+      break;
+    }
   if (rep.difference_pct() > 10) {
     char b[300];
     std::snprintf(b, sizeof b,

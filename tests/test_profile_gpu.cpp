@@ -204,7 +204,11 @@ TEST(ProfileGpu, ResblockJsonAndTrace) {
     EXPECT_GT((*l)["ms_per_iter"].get<double>(), 0.0) << p;
     EXPECT_GT((*l)["flops_per_iter"].get<double>(), 0.0) << p;
     EXPECT_GT((*l)["tflops"].get<double>(), 0.0) << p;
-    EXPECT_LT((*l)["peak_pct"].get<double>(), 100.0) << p << ": faster than the GPU's peak?";
+    // Whole blocks move far more than the 50 MB L2 holds, so they cannot beat the DRAM roof
+    // (small sub-ranges can: their data may stay in L2).
+    if (std::string(p).find('/') == std::string::npos) {
+      EXPECT_LT((*l)["peak_pct"].get<double>(), 100.0) << p << ": faster than the GPU's peak?";
+    }
   }
   const double fwd = (*find_layer(j, "resblock fwd"))["ms_per_iter"].get<double>();
   const double bwd = (*find_layer(j, "resblock bwd"))["ms_per_iter"].get<double>();
