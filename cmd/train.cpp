@@ -88,7 +88,7 @@ void run(TrainArgs& a) {
   else std::printf("finished at step %lld", (long long)r.step);
   if (!r.last_checkpoint.empty()) std::printf("; checkpoint %s (also %s/latest.h5)", r.last_checkpoint.c_str(), o.rundir.c_str());
   std::printf("\n");
-  if (be->is_cuda()) std::printf("peak device memory %.2f GB (planned allocations)\n", be->peak_bytes() / 1e9);
+  if (be->is_cuda()) std::printf("peak device memory %.2f GB (planned buffers and workspaces; the CUDA context not counted)\n", be->peak_bytes() / 1e9);
 }
 }  // namespace
 

@@ -73,7 +73,7 @@ class CudaBackend final : public Backend {
   void copy(float* dst, const float* src, size_t n) override;
   void fill(float* x, float v, size_t n) override;
   void sync() override;
-  size_t peak_bytes() const override { return bytes_; }
+  size_t peak_bytes() const override { return bytes_ + fixed_bytes_; }  // planned + fixed workspaces
   void* alloc_host(size_t bytes) override;
   uint64_t fence() override;
   void fence_wait(uint64_t id) override;

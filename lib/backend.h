@@ -49,7 +49,7 @@ class Backend {
   virtual void copy(float* dst, const float* src, size_t n) = 0;  // device to device
   virtual void fill(float* x, float v, size_t n) = 0;
   virtual void sync() = 0;
-  virtual size_t peak_bytes() const = 0;  // bytes allocated through alloc*
+  virtual size_t peak_bytes() const = 0;  // device bytes held: planned allocations + fixed workspaces
   // Host memory for staging uploads (pinned on CUDA so copies are truly asynchronous); owned
   // by the backend. fence() marks the point after all work enqueued so far; fence_wait(id)
   // blocks until the device has reached it (the trainer uses it to know when a pinned batch

@@ -6,7 +6,7 @@
 //    concat input of every output block;
 //  * NOT saved: GroupNorm+SiLU outputs, up/down-sampled copies and dropout results — backward
 //    recomputes them into shared scratch buffers (cheap memory-bound work, saves ~half the memory);
-//  * shared scratch S0..S2 and gradient scratch D0..D5, ping-pong gradient buffers P0..P2, each of
+//  * shared scratch S0..S2 (S2 with scale-shift only) and gradient scratch D0..D3, ping-pong gradient buffers P0..P2, each of
 //    the largest activation size; one gradient buffer per skip connection.
 #include "model.h"
 
@@ -73,7 +73,7 @@ struct Model::Impl {
   const float* h_last = nullptr;
   // scratch
   float* S[3] = {};
-  float* D[6] = {};
+  float* D[4] = {};
   float* P[3] = {};
   bool train = false;
   uint64_t seed = 0;
@@ -151,7 +151,8 @@ struct Model::Impl {
       max_act = std::max(max_act, b * big);
       if (l.kind == Layer::Res) max_e = std::max(max_e, cfg.use_scale_shift_norm ? 2 * l.cout : l.cout);
     });
-    for (auto& s : S) s = alloc(max_act);
+    S[0] = alloc(max_act), S[1] = alloc(max_act);
+    if (cfg.use_scale_shift_norm) S[2] = alloc(max_act);  // pre-SiLU value, scale-shift only
     for (auto& d : D) d = alloc(max_act);
     for (auto& p : P) p = alloc(max_act);
     const int mc = cfg.num_channels, ed = cfg.time_embed_dim();
@@ -360,18 +361,18 @@ struct Model::Impl {
     const float* c1in = res_conv1_input(s);
     be.conv2d_bwd(c1in, P_(s.w0), D[2], D[3], G_(s.w0), G_(s.b0), B, s.ro, s.ro, l.cin, l.cout, 3, 1);
     const float* dg1 = D[3];
-    if (l.updown) {
-      resample_bwd(l.updown, D[3], D[4], l.res, l.cin);
-      dg1 = D[4];
+    if (l.updown) {  // D[1] (conv2's input gradient) is consumed by now
+      resample_bwd(l.updown, D[3], D[1], l.res, l.cin);
+      dg1 = D[1];
     }
-    be.groupnorm_bwd(s.in, P_(s.n1w), P_(s.n1b), s.mean1, s.rstd1, dg1, D[5], G_(s.n1w), G_(s.n1b), B,
+    be.groupnorm_bwd(s.in, P_(s.n1w), P_(s.n1b), s.mean1, s.rstd1, dg1, dx, G_(s.n1w), G_(s.n1b), B,
                      l.res * l.res, l.cin, kGroups, true);
     const size_t n_in = (size_t)B * l.res * l.res * l.cin;
     if (l.updown) {
       resample_bwd(l.updown, dxs, D[1], l.res, l.cin);
       dxs = D[1];
     }
-    be.add(D[5], dxs, dx, n_in);
+    be.add(dx, dxs, dx, n_in);
   }
 
   void attn_bwd(L& s, const float* dout, float* dx) {

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU machine's checks for the CUDA engine, one part per argument (or all):
+#   tests   every test binary (CUDA tests run there; they skip in CI)
+#   e2e     the end-to-end CLI test on the GPU (pipeline, loss, bitwise resume, SIGINT, NaN)
+#   parity  unet sample on the GPU vs guided-diffusion's sampler in float64 (fp32: 1e-4, tf32: 1e-3)
+#   bench   scripts/bench.py: unet fp32/tf32 vs PyTorch eager/compile, seed64 batch 32
+#   profile unet profile tables, CSV/JSON and a trace
+#   demo    make demo's pipeline on the GPU with more steps
+# Logs and artefacts go to $OUT (default /tmp/gpu-check).
+set -u
+BUILD=${BUILD:-build}
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+U="$BUILD/bin/unet"
+export UNET_BINARY=$(readlink -f "$U") UNET_SOURCE_DIR=$(pwd) PYTHONPATH=$(pwd)/scripts PYTHONUNBUFFERED=1
+parts=${*:-tests e2e parity bench profile demo}
+for p in $parts; do
+  echo "=== $p"
+  t0=$(date +%s)
+  case $p in
+    tests) bash scripts/gpu_tests.sh "$BUILD" 2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
+    e2e) UNET_TEST_DEVICE=cuda timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e.txt" 2>&1; tail -30 "$OUT/e2e.txt" ;;
+    parity)
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=fp32 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_fp32.txt" 2>&1
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=1e-3 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_tf32.txt" 2>&1
+      grep -hE "rel L2|failed|device=" "$OUT"/parity_*.txt ;;
+    bench) timeout 400 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
+    profile)
+      "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 > "$OUT/profile_resblock.txt" 2>&1
+      "$U" profile --layer model --batch-size 32 --trace "$OUT/trace.json" > "$OUT/profile_model.txt" 2>&1
+      "$U" profile --layer model --batch-size 32 --format csv > "$OUT/profile_model.csv" 2>&1
+      "$U" profile --layer model --batch-size 32 --format json > "$OUT/profile_model.json" 2>&1
+      "$U" profile --layer model --batch-size 32 --precision fp32 > "$OUT/profile_model_fp32.txt" 2>&1
+      tail -5 "$OUT/profile_resblock.txt" "$OUT/profile_model.txt" "$OUT/profile_model_fp32.txt" ;;
+    demo)
+      DEMO_STEPS=${DEMO_STEPS:-2000} timeout 300 bash scripts/demo.sh "$U" > "$OUT/demo.txt" 2>&1
+      tail -8 "$OUT/demo.txt"; cp demo/samples.png "$OUT/demo_samples.png" 2>/dev/null; cp demo/run/metrics.csv "$OUT/demo_metrics.csv" 2>/dev/null ;;
+  esac
+  echo "=== $p took $(( $(date +%s) - t0 )) s"
+done
