@@ -99,6 +99,7 @@ CudaBackend::~CudaBackend() { release(); }
 void CudaBackend::release() {
   // No throwing here: errors on teardown are ignored.
   if (stream_) cudaStreamSynchronize(stream_);
+  if (graph_) cudaGraphExecDestroy(graph_), graph_ = nullptr;
   for (auto& e : fences_)
     if (e) cudaEventDestroy(e), e = nullptr;
   for (void* p : blocks_) cudaFree(p);
@@ -173,6 +174,28 @@ void CudaBackend::fill(float* x, float v, size_t n) {
   }
   fill_kernel<<<grid_for(n), kThreads, 0, stream_>>>(x, v, n);
   KERNEL_CHECK();
+}
+
+bool CudaBackend::graph_begin() {
+  // Thread-local mode: other threads (the data loader) may use the CUDA API meanwhile.
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  return true;
+}
+
+void CudaBackend::graph_end() {
+  cudaGraph_t g = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+  if (graph_) {
+    CUDA_CHECK(cudaGraphExecDestroy(graph_));
+    graph_ = nullptr;
+  }
+  CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
+  CUDA_CHECK(cudaGraphDestroy(g));
+}
+
+void CudaBackend::graph_launch() {
+  if (!graph_) throw std::logic_error("graph_launch without a captured graph");
+  CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
 }
 
 void CudaBackend::sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }

@@ -77,6 +77,11 @@ class CudaBackend final : public Backend {
   void* alloc_host(size_t bytes) override;
   uint64_t fence() override;
   void fence_wait(uint64_t id) override;
+  bool graph_begin() override;
+  void graph_end() override;
+  void graph_launch() override;
+  void adamw_dev(float* p, const float* g, float* m, float* v, size_t n, const float* hyper, float beta1,
+                 float beta2, float eps, const float* grad_scale) override;
   void range_push(const char* name) override;
   void range_pop() override;
 
@@ -168,6 +173,7 @@ class CudaBackend final : public Backend {
   static constexpr int kFences = 64;
   cudaEvent_t fences_[kFences] = {};
   uint64_t fence_id_ = 0;
+  cudaGraphExec_t graph_ = nullptr;
 };
 
 // Shared epilogues (kernels/linear.cu): y[r, c] += bias[c] over rows x C; db[c] = sum_r dy[r, c]

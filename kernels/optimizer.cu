@@ -36,7 +36,10 @@ struct AdamW {
   float* v;
   const float* grad_scale;
   float beta1, beta2, eps, decay, step, sbc2;
+  const float* hyper;  // when set: {decay, step, sbc2} read on the device (CUDA-graph replay)
   __device__ void one(float& pi, float gi, float& mi, float& vi, float gs) const {
+    const float decay = hyper ? hyper[0] : this->decay, step = hyper ? hyper[1] : this->step,
+                sbc2 = hyper ? hyper[2] : this->sbc2;
     gi *= gs;
     mi = beta1 * mi + (1.f - beta1) * gi;
     vi = beta2 * vi + (1.f - beta2) * gi * gi;
@@ -90,7 +93,13 @@ void CudaBackend::clip_scale(const float* sumsq, float clip, float* norm, float*
 
 void CudaBackend::adamw(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
                         float beta2, float eps, float wd, float bc1, float bc2, const float* grad_scale) {
-  AdamW f{p, g, m, v, grad_scale, beta1, beta2, eps, 1.f - lr * wd, lr / bc1, sqrtf(bc2)};
+  AdamW f{p, g, m, v, grad_scale, beta1, beta2, eps, 1.f - lr * wd, lr / bc1, sqrtf(bc2), nullptr};
+  launch_map(f, n, aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v), stream_);
+}
+
+void CudaBackend::adamw_dev(float* p, const float* g, float* m, float* v, size_t n, const float* hyper, float beta1,
+                            float beta2, float eps, const float* grad_scale) {
+  AdamW f{p, g, m, v, grad_scale, beta1, beta2, eps, 0.f, 0.f, 0.f, hyper};
   launch_map(f, n, aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v), stream_);
 }
 

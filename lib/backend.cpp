@@ -3,10 +3,15 @@
 #include "util.h"
 
 #include <cstdlib>
+#include <stdexcept>
 #include <vector>
 #include <memory>
 
 namespace unet {
+
+void Backend::adamw_dev(float*, const float*, float*, float*, size_t, const float*, float, float, float, const float*) {
+  throw std::logic_error(name() + ": adamw_dev is only used with CUDA graphs");
+}
 
 void* Backend::alloc_host(size_t bytes) {
   // Lives as long as the process: staging buffers are few and planned once.

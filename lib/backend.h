@@ -58,6 +58,13 @@ class Backend {
   virtual uint64_t fence() { return 0; }
   virtual void fence_wait(uint64_t id) { (void)id; }
 
+  // CUDA graphs: the ops issued between graph_begin() and graph_end() are recorded (not run)
+  // once and replayed by graph_launch() with far less launch overhead. Inside a capture no op
+  // may synchronise the host or allocate. graph_begin() returns false where unsupported (CPU).
+  virtual bool graph_begin() { return false; }
+  virtual void graph_end() {}
+  virtual void graph_launch() {}
+
   // Marks a named region (layer) for the profiler / NVTX; no-op unless a profiler is attached.
   virtual void range_push(const char* name) { (void)name; }
   virtual void range_pop() {}
@@ -163,6 +170,11 @@ class Backend {
   // grad_scale = min(1, clip / (sqrt(sumsq)+1e-6)) if clip > 0 else 1; also writes norm.
   virtual void clip_scale(const float* sumsq, float clip, float* norm, float* grad_scale) = 0;
   virtual void ema(float* ema, const float* p, float rate, size_t n) = 0;  // ema = rate*ema+(1-rate)*p
+  // AdamW whose per-step scalars live in backend memory so a captured graph can replay it:
+  // hyper = {1 - lr*wd, lr/bc1, sqrt(bc2)} as floats, computed by the caller exactly as adamw()
+  // computes them. Only the CUDA engine (which captures graphs) implements it.
+  virtual void adamw_dev(float* p, const float* g, float* m, float* v, size_t n, const float* hyper, float beta1,
+                         float beta2, float eps, const float* grad_scale);
 };
 
 // Hash-based uniform in [0,1) shared by CPU and CUDA dropout (splitmix64 of seed ^ index).

@@ -1,6 +1,7 @@
 #include "trainer.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -172,6 +173,38 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     save_grid_png(o.rundir + name, imgs.data(), n, R, R, Cin);
   };
 
+  // One training step on the device, from the uploaded batch to the EMA. With CUDA graphs
+  // (GPU, no dropout: its per-step seed would be baked into the graph) it is captured once and
+  // replayed; the per-step AdamW scalars then come from `hyper` in device memory.
+  const bool use_graph = be.is_cuda() && cfg.dropout == 0.0f && !std::getenv("UNET_NO_CUDA_GRAPH");
+  bool captured = false;
+  float* hyper = be.alloc(4);
+  float* host_hyper = (float*)be.alloc_host(sizeof(float) * 4);
+  auto enqueue_step = [&](float lr_f, float bc1_f, float bc2_f, uint64_t dropout_seed) {
+    be.q_sample(x0, noise, sab, sab + B, xt, B, n_img);
+    model.forward(xt, tt, labels, out, B, true, dropout_seed);
+    const size_t n = B * n_img;
+    if (cfg.learn_sigma) {
+      // SPEC §1: the loss is the ε-MSE; the variance channels get no gradient.
+      be.concat_bwd(out, eps_part, var_part, B, R * R, Cin, Cin);
+      be.mse_fwd_bwd(eps_part, noise, loss, deps, n);
+      be.concat_fwd(deps, zeros, dout, B, R * R, Cin, Cin);
+    } else {
+      be.mse_fwd_bwd(out, noise, loss, dout, n);
+    }
+    model.backward(dout, B);
+    be.sum_squares(model.grads(), sumsq, P);
+    be.clip_scale(sumsq, (float)o.grad_clip, norm, gscale);
+    if (use_graph)
+      be.adamw_dev(model.params(), model.grads(), m, v, P, hyper, (float)kBeta1, (float)kBeta2, (float)kEps, gscale);
+    else
+      be.adamw(model.params(), model.grads(), m, v, P, lr_f, (float)kBeta1, (float)kBeta2, (float)kEps,
+               (float)o.weight_decay, bc1_f, bc2_f, gscale);
+    be.ema(ema, model.params(), (float)o.ema_rate, P);
+    be.add(loss_sum, loss, loss_sum, 1);
+    be.add(norm_sum, norm, norm_sum, 1);
+  };
+
   const int64_t start = step;
   Progress prog("train", o.steps > 0 ? o.steps : step, "step");
   double t_window = now_seconds();
@@ -194,29 +227,26 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     be.upload(tt, b->t.data(), B);
     be.upload(sab, host_coef, 2 * B);
     be.upload_bytes(labels, host_labels, sizeof(int32_t) * B);
-    const uint64_t fence = be.fence();
-
-    be.q_sample(x0, noise, sab, sab + B, xt, B, n_img);
-    model.forward(xt, tt, labels, out, B, true, hash64(seed, (uint64_t)Stream::Dropout, (uint64_t)step));
-    const size_t n = B * n_img;
-    if (cfg.learn_sigma) {
-      // SPEC §1: the loss is the ε-MSE; the variance channels get no gradient.
-      be.concat_bwd(out, eps_part, var_part, B, R * R, Cin, Cin);
-      be.mse_fwd_bwd(eps_part, noise, loss, deps, n);
-      be.concat_fwd(deps, zeros, dout, B, R * R, Cin, Cin);
-    } else {
-      be.mse_fwd_bwd(out, noise, loss, dout, n);
-    }
-    model.backward(dout, B);
-    be.sum_squares(model.grads(), sumsq, P);
-    be.clip_scale(sumsq, (float)o.grad_clip, norm, gscale);
     const int64_t t1 = step + 1;
     const double bc1 = 1.0 - std::pow(kBeta1, (double)t1), bc2 = 1.0 - std::pow(kBeta2, (double)t1);
-    be.adamw(model.params(), model.grads(), m, v, P, (float)lr_at(step), (float)kBeta1, (float)kBeta2, (float)kEps,
-             (float)o.weight_decay, (float)bc1, (float)bc2, gscale);
-    be.ema(ema, model.params(), (float)o.ema_rate, P);
-    be.add(loss_sum, loss, loss_sum, 1);
-    be.add(norm_sum, norm, norm_sum, 1);
+    const float lr_f = (float)lr_at(step), wd_f = (float)o.weight_decay, bc1_f = (float)bc1, bc2_f = (float)bc2;
+    if (use_graph) {
+      // The same float expressions CudaBackend::adamw evaluates on the host.
+      host_hyper[0] = 1.f - lr_f * wd_f, host_hyper[1] = lr_f / bc1_f, host_hyper[2] = std::sqrt(bc2_f);
+      be.upload(hyper, host_hyper, 3);
+    }
+    const uint64_t fence = be.fence();
+    if (!use_graph) {
+      enqueue_step(lr_f, bc1_f, bc2_f, hash64(seed, (uint64_t)Stream::Dropout, (uint64_t)step));
+    } else {
+      if (!captured) {  // record once (nothing runs), then replay every step
+        be.graph_begin();
+        enqueue_step(0, 0, 0, 0);
+        be.graph_end();
+        captured = true;
+      }
+      be.graph_launch();
+    }
     ++step;
     ++window_steps;
     be.fence_wait(fence);  // this step's batch has been copied: the loader may refill its buffer

@@ -19,19 +19,32 @@ for p in $parts; do
   t0=$(date +%s)
   case $p in
     tests) bash scripts/gpu_tests.sh "$BUILD" 2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
-    e2e) UNET_TEST_DEVICE=cuda timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e.txt" 2>&1; tail -30 "$OUT/e2e.txt" ;;
+    e2e)
+      UNET_TEST_DEVICE=cuda timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e.txt" 2>&1
+      UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e_graph.txt" 2>&1
+      tail -n 30 "$OUT/e2e.txt"; echo "--- dropout 0 (CUDA graphs)"; grep -E "FAIL|failed|bitwise|loss went" "$OUT/e2e_graph.txt" ;;
     parity)
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=fp32 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_fp32.txt" 2>&1
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=1e-3 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_tf32.txt" 2>&1
       grep -hE "rel L2|failed|device=" "$OUT"/parity_*.txt ;;
     bench) timeout 400 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
     profile)
-      "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 > "$OUT/profile_resblock.txt" 2>&1
-      "$U" profile --layer model --batch-size 32 --trace "$OUT/trace.json" > "$OUT/profile_model.txt" 2>&1
-      "$U" profile --layer model --batch-size 32 --format csv > "$OUT/profile_model.csv" 2>&1
-      "$U" profile --layer model --batch-size 32 --format json > "$OUT/profile_model.json" 2>&1
-      "$U" profile --layer model --batch-size 32 --precision fp32 > "$OUT/profile_model_fp32.txt" 2>&1
-      tail -5 "$OUT/profile_resblock.txt" "$OUT/profile_model.txt" "$OUT/profile_model_fp32.txt" ;;
+      "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 \
+        --trace "$OUT/trace_resblock.json" > "$OUT/profile_resblock.txt" 2>&1
+      "$U" profile --layer model --batch-size 32 > "$OUT/profile_model.txt" 2>&1
+      "$U" profile --layer model --batch-size 32 --format csv 2>/dev/null > "$OUT/profile_model.csv"
+      "$U" profile --layer model --batch-size 32 --format json 2>/dev/null > "$OUT/profile_model.json"
+      python3 - "$OUT" <<'PY'
+import csv, json, sys
+out = sys.argv[1]
+rows = list(csv.reader(open(out + "/profile_model.csv")))
+j = json.load(open(out + "/profile_model.json"))
+t = json.load(open(out + "/trace_resblock.json"))
+ev = t["traceEvents"]
+ok = all(("ph" in e and "pid" in e) for e in ev) and all(("ts" in e and "dur" in e) for e in ev if e["ph"] == "X")
+print(f"csv rows {len(rows)}, json keys {sorted(j)[:6]}, trace events {len(ev)} valid={ok}")
+PY
+      tail -n 6 "$OUT/profile_resblock.txt" "$OUT/profile_model.txt" ;;
     demo)
       DEMO_STEPS=${DEMO_STEPS:-2000} timeout 300 bash scripts/demo.sh "$U" > "$OUT/demo.txt" 2>&1
       tail -8 "$OUT/demo.txt"; cp demo/samples.png "$OUT/demo_samples.png" 2>/dev/null; cp demo/run/metrics.csv "$OUT/demo_metrics.csv" 2>/dev/null ;;

@@ -24,6 +24,8 @@ SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.di
 BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
+# Dropout > 0 exercises the dropout RNG; 0 lets the GPU trainer use CUDA graphs (both are run there).
+DROPOUT = os.environ.get("UNET_TEST_DROPOUT", "0.1")
 TMP = tempfile.mkdtemp(prefix="unet-e2e-")
 failures = []
 
@@ -63,7 +65,7 @@ def main():
     r = unet("prepare", os.path.join(SRC, "testdata", "images"), "-o", data, "--image-size", "32", "--labels", "subdirs")
     check(r.returncode == 0, "prepare the bundled images")
     # A small class-conditional model with dropout so that labels and dropout RNG are exercised.
-    r = unet("init", "-o", init, "--preset", "tiny32", "--class-cond", "--num-classes", "3", "--dropout", "0.1",
+    r = unet("init", "-o", init, "--preset", "tiny32", "--class-cond", "--num-classes", "3", "--dropout", DROPOUT,
              "--seed", "3")
     check(r.returncode == 0, "init tiny32 class-conditional")
 
