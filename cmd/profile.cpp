@@ -36,7 +36,7 @@ struct ProfileArgs {
   std::string layer = "model", checkpoint, pass = "step", format = "table", trace, precision = "tf32";
   int batch = 32, resolution = 0, out_ch = 0, emb_ch = 0, iters = 20, warmup = 5;
   long long params = 0;
-  bool measure_peaks = false, op_ranges = false, no_plain = false;
+  bool measure_peaks = false, op_ranges = false, no_plain = false, no_graph = false;
   double peak_tflops = 0, peak_gbps = 0;
   ModelFlags model;
   CLI::Option* in_ch_opt = nullptr;
@@ -680,9 +680,14 @@ void run_profile(ProfileArgs& a) {
   };
   if (pass == "backward") w->forward();  // saved activations for the backward-only loop
 
-  std::fprintf(stderr, "unet: profiling %s, pass %s, precision %s on %s (%d warm-up + %d timed iterations)\n",
-               w->describe.c_str(), pass.c_str(), precision_name(prec), gp->device().name.c_str(), a.warmup,
-               a.iters);
+  // CUDA graphs: the timed kernels are replays of one captured iteration, as `unet train` runs
+  // its step. Ranges (external correlation ids) only tag eager launches, so the layer table
+  // comes from an eager pass of the same iterations first.
+  const bool graph = !a.no_graph && dev->is_cuda();
+  std::fprintf(
+      stderr, "unet: profiling %s, pass %s, precision %s on %s (%d warm-up + %d timed iterations%s)\n",
+      w->describe.c_str(), pass.c_str(), precision_name(prec), gp->device().name.c_str(), a.warmup, a.iters,
+      graph ? ", eager for the layer table, then as CUDA-graph replays" : ", eager launches");
   gp->start();
   for (int i = 0; i < a.warmup; ++i) once();
   gp->region_begin();
@@ -691,7 +696,6 @@ void run_profile(ProfileArgs& a) {
   for (int i = 0; i < a.iters; ++i) once();
   const double region_ms = gp->region_end();
   be.set_counting(false);
-  gp->stop();
   std::vector<prof::Activity> acts = gp->take_activities();
   prof::assign_ranges_by_launch_time(acts, tracker.instances());
 
@@ -722,14 +726,7 @@ void run_profile(ProfileArgs& a) {
           "DRAM roof");
       break;
     }
-  if (rep.difference_pct() > 10) {
-    char b[300];
-    std::snprintf(b, sizeof b,
-                  "the GPU sat idle %.3f ms/iter between kernels: launch latency or a host that cannot issue "
-                  "kernels as fast as they run (small kernels); CUDA graphs remove most of it",
-                  rep.idle_ms_per_iter());
-    rep.notes.push_back(b);
-  }
+  // The trace shows the eager pass: there the kernels carry their layer ranges.
   if (!a.trace.empty()) {
     AtomicFile f(a.trace);
     {
@@ -739,16 +736,61 @@ void run_profile(ProfileArgs& a) {
       if (!os) throw UserError(a.trace + ": write failed");
     }
     f.commit();
-    rep.notes.push_back("trace written to " + a.trace +
-                        " (open in https://ui.perfetto.dev or chrome://tracing)");
+    rep.notes.push_back("trace written to " + a.trace + " (" + (graph ? "the eager pass, " : "") +
+                        "open in https://ui.perfetto.dev or chrome://tracing)");
+  }
+  acts.clear();
+
+  // Ranges are plain host calls from here on: no external ids, nothing the layer table counts.
+  tracker.on_push = nullptr;
+  tracker.on_pop = nullptr;
+  if (graph) {
+    try {
+      dev->graph_begin();
+      once();
+      dev->graph_end();
+    } catch (const std::exception& e) {
+      throw UserError(std::string("profile: capturing the iteration as a CUDA graph failed (") + e.what() +
+                      "); --no-graph profiles eager launches");
+    }
+    for (int i = 0; i < std::max(1, a.warmup); ++i) dev->graph_launch();  // upload + warm-up
+    gp->region_begin();
+    for (int i = 0; i < a.iters; ++i) dev->graph_launch();
+    const double graph_ms = gp->region_end();
+    std::vector<prof::Activity> gacts = gp->take_activities();
+    prof::use_graph_replays(rep, gacts, graph_ms);
+    rep.dropped += gp->dropped();
+    rep.notes.push_back(
+        "kernel table, kernel sum and CUDA events: " + std::to_string(a.iters) +
+        " replays of one iteration captured as a CUDA graph (as `unet train` runs its step); layer table "
+        "and FLOPs: the eager pass before it (same iterations, one launch per kernel); --no-graph for "
+        "eager only");
+    uint64_t graph_records = 0;
+    for (const auto& k : rep.kernels) graph_records += k.instances;
+    for (const auto& k : rep.memops) graph_records += k.instances;
+    if (graph_records != rep.eager.activities)
+      rep.notes.push_back("the graph replays ran " + std::to_string(graph_records) +
+                          " GPU activities, the eager pass " + std::to_string(rep.eager.activities) +
+                          " (the driver may turn memsets into kernels)");
+    if (a.layer == "model" && cfg.dropout > 0)
+      rep.notes.push_back(
+          "dropout: its seed is fixed (captured in the graph), so every iteration uses the "
+          "same mask");
+  }
+  gp->stop();
+  if (rep.difference_pct() > 10) {
+    char b[300];
+    std::snprintf(b, sizeof b,
+                  "the GPU sat idle %.3f ms/iter between kernels: launch latency or a host that cannot issue "
+                  "kernels as fast as they run (small kernels)%s",
+                  rep.idle_ms_per_iter(), graph ? "" : "; CUDA graphs (the default) remove most of it");
+    rep.notes.push_back(b);
   }
 
   if (!a.no_plain) {
     // The same iterations with CUPTI detached: what the profiler itself costs.
-    tracker.on_push = nullptr;
-    tracker.on_pop = nullptr;
     rep.plain_events_ms = gp->time_ms([&] {
-      for (int i = 0; i < a.iters; ++i) once();
+      for (int i = 0; i < a.iters; ++i) graph ? dev->graph_launch() : once();
     });
   }
 
@@ -797,6 +839,8 @@ void register_profile(CLI::App& app) {
   sub->add_option("--peak-tflops", a->peak_tflops, "override the peak TFLOP/s of the roofline");
   sub->add_option("--peak-gbps", a->peak_gbps, "override the peak GB/s of the roofline");
   sub->add_flag("--no-plain-timing", a->no_plain, "skip the extra timing run without the profiler attached");
+  sub->add_flag("--no-graph", a->no_graph,
+                "time eager launches (one per kernel) instead of CUDA-graph replays of a captured iteration");
   a->model.add(sub);
   a->in_ch_opt = sub->get_option("--in-channels");
   a->in_ch_opt->description(
@@ -804,6 +848,8 @@ void register_profile(CLI::App& app) {
   sub->footer(
       "Kernel times are CUPTI activity records (GPU start/end), summed like `nsys stats --report\n"
       "cuda_gpu_kern_sum`; layer ranges are the model's range_push/pop names (also emitted as NVTX).\n"
+      "The timed iterations replay one captured iteration as a CUDA graph (as `unet train` does);\n"
+      "the layer table comes from an eager pass of the same iterations before it (--no-graph: eager only).\n"
       "Layer FLOPs count 2 per multiply-add; bytes are each op's inputs read and outputs written once.\n"
       "Examples:\n"
       "  unet profile --layer model --batch-size 32\n"

@@ -352,7 +352,7 @@ double Report::outside_ms_per_iter() const {
   return iters ? (events_ms - (double)span_ns / 1e6) / iters : 0.0;
 }
 
-void build_report(Report& r, const std::vector<Activity>& acts, const RangeTracker& ranges) {
+void build_kernel_tables(Report& r, const std::vector<Activity>& acts) {
   std::vector<std::pair<uint64_t, uint64_t>> iv;
   for (const auto& a : acts) iv.push_back({a.start, std::max(a.start, a.end)});
   std::sort(iv.begin(), iv.end());
@@ -376,10 +376,40 @@ void build_report(Report& r, const std::vector<Activity>& acts, const RangeTrack
   r.kernel_ns = r.memop_ns = 0;
   for (const auto& k : r.kernels) r.kernel_ns += k.total_ns;
   for (const auto& k : r.memops) r.memop_ns += k.total_ns;
+}
+
+void build_report(Report& r, const std::vector<Activity>& acts, const RangeTracker& ranges) {
+  build_kernel_tables(r, acts);
   r.layers = aggregate_layers(ranges.instances(), acts, ranges.outside_flops(), ranges.outside_bytes());
   r.flops = ranges.outside_flops();
   r.bytes = ranges.outside_bytes();
   for (const auto& i : ranges.instances()) r.flops += i.flops, r.bytes += i.bytes;
+}
+
+void use_graph_replays(Report& r, const std::vector<Activity>& graph_acts, double graph_events_ms) {
+  r.eager.events_ms = r.events_ms;
+  r.eager.kernel_ns = r.kernel_ns;
+  r.eager.memop_ns = r.memop_ns;
+  r.eager.busy_ns = r.busy_ns;
+  r.eager.span_ns = r.span_ns;
+  r.eager.activities = 0;
+  for (const auto& k : r.kernels) r.eager.activities += k.instances;
+  for (const auto& k : r.memops) r.eager.activities += k.instances;
+  build_kernel_tables(r, graph_acts);
+  r.events_ms = graph_events_ms;
+  r.mode = "graph";
+}
+
+double PassTiming::kernel_ms_per_iter(int iters) const {
+  return iters ? (double)(kernel_ns + memop_ns) / 1e6 / iters : 0.0;
+}
+double PassTiming::events_ms_per_iter(int iters) const { return iters ? events_ms / iters : 0.0; }
+double PassTiming::difference_pct(int iters) const {
+  const double e = events_ms_per_iter(iters);
+  return e > 0 ? 100.0 * (e - kernel_ms_per_iter(iters)) / e : 0.0;
+}
+double PassTiming::idle_ms_per_iter(int iters) const {
+  return iters ? (double)(span_ns - std::min(span_ns, busy_ns)) / 1e6 / iters : 0.0;
 }
 
 namespace {
@@ -465,7 +495,11 @@ std::string sum_table(const std::vector<SumRow>& rows, bool memops, int name_wid
   return t.render();
 }
 
-double layer_step_ms(const Report& r) { return r.kernel_ms_per_iter(); }
+// The layer table's pass: its kernel sum is what Step (%) divides by.
+bool graph_mode(const Report& r) { return r.mode == "graph" && r.eager.events_ms >= 0; }
+double layer_step_ms(const Report& r) {
+  return graph_mode(r) ? r.eager.kernel_ms_per_iter(r.iters) : r.kernel_ms_per_iter();
+}
 
 ojson layer_json(const Report& r, const LayerRow& l) {
   const double it = r.iters > 0 ? r.iters : 1;
@@ -513,14 +547,30 @@ std::string gap_line(const Report& r) {
   return b;
 }
 
+std::string eager_line(const Report& r) {
+  if (!graph_mode(r)) return "";
+  char b[400];
+  std::snprintf(b, sizeof b,
+                "eager launches (the layer table's pass): kernel sum %.3f ms/iter, CUDA events %.3f ms/iter "
+                "(%.1f%% difference; GPU idle between kernels %.3f ms/iter)",
+                r.eager.kernel_ms_per_iter(r.iters), r.eager.events_ms_per_iter(r.iters),
+                r.eager.difference_pct(r.iters), r.eager.idle_ms_per_iter(r.iters));
+  return b;
+}
+
 std::string format_table(const Report& r, int name_width) {
   std::ostringstream os;
   os << "GPU: " << r.gpu << " | precision " << r.precision << " | peak " << fmt(r.peaks.tflops, 1)
      << " TFLOP/s (" << r.peaks.what << "), " << fmt(r.peaks.gbps, 0) << " GB/s DRAM | peaks from "
      << r.peaks.source << "\n";
+  const bool graph = graph_mode(r);
   os << "Target: " << r.target << " | pass " << r.pass << " | " << r.iters << " timed iterations after "
-     << r.warmup << " warm-up\n\n";
-  os << "CUDA kernels (CUPTI activity records, all " << r.iters << " timed iterations):\n\n";
+     << r.warmup << " warm-up | "
+     << (graph ? "kernels timed as CUDA-graph replays, layers from an eager pass"
+               : "eager launches (one per kernel)")
+     << "\n\n";
+  os << "CUDA kernels (CUPTI activity records, all " << r.iters << " timed iterations"
+     << (graph ? ", CUDA-graph replays" : ", eager launches") << "):\n\n";
   if (r.kernels.empty())
     os << " (no kernels recorded)\n";
   else
@@ -532,7 +582,11 @@ std::string format_table(const Report& r, int name_width) {
     os << sum_table(r.memops, true, name_width);
 
   os << "\nLayers (per iteration; time = summed GPU time of the range's kernels, nested ranges "
-        "included):\n\n";
+        "included"
+     << (graph ? "; from the eager pass of " + std::to_string(r.iters) +
+                     " iterations, as graph replays cannot be matched to ranges"
+               : "")
+     << "):\n\n";
   TextTable t;
   t.head = {"Layer", "Calls", "Time (ms)", "Step (%)", "GFLOP", "MB", "TFLOP/s", "GB/s", "Peak (%)", "Bound"};
   t.left = {true, false, false, false, false, false, false, false, false, true};
@@ -555,10 +609,12 @@ std::string format_table(const Report& r, int name_width) {
   os << "\nTotal per iteration: " << fmt(r.flops / it / 1e9, 2) << " GFLOP, " << fmt_c(r.bytes / it / 1e6, 1)
      << " MB minimum traffic; " << fmt(tot.tflops, 2) << " TFLOP/s, " << fmt_c(tot.gbps, 0) << " GB/s ("
      << fmt(tot.peak_pct, 1) << "% of peak, " << tot.bound << "-bound)\n";
-  os << timing_line(r) << "\n";
+  os << (graph ? "CUDA-graph replays: " : "") << timing_line(r) << "\n";
   os << gap_line(r) << "\n";
+  if (graph) os << eager_line(r) << "\n";
   if (r.plain_events_ms >= 0)
-    os << "without the profiler attached: CUDA events " << fmt(r.plain_events_ms / it, 3) << " ms/iter\n";
+    os << "without the profiler attached" << (graph ? " (graph replays)" : "") << ": CUDA events "
+       << fmt(r.plain_events_ms / it, 3) << " ms/iter\n";
   if (r.dropped)
     os << "warning: CUPTI dropped " << r.dropped << " activity records; the tables are incomplete\n";
   for (const auto& n : r.notes) os << "note: " << n << "\n";
@@ -605,6 +661,8 @@ std::string format_csv(const Report& r) {
   info("precision", r.precision);
   info("iters", std::to_string(r.iters));
   info("warmup", std::to_string(r.warmup));
+  info("mode", r.mode);
+  info("layers_mode", "eager");
   info("peak_tflops", num(r.peaks.tflops));
   info("peak_gbps", num(r.peaks.gbps));
   info("peak_what", r.peaks.what);
@@ -653,6 +711,13 @@ std::string format_csv(const Report& r) {
   timing("outside_kernel_span_ms_per_iter", r.outside_ms_per_iter());
   if (r.plain_events_ms >= 0)
     timing("without_profiler_ms_per_iter", r.plain_events_ms / std::max(1, r.iters));
+  if (graph_mode(r)) {
+    timing("eager_kernel_sum_ms_per_iter", r.eager.kernel_ms_per_iter(r.iters));
+    timing("eager_cuda_events_ms_per_iter", r.eager.events_ms_per_iter(r.iters));
+    timing("eager_difference_pct", r.eager.difference_pct(r.iters));
+    timing("eager_idle_between_kernels_ms_per_iter", r.eager.idle_ms_per_iter(r.iters));
+    timing("eager_activities", (double)r.eager.activities);
+  }
   timing("dropped_records", (double)r.dropped);
   return os.str();
 }
@@ -665,6 +730,8 @@ std::string format_json(const Report& r) {
   j["precision"] = r.precision;
   j["iters"] = r.iters;
   j["warmup"] = r.warmup;
+  j["mode"] = r.mode;
+  j["layers_mode"] = "eager";
   j["peaks"] = {
       {"tflops", r.peaks.tflops}, {"gbps", r.peaks.gbps}, {"what", r.peaks.what}, {"source", r.peaks.source}};
   for (int pass = 0; pass < 2; ++pass) {
@@ -705,6 +772,17 @@ std::string format_json(const Report& r) {
   tm["outside_kernel_span_ms_per_iter"] = r.outside_ms_per_iter();
   tm["without_profiler_ms_per_iter"] =
       r.plain_events_ms >= 0 ? ojson(r.plain_events_ms / it) : ojson(nullptr);
+  if (graph_mode(r)) {
+    const int n = r.iters;
+    tm["eager"] = {{"kernel_sum_ms_per_iter", r.eager.kernel_ms_per_iter(n)},
+                   {"cuda_events_ms_per_iter", r.eager.events_ms_per_iter(n)},
+                   {"difference_pct", r.eager.difference_pct(n)},
+                   {"gpu_busy_ms_per_iter", (double)r.eager.busy_ns / 1e6 / it},
+                   {"idle_between_kernels_ms_per_iter", r.eager.idle_ms_per_iter(n)},
+                   {"activities", r.eager.activities}};
+  } else {
+    tm["eager"] = nullptr;
+  }
   j["timing"] = std::move(tm);
   j["dropped_records"] = r.dropped;
   j["notes"] = r.notes;

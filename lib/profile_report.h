@@ -140,9 +140,27 @@ struct Roofline {
 };
 Roofline roofline(double flops, double bytes, double ns, const Peaks& peaks);
 
+// Timing of the eager attribution pass when the report's kernel table comes from CUDA-graph
+// replays (events_ms < 0: no such pass, everything is from eager launches).
+struct PassTiming {
+  double events_ms = -1;                 // CUDA-event time of the pass (all iterations)
+  uint64_t kernel_ns = 0, memop_ns = 0;  // summed activity time
+  uint64_t busy_ns = 0, span_ns = 0;     // as Report's
+  uint64_t activities = 0;               // kernel + memcpy/memset records
+  double kernel_ms_per_iter(int iters) const;
+  double events_ms_per_iter(int iters) const;
+  double difference_pct(int iters) const;
+  double idle_ms_per_iter(int iters) const;
+};
+
 struct Report {
   std::string gpu, target, precision, pass;
   int iters = 0, warmup = 0;
+  // Where kernels/memops/kernel_ns/events_ms come from: "eager" (one launch per kernel, the
+  // layer table's pass too) or "graph" (replays of one captured iteration; the layer table then
+  // comes from the eager pass in `eager`, same iteration count).
+  std::string mode = "eager";
+  PassTiming eager;
   Peaks peaks;
   std::vector<SumRow> kernels, memops;
   std::vector<LayerRow> layers;
@@ -163,6 +181,11 @@ struct Report {
 };
 // Fills kernels/memops/layers/kernel_ns/memop_ns/flops/bytes from the records.
 void build_report(Report& r, const std::vector<Activity>& acts, const RangeTracker& ranges);
+// Only the activity part: kernels/memops/kernel_ns/memop_ns/span_ns/busy_ns (layers untouched).
+void build_kernel_tables(Report& r, const std::vector<Activity>& acts);
+// Graph mode: keeps r's activity part (the eager pass) as r.eager, then replaces it with the
+// graph replays' records and CUDA-event time; layers, FLOPs and bytes stay the eager pass's.
+void use_graph_replays(Report& r, const std::vector<Activity>& graph_acts, double graph_events_ms);
 
 std::string format_table(const Report& r, int name_width = 150);
 std::string format_csv(const Report& r);
@@ -171,6 +194,8 @@ std::string format_json(const Report& r);
 std::string timing_line(const Report& r);
 // Where the difference goes: "GPU busy ..., idle between kernels ..., outside the kernels ...".
 std::string gap_line(const Report& r);
+// Graph mode only (else ""): "eager launches (layer-table pass): kernel sum ..., CUDA events ...".
+std::string eager_line(const Report& r);
 
 // Chrome trace-event JSON (Perfetto, chrome://tracing): process "GPU" with one track per stream
 // (kernels, memcpy, memset) and a "layers (GPU)" track spanning each range's kernels; process

@@ -735,6 +735,89 @@ TEST(ProfileReport, TableCsvJsonAgree) {
               100.0 * ms / j["timing"]["kernel_sum_ms_per_iter"].get<double>(), 1e-9);
 }
 
+// Graph mode: the kernel table, kernel sum and events are the replays'; the layer table, FLOPs
+// and Step (%) stay the eager pass's, whose timing is kept as `eager`.
+TEST(ProfileReport, GraphReplaysReplaceKernelTablesKeepLayers) {
+  RangeTracker tracker;
+  std::vector<Activity> eager;
+  Report r = sample_report(&eager, tracker);
+  const uint64_t eager_sum = r.kernel_ns + r.memop_ns, eager_busy = r.busy_ns, eager_span = r.span_ns;
+  const double eager_events = r.events_ms, flops = r.flops;
+  const std::vector<LayerRow> layers = r.layers;
+  // Replays: the same activities packed tighter (no gaps), each a random amount shorter; graph
+  // records carry no layer range.
+  std::mt19937_64 g(test::test_seed() + 5);
+  std::uniform_int_distribution<uint64_t> shave(0, 500);
+  std::vector<Activity> graph = eager;
+  uint64_t clock = 1000000, sum = 0;
+  for (auto& a : graph) {
+    const uint64_t d = a.duration() - shave(g);
+    a.range = 0;
+    a.start = clock;
+    a.end = clock + d;
+    clock = a.end + 10;
+    sum += d;
+  }
+  const double graph_events = (double)(clock - 1000000) / 1e6 * 1.01;
+  use_graph_replays(r, graph, graph_events);
+  EXPECT_EQ(r.mode, "graph");
+  EXPECT_EQ(r.kernel_ns + r.memop_ns, sum);
+  EXPECT_EQ(r.span_ns, graph.back().end - graph.front().start);
+  EXPECT_DOUBLE_EQ(r.events_ms, graph_events);
+  EXPECT_EQ(r.eager.kernel_ns + r.eager.memop_ns, eager_sum);
+  EXPECT_EQ(r.eager.busy_ns, eager_busy);
+  EXPECT_EQ(r.eager.span_ns, eager_span);
+  EXPECT_DOUBLE_EQ(r.eager.events_ms, eager_events);
+  EXPECT_EQ(r.eager.activities, eager.size());
+  EXPECT_DOUBLE_EQ(r.flops, flops);
+  ASSERT_EQ(r.layers.size(), layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) EXPECT_EQ(r.layers[i].time_ns, layers[i].time_ns);
+
+  const std::string table = format_table(r);
+  EXPECT_NE(table.find("CUDA-graph replays: " + timing_line(r)), std::string::npos) << table;
+  EXPECT_NE(table.find(eager_line(r)), std::string::npos) << table;
+  char want[160];
+  std::snprintf(want, sizeof want, "kernel sum %.3f ms/iter, CUDA events %.3f ms/iter",
+                (double)eager_sum / 1e6 / 4, eager_events / 4);
+  EXPECT_NE(eager_line(r).find(want), std::string::npos) << eager_line(r);
+
+  json j = json::parse(format_json(r));
+  EXPECT_EQ(j["mode"], "graph");
+  EXPECT_EQ(j["layers_mode"], "eager");
+  EXPECT_NEAR(j["timing"]["kernel_sum_ms_per_iter"].get<double>(), (double)sum / 1e6 / 4, 1e-9);
+  EXPECT_NEAR(j["timing"]["cuda_events_ms_per_iter"].get<double>(), graph_events / 4, 1e-9);
+  const json& e = j["timing"]["eager"];
+  ASSERT_TRUE(e.is_object());
+  EXPECT_NEAR(e["kernel_sum_ms_per_iter"].get<double>(), (double)eager_sum / 1e6 / 4, 1e-9);
+  EXPECT_NEAR(e["cuda_events_ms_per_iter"].get<double>(), eager_events / 4, 1e-9);
+  EXPECT_EQ(e["activities"].get<uint64_t>(), eager.size());
+  // Step (%) divides by the kernel sum of the pass the layer times come from.
+  const double ms = j["layers"][0]["ms_per_iter"].get<double>();
+  EXPECT_NEAR(j["layers"][0]["step_pct"].get<double>(), 100.0 * ms / ((double)eager_sum / 1e6 / 4), 1e-9);
+
+  auto rows = parse_csv(format_csv(r));
+  const auto& head = rows[0];
+  auto col = [&](const char* n) { return (size_t)(std::find(head.begin(), head.end(), n) - head.begin()); };
+  std::map<std::string, std::string> vals;
+  for (auto& row : rows) {
+    ASSERT_EQ(row.size(), head.size());
+    if (row[col("section")] == "info" || row[col("section")] == "timing")
+      vals[row[col("name")]] = row[col("value")];
+  }
+  EXPECT_EQ(vals["mode"], "graph");
+  EXPECT_NEAR(std::stod(vals["eager_cuda_events_ms_per_iter"]), eager_events / 4, 1e-6);
+  EXPECT_NEAR(std::stod(vals["kernel_sum_ms_per_iter"]), (double)sum / 1e6 / 4, 1e-6);
+
+  // Eager mode (no use_graph_replays) says so and has no eager block.
+  std::vector<Activity> acts2;
+  RangeTracker t2;
+  Report plain = sample_report(&acts2, t2);
+  json p = json::parse(format_json(plain));
+  EXPECT_EQ(p["mode"], "eager");
+  EXPECT_TRUE(p["timing"]["eager"].is_null());
+  EXPECT_EQ(eager_line(plain), "");
+}
+
 TEST(ProfileReport, BusyTimeIsTheUnionOfIntervals) {
   // Random overlapping intervals (two streams); reference: a 1-ns bitmap.
   std::mt19937_64 g(test::test_seed() + 4);
