@@ -109,6 +109,10 @@ std::string ModelConfig::validate() const {
   if (class_cond && num_classes < 1) return bad("--num-classes must be positive with --class-cond");
   if (!(dropout >= 0.0f && dropout < 1.0f)) return bad("--dropout must be in [0, 1)");
   if (diffusion_steps < 2) return bad("--diffusion-steps must be at least 2");
+  // The linear schedule's last beta is 0.02*1000/T: T <= 20 makes it >= 1 (a zero alpha-bar).
+  if (noise_schedule == "linear" && diffusion_steps <= 20)
+    return bad("--diffusion-steps " + std::to_string(diffusion_steps) +
+               " is too few for the linear schedule (its last beta, 20/T, must stay below 1; use > 20 or cosine)");
   if (noise_schedule != "linear" && noise_schedule != "cosine")
     return bad("--noise-schedule must be linear or cosine, not '" + noise_schedule + "'");
   return "";

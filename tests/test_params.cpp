@@ -87,3 +87,26 @@ TEST(Params, LayoutRoundTrip) {
   engine_to_torch(p, eng.data(), back.data());
   EXPECT_EQ(src, back);
 }
+
+TEST(Config, ValidateRejectsBadCombinations) {
+  ModelConfig c = preset("seed64");
+  EXPECT_EQ(c.validate(), "");
+  c.diffusion_steps = 20;  // linear betas reach 20/T = 1
+  EXPECT_NE(c.validate().find("too few"), std::string::npos);
+  c.diffusion_steps = 21;
+  EXPECT_EQ(c.validate(), "");
+  c.noise_schedule = "cosine", c.diffusion_steps = 10;
+  EXPECT_EQ(c.validate(), "");
+  ModelConfig d = preset("seed64");
+  d.num_channels = 48;  // 48*1 not divisible by 32 groups
+  EXPECT_NE(d.validate().find("32 groups"), std::string::npos);
+  d = preset("seed64");
+  d.num_head_channels = 40;  // does not divide 128-channel attention
+  EXPECT_NE(d.validate().find("does not divide"), std::string::npos);
+  d = preset("seed64");
+  d.image_size = 60;  // 4 levels need a multiple of 8
+  EXPECT_NE(d.validate().find("not divisible"), std::string::npos);
+  d = preset("seed64");
+  d.attention_resolutions = {12};
+  EXPECT_NE(d.validate().find("not a feature-map size"), std::string::npos);
+}
