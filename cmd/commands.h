@@ -21,9 +21,9 @@ struct ModelFlags {
   std::vector<std::pair<CLI::Option*, std::function<void(ModelConfig&)>>> opts;
   CLI::Option* preset_opt = nullptr;
   void add(CLI::App* app, bool with_preset = true);
-  bool any_given() const;       // any model flag (or --preset) on the command line
+  bool any_given() const;                     // any model flag (or --preset) on the command line
   ModelConfig apply(ModelConfig base) const;  // base + explicit flags, validated (UserError)
-  ModelConfig resolve() const;  // preset(--preset) + explicit flags, validated
+  ModelConfig resolve() const;                // preset(--preset) + explicit flags, validated
 };
 
 // --device cuda|cpu and --precision fp32|tf32|bf16 with the SPEC's defaults.

@@ -40,7 +40,8 @@ std::vector<float> read_noise(const std::string& path, const ModelConfig& cfg, i
   std::vector<float> nhwc(nchw.size());
   for (int i = 0; i < *n; ++i)
     for (int c = 0; c < C; ++c)
-      for (int p = 0; p < R * R; ++p) nhwc[((size_t)i * R * R + p) * C + c] = nchw[((size_t)i * C + c) * R * R + p];
+      for (int p = 0; p < R * R; ++p)
+        nhwc[((size_t)i * R * R + p) * C + c] = nchw[((size_t)i * C + c) * R * R + p];
   return nhwc;
 }
 
@@ -61,8 +62,8 @@ void run(SampleArgs& a) {
   Checkpoint ck = load_checkpoint(a.ckpt);
   const ModelConfig& cfg = ck.cfg;
   if (a.steps > cfg.diffusion_steps)
-    throw UserError("--steps " + std::to_string(a.steps) + " exceeds the model's " + std::to_string(cfg.diffusion_steps) +
-                    " diffusion steps");
+    throw UserError("--steps " + std::to_string(a.steps) + " exceeds the model's " +
+                    std::to_string(cfg.diffusion_steps) + " diffusion steps");
   if (a.cls >= 0 && !cfg.class_cond) throw UserError("--class: " + a.ckpt + " is not class-conditional");
   if (a.cls >= cfg.num_classes && cfg.class_cond)
     throw UserError("--class " + std::to_string(a.cls) + " is out of range (the model has " +
@@ -73,14 +74,17 @@ void run(SampleArgs& a) {
     int nn = 0;
     noise = read_noise(a.noise, cfg, &nn);
     if (a.n_opt->count() && a.n != nn)
-      throw UserError(a.noise + ": holds " + std::to_string(nn) + " noise images but -n is " + std::to_string(a.n));
+      throw UserError(a.noise + ": holds " + std::to_string(nn) + " noise images but -n is " +
+                      std::to_string(a.n));
     n = nn;
   }
   std::vector<int32_t> labels;
   if (cfg.class_cond) {
     labels.resize(n);
     for (int i = 0; i < n; ++i)
-      labels[i] = a.cls >= 0 ? a.cls : (int32_t)(rng_bits(a.seed, Stream::SampleLabel, i) % (uint64_t)cfg.num_classes);
+      labels[i] = a.cls >= 0
+                      ? a.cls
+                      : (int32_t)(rng_bits(a.seed, Stream::SampleLabel, i) % (uint64_t)cfg.num_classes);
   }
   auto be = a.dev.make();
   Model model(cfg, *be);
@@ -98,8 +102,8 @@ void run(SampleArgs& a) {
                a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model");
   std::vector<float> out((size_t)n * R * R * C);
   Progress prog("sample", n, "img");
-  sample(model, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(), out.data(),
-         [&](int done, int) { prog.update(done); });
+  sample(model, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(),
+         out.data(), [&](int done, int) { prog.update(done); });
   prog.finish();
   if (!a.h5.empty()) {
     AtomicFile af(a.h5);
@@ -108,7 +112,8 @@ void run(SampleArgs& a) {
       std::vector<float> nchw(out.size());
       for (int i = 0; i < n; ++i)
         for (int c = 0; c < C; ++c)
-          for (int p = 0; p < R * R; ++p) nchw[((size_t)i * C + c) * R * R + p] = out[((size_t)i * R * R + p) * C + c];
+          for (int p = 0; p < R * R; ++p)
+            nchw[((size_t)i * C + c) * R * R + p] = out[((size_t)i * R * R + p) * C + c];
       h5::write_f32(f, "samples", nchw.data(), {(hsize_t)n, (hsize_t)C, (hsize_t)R, (hsize_t)R});
       std::vector<uint8_t> u8 = to_uint8_rgb(out.data(), n, R, R, C);
       if (C != 3) {  // images keeps the model's channels
@@ -151,11 +156,13 @@ void register_sample(CLI::App& app) {
   sub->add_option("checkpoint", a->ckpt, "checkpoint (HDF5)")->required();
   a->n_opt = sub->add_option("-n,--num-samples", a->n, "number of images (default 16, or N of --noise)");
   sub->add_option("--batch-size", a->batch_size, "images per model call (default min(n, 64))");
-  sub->add_option("--sampler", a->sampler, "ddpm (ancestral, default) or ddim")->check(CLI::IsMember({"ddpm", "ddim"}));
+  sub->add_option("--sampler", a->sampler, "ddpm (ancestral, default) or ddim")
+      ->check(CLI::IsMember({"ddpm", "ddim"}));
   sub->add_option("--steps", a->steps, "sampling steps: respaced DDPM or DDIM step count (default: all)");
   sub->add_option("--eta", a->eta, "DDIM eta (default 0: deterministic)");
   sub->add_option("--noise", a->noise, "x_T from dataset 'noise' float32 [N,C,H,W] of this HDF5 file");
-  sub->add_option("--class", a->cls, "class label for every image (class-conditional models; default random)");
+  sub->add_option("--class", a->cls,
+                  "class label for every image (class-conditional models; default random)");
   sub->add_flag("--no-ema", a->no_ema, "use the raw weights instead of the EMA weights");
   sub->add_flag("--no-clip", a->no_clip, "do not clip the predicted x_0 to [-1, 1]");
   sub->add_option("--seed", a->seed, "seed for x_T, step noise and labels (default 0)");

@@ -35,7 +35,8 @@ void run(TrainArgs& a) {
   o.flip = !a.no_flip;
   if (!a.init.empty() && !a.resume.empty()) throw UserError("--init and --resume are exclusive");
   if ((!a.init.empty() || !a.resume.empty()) && a.model.any_given())
-    throw UserError("model flags cannot be combined with --init/--resume: the model comes from the checkpoint");
+    throw UserError(
+        "model flags cannot be combined with --init/--resume: the model comes from the checkpoint");
   if (o.batch_size < 1) throw UserError("--batch-size must be positive");
   if (!(o.lr > 0)) throw UserError("--lr must be positive");
   if (o.weight_decay < 0) throw UserError("--weight-decay must be >= 0");
@@ -49,7 +50,8 @@ void run(TrainArgs& a) {
   const bool resume = !a.resume.empty();
   if (resume) {
     ck = load_checkpoint(a.resume, /*need_optimizer=*/true);
-    if (!ck.state.count("step")) throw UserError(a.resume + ": no training state (state/step); use --init to start from it");
+    if (!ck.state.count("step"))
+      throw UserError(a.resume + ": no training state (state/step); use --init to start from it");
     if (a.rundir.empty()) a.rundir = fs::path(a.resume).parent_path().string();
     if (a.rundir.empty()) a.rundir = ".";
     if (o.steps > 0 && o.steps <= ck.state.at("step"))
@@ -78,17 +80,23 @@ void run(TrainArgs& a) {
   const ParamTable t = build_param_table(ck.cfg);
   std::printf("unet train: %.2f M parameters, batch %d, %s step %lld%s -> %s\n", t.count / 1e6, o.batch_size,
               resume ? "resuming at" : "starting at", resume ? (long long)ck.state.at("step") : 0LL,
-              o.steps ? (" until step " + std::to_string(o.steps)).c_str() : " (until interrupted)", o.rundir.c_str());
+              o.steps ? (" until step " + std::to_string(o.steps)).c_str() : " (until interrupted)",
+              o.rundir.c_str());
   std::fflush(stdout);
   TrainResult r = train(*be, a.data, std::move(ck), resume, o);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   if (r.diverged) throw UserError("training stopped: the loss is not finite (see above)");
-  if (r.interrupted) std::printf("interrupted at step %lld", (long long)r.step);
-  else std::printf("finished at step %lld", (long long)r.step);
-  if (!r.last_checkpoint.empty()) std::printf("; checkpoint %s (also %s/latest.h5)", r.last_checkpoint.c_str(), o.rundir.c_str());
+  if (r.interrupted)
+    std::printf("interrupted at step %lld", (long long)r.step);
+  else
+    std::printf("finished at step %lld", (long long)r.step);
+  if (!r.last_checkpoint.empty())
+    std::printf("; checkpoint %s (also %s/latest.h5)", r.last_checkpoint.c_str(), o.rundir.c_str());
   std::printf("\n");
-  if (be->is_cuda()) std::printf("peak device memory %.2f GB (planned buffers and workspaces; the CUDA context not counted)\n", be->peak_bytes() / 1e9);
+  if (be->is_cuda())
+    std::printf("peak device memory %.2f GB (planned buffers and workspaces; the CUDA context not counted)\n",
+                be->peak_bytes() / 1e9);
 }
 }  // namespace
 
@@ -97,21 +105,27 @@ void register_train(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "train a model on a dataset made by `unet prepare`");
   sub->add_option("data", a->data, "dataset (HDF5 from unet prepare)")->required();
   sub->add_option("--init", a->init, "start from this checkpoint's weights (fresh optimizer)");
-  sub->add_option("--resume", a->resume, "continue this checkpoint's run exactly (weights, EMA, optimizer, data order, RNG)");
-  sub->add_option("-o,--output", a->rundir, "run directory (default runs/<date>-<time>, or the --resume checkpoint's directory)");
+  sub->add_option("--resume", a->resume,
+                  "continue this checkpoint's run exactly (weights, EMA, optimizer, data order, RNG)");
+  sub->add_option("-o,--output", a->rundir,
+                  "run directory (default runs/<date>-<time>, or the --resume checkpoint's directory)");
   auto& o = a->opt;
   sub->add_option("--batch-size", o.batch_size, "images per step (default 32)");
   sub->add_option("--lr", o.lr, "AdamW learning rate (default 1e-4)");
   sub->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (default 0)");
   sub->add_option("--ema-rate", o.ema_rate, "EMA decay of the weights (default 0.9999)");
-  sub->add_option("--steps", o.steps, "stop at this global step, counting steps before a resume (default: until Ctrl-C)");
-  sub->add_option("--save-every", o.save_every, "checkpoint every N steps (default 10000; always at the end)");
+  sub->add_option("--steps", o.steps,
+                  "stop at this global step, counting steps before a resume (default: until Ctrl-C)");
+  sub->add_option("--save-every", o.save_every,
+                  "checkpoint every N steps (default 10000; always at the end)");
   sub->add_option("--log-every", o.log_every, "log loss/grad norm/speed every N steps (default 10)");
-  sub->add_option("--sample-every", o.sample_every, "write a sample grid (EMA, DDIM 50) every N steps (default never)");
+  sub->add_option("--sample-every", o.sample_every,
+                  "write a sample grid (EMA, DDIM 50) every N steps (default never)");
   sub->add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (default off)");
   sub->add_option("--lr-warmup", o.lr_warmup, "linear learning-rate warmup over N steps (default 0)");
   sub->add_flag("--no-flip", a->no_flip, "disable random horizontal flips");
-  sub->add_option("--seed", o.seed, "seed of data order, noise, timesteps, flips, dropout and fresh init (default 0)");
+  sub->add_option("--seed", o.seed,
+                  "seed of data order, noise, timesteps, flips, dropout and fresh init (default 0)");
   a->model.add(sub);
   a->dev.add(sub);
   sub->callback([a] { run(*a); });

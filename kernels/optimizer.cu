@@ -97,8 +97,8 @@ void CudaBackend::adamw(float* p, const float* g, float* m, float* v, size_t n, 
   launch_map(f, n, aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v), stream_);
 }
 
-void CudaBackend::adamw_dev(float* p, const float* g, float* m, float* v, size_t n, const float* hyper, float beta1,
-                            float beta2, float eps, const float* grad_scale) {
+void CudaBackend::adamw_dev(float* p, const float* g, float* m, float* v, size_t n, const float* hyper,
+                            float beta1, float beta2, float eps, const float* grad_scale) {
   AdamW f{p, g, m, v, grad_scale, beta1, beta2, eps, 0.f, 0.f, 0.f, hyper};
   launch_map(f, n, aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v), stream_);
 }

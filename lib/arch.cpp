@@ -54,7 +54,8 @@ Arch build_arch(const ModelConfig& cfg) {
       blk.push_back(Layer{Layer::Res, name("output_blocks", bi, 0), ch + ich, out, res});
       ch = out;
       if (has_attn(res))
-        blk.push_back(Layer{Layer::Attn, name("output_blocks", bi, blk.size()), ch, ch, res, 0, cfg.heads_for(ch)});
+        blk.push_back(
+            Layer{Layer::Attn, name("output_blocks", bi, blk.size()), ch, ch, res, 0, cfg.heads_for(ch)});
       if (level && i == cfg.num_res_blocks) {
         if (cfg.resblock_updown)
           blk.push_back(Layer{Layer::Res, name("output_blocks", bi, blk.size()), ch, ch, res, +1});

@@ -1,15 +1,16 @@
 #include "backend.h"
 
-#include "util.h"
-
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 #include <vector>
-#include <memory>
+
+#include "util.h"
 
 namespace unet {
 
-void Backend::adamw_dev(float*, const float*, float*, float*, size_t, const float*, float, float, float, const float*) {
+void Backend::adamw_dev(float*, const float*, float*, float*, size_t, const float*, float, float, float,
+                        const float*) {
   throw std::logic_error(name() + ": adamw_dev is only used with CUDA graphs");
 }
 
@@ -30,9 +31,12 @@ Precision parse_precision(const std::string& s) {
 
 const char* precision_name(Precision p) {
   switch (p) {
-    case Precision::FP32: return "fp32";
-    case Precision::TF32: return "tf32";
-    case Precision::BF16: return "bf16";
+    case Precision::FP32:
+      return "fp32";
+    case Precision::TF32:
+      return "tf32";
+    case Precision::BF16:
+      return "bf16";
   }
   return "?";
 }

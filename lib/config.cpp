@@ -91,7 +91,8 @@ std::string ModelConfig::validate() const {
                  " is not a feature-map size of this model (sizes are " + std::to_string(image_size) +
                  " halved per level)");
   }
-  if (num_head_channels == 0 || num_head_channels < -1) return bad("--num-head-channels must be positive or -1");
+  if (num_head_channels == 0 || num_head_channels < -1)
+    return bad("--num-head-channels must be positive or -1");
   if (num_head_channels == -1 && num_heads < 1) return bad("--num-heads must be positive");
   // Attention runs at the listed resolutions and in the middle block (deepest level).
   for (int l = 0; l < levels; ++l) {
@@ -103,16 +104,17 @@ std::string ModelConfig::validate() const {
       return bad("--num-head-channels " + std::to_string(num_head_channels) + " does not divide " +
                  std::to_string(ch) + " attention channels");
     if (num_head_channels == -1 && ch % num_heads != 0)
-      return bad("--num-heads " + std::to_string(num_heads) + " does not divide " +
-                 std::to_string(ch) + " attention channels");
+      return bad("--num-heads " + std::to_string(num_heads) + " does not divide " + std::to_string(ch) +
+                 " attention channels");
   }
   if (class_cond && num_classes < 1) return bad("--num-classes must be positive with --class-cond");
   if (!(dropout >= 0.0f && dropout < 1.0f)) return bad("--dropout must be in [0, 1)");
   if (diffusion_steps < 2) return bad("--diffusion-steps must be at least 2");
   // The linear schedule's last beta is 0.02*1000/T: T <= 20 makes it >= 1 (a zero alpha-bar).
   if (noise_schedule == "linear" && diffusion_steps <= 20)
-    return bad("--diffusion-steps " + std::to_string(diffusion_steps) +
-               " is too few for the linear schedule (its last beta, 20/T, must stay below 1; use > 20 or cosine)");
+    return bad(
+        "--diffusion-steps " + std::to_string(diffusion_steps) +
+        " is too few for the linear schedule (its last beta, 20/T, must stay below 1; use > 20 or cosine)");
   if (noise_schedule != "linear" && noise_schedule != "cosine")
     return bad("--noise-schedule must be linear or cosine, not '" + noise_schedule + "'");
   return "";
@@ -127,9 +129,11 @@ std::string ModelConfig::describe() const {
     << " use_new_attention_order=" << (use_new_attention_order ? "true" : "false")
     << " use_scale_shift_norm=" << (use_scale_shift_norm ? "true" : "false")
     << " resblock_updown=" << (resblock_updown ? "true" : "false")
-    << " learn_sigma=" << (learn_sigma ? "true" : "false") << " class_cond=" << (class_cond ? "true" : "false");
+    << " learn_sigma=" << (learn_sigma ? "true" : "false")
+    << " class_cond=" << (class_cond ? "true" : "false");
   if (class_cond) o << " num_classes=" << num_classes;
-  o << " dropout=" << dropout << " diffusion_steps=" << diffusion_steps << " noise_schedule=" << noise_schedule;
+  o << " dropout=" << dropout << " diffusion_steps=" << diffusion_steps
+    << " noise_schedule=" << noise_schedule;
   return o.str();
 }
 

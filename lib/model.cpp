@@ -6,7 +6,8 @@
 //    concat input of every output block;
 //  * NOT saved: GroupNorm+SiLU outputs, up/down-sampled copies and dropout results — backward
 //    recomputes them into shared scratch buffers (cheap memory-bound work, saves ~half the memory);
-//  * shared scratch S0..S2 (S2 with scale-shift only) and gradient scratch D0..D3, ping-pong gradient buffers P0..P2, each of
+//  * shared scratch S0..S2 (S2 with scale-shift only) and gradient scratch D0..D3, ping-pong gradient buffers
+//  P0..P2, each of
 //    the largest activation size; one gradient buffer per skip connection.
 #include "model.h"
 
@@ -35,16 +36,16 @@ int out_res(const Layer& l) {
 struct Model::Impl {
   struct L {
     Layer l;
-    int index = 0;       // position in the network (dropout seed)
-    int ro = 0;          // output resolution
+    int index = 0;  // position in the network (dropout seed)
+    int ro = 0;     // output resolution
     std::string fwd_name, bwd_name;
     // parameter offsets into the arena (SIZE_MAX = absent)
-    size_t w0 = SIZE_MAX, b0 = SIZE_MAX;   // Conv/Down/Up conv, Attn qkv, Res in_layers.2
-    size_t n1w = SIZE_MAX, n1b = SIZE_MAX; // Res in_layers.0, Attn norm
-    size_t ew = SIZE_MAX, eb = SIZE_MAX;   // Res emb_layers.1
-    size_t n2w = SIZE_MAX, n2b = SIZE_MAX; // Res out_layers.0
-    size_t w2 = SIZE_MAX, b2 = SIZE_MAX;   // Res out_layers.3, Attn proj_out
-    size_t sw = SIZE_MAX, sb = SIZE_MAX;   // Res skip_connection
+    size_t w0 = SIZE_MAX, b0 = SIZE_MAX;    // Conv/Down/Up conv, Attn qkv, Res in_layers.2
+    size_t n1w = SIZE_MAX, n1b = SIZE_MAX;  // Res in_layers.0, Attn norm
+    size_t ew = SIZE_MAX, eb = SIZE_MAX;    // Res emb_layers.1
+    size_t n2w = SIZE_MAX, n2b = SIZE_MAX;  // Res out_layers.0
+    size_t w2 = SIZE_MAX, b2 = SIZE_MAX;    // Res out_layers.3, Attn proj_out
+    size_t sw = SIZE_MAX, sb = SIZE_MAX;    // Res skip_connection
     // saved activations
     const float* in = nullptr;  // input pointer of the last forward (owned elsewhere)
     float* out = nullptr;
@@ -63,7 +64,8 @@ struct Model::Impl {
   std::vector<float*> cat, dskip;  // per output block / per input block
   // embeddings
   float *temb = nullptr, *a1 = nullptr, *a1s = nullptr, *emb = nullptr, *semb = nullptr;
-  float *d_semb = nullptr, *d_part = nullptr, *d_emb = nullptr, *d_a1s = nullptr, *d_a1 = nullptr, *DE = nullptr;
+  float *d_semb = nullptr, *d_part = nullptr, *d_emb = nullptr, *d_a1s = nullptr, *d_a1 = nullptr,
+        *DE = nullptr;
   const float* t_in = nullptr;
   const int32_t* labels_in = nullptr;
   const float* x_in = nullptr;
@@ -90,9 +92,15 @@ struct Model::Impl {
       const ParamTable& t = m.table_;
       auto off = [&](const std::string& n) { return t.at(l.prefix + n).offset; };
       switch (l.kind) {
-        case Layer::Conv: s.w0 = off(".weight"), s.b0 = off(".bias"); break;
-        case Layer::Down: s.w0 = off(".op.weight"), s.b0 = off(".op.bias"); break;
-        case Layer::Up: s.w0 = off(".conv.weight"), s.b0 = off(".conv.bias"); break;
+        case Layer::Conv:
+          s.w0 = off(".weight"), s.b0 = off(".bias");
+          break;
+        case Layer::Down:
+          s.w0 = off(".op.weight"), s.b0 = off(".op.bias");
+          break;
+        case Layer::Up:
+          s.w0 = off(".conv.weight"), s.b0 = off(".conv.bias");
+          break;
         case Layer::Res:
           s.n1w = off(".in_layers.0.weight"), s.n1b = off(".in_layers.0.bias");
           s.w0 = off(".in_layers.2.weight"), s.b0 = off(".in_layers.2.bias");
@@ -197,9 +205,11 @@ struct Model::Impl {
     const ParamTable& t = m.table_;
     be.range_push("time_embed fwd");
     be.timestep_embedding(t_in, temb, B, mc);
-    be.linear_fwd(temb, P_(t.at("time_embed.0.weight").offset), P_(t.at("time_embed.0.bias").offset), a1, B, mc, ed);
+    be.linear_fwd(temb, P_(t.at("time_embed.0.weight").offset), P_(t.at("time_embed.0.bias").offset), a1, B,
+                  mc, ed);
     be.silu_fwd(a1, a1s, (size_t)B * ed);
-    be.linear_fwd(a1s, P_(t.at("time_embed.2.weight").offset), P_(t.at("time_embed.2.bias").offset), emb, B, ed, ed);
+    be.linear_fwd(a1s, P_(t.at("time_embed.2.weight").offset), P_(t.at("time_embed.2.bias").offset), emb, B,
+                  ed, ed);
     if (cfg.class_cond) be.embedding_add_fwd(labels_in, P_(t.at("label_emb.weight").offset), emb, B, ed);
     be.silu_fwd(emb, semb, (size_t)B * ed);
     be.range_pop();
@@ -209,18 +219,23 @@ struct Model::Impl {
   uint64_t dseed(const L& s) const { return mix(seed, (uint64_t)s.index); }
 
   void resample_fwd(int updown, const float* x, float* y, int H, int C) {
-    if (updown < 0) be.avgpool2x2_fwd(x, y, B, H, H, C);
-    else be.upsample2x_fwd(x, y, B, H, H, C);
+    if (updown < 0)
+      be.avgpool2x2_fwd(x, y, B, H, H, C);
+    else
+      be.upsample2x_fwd(x, y, B, H, H, C);
   }
   void resample_bwd(int updown, const float* dy, float* dx, int H, int C) {
-    if (updown < 0) be.avgpool2x2_bwd(dy, dx, B, H, H, C);
-    else be.upsample2x_bwd(dy, dx, B, H, H, C);
+    if (updown < 0)
+      be.avgpool2x2_bwd(dy, dx, B, H, H, C);
+    else
+      be.upsample2x_bwd(dy, dx, B, H, H, C);
   }
 
   // SiLU(GN(in)) (optionally resampled) -> returns the conv1 input pointer (scratch).
   const float* res_conv1_input(L& s) {
     const Layer& l = s.l;
-    be.groupnorm_fwd(s.in, P_(s.n1w), P_(s.n1b), S[0], s.mean1, s.rstd1, B, l.res * l.res, l.cin, kGroups, true);
+    be.groupnorm_fwd(s.in, P_(s.n1w), P_(s.n1b), S[0], s.mean1, s.rstd1, B, l.res * l.res, l.cin, kGroups,
+                     true);
     if (!l.updown) return S[0];
     resample_fwd(l.updown, S[0], S[1], l.res, l.cin);
     return S[1];
@@ -280,14 +295,22 @@ struct Model::Impl {
     be.range_push(s.fwd_name.c_str());
     const Layer& l = s.l;
     switch (l.kind) {
-      case Layer::Conv: be.conv2d_fwd(in, P_(s.w0), P_(s.b0), s.out, B, l.res, l.res, l.cin, l.cout, 3, 1); break;
-      case Layer::Down: be.conv2d_fwd(in, P_(s.w0), P_(s.b0), s.out, B, l.res, l.res, l.cin, l.cout, 3, 2); break;
+      case Layer::Conv:
+        be.conv2d_fwd(in, P_(s.w0), P_(s.b0), s.out, B, l.res, l.res, l.cin, l.cout, 3, 1);
+        break;
+      case Layer::Down:
+        be.conv2d_fwd(in, P_(s.w0), P_(s.b0), s.out, B, l.res, l.res, l.cin, l.cout, 3, 2);
+        break;
       case Layer::Up:
         be.upsample2x_fwd(in, S[0], B, l.res, l.res, l.cin);
         be.conv2d_fwd(S[0], P_(s.w0), P_(s.b0), s.out, B, s.ro, s.ro, l.cin, l.cout, 3, 1);
         break;
-      case Layer::Res: res_fwd(s); break;
-      case Layer::Attn: attn_fwd(s); break;
+      case Layer::Res:
+        res_fwd(s);
+        break;
+      case Layer::Attn:
+        attn_fwd(s);
+        break;
     }
     be.range_pop();
   }
@@ -403,8 +426,12 @@ struct Model::Impl {
         be.conv2d_bwd(S[0], P_(s.w0), dout, D[0], G_(s.w0), G_(s.b0), B, s.ro, s.ro, l.cin, l.cout, 3, 1);
         be.upsample2x_bwd(D[0], dx, B, l.res, l.res, l.cin);
         break;
-      case Layer::Res: res_bwd(s, dout, dx); break;
-      case Layer::Attn: attn_bwd(s, dout, dx); break;
+      case Layer::Res:
+        res_bwd(s, dout, dx);
+        break;
+      case Layer::Attn:
+        attn_bwd(s, dout, dx);
+        break;
     }
     be.range_pop();
   }
@@ -418,8 +445,8 @@ struct Model::Impl {
     be.groupnorm_fwd(h_last, P_(on_w), P_(on_b), S[0], o_mean, o_rstd, B, R * R, C, kGroups, true);
     be.conv2d_bwd(S[0], P_(oc_w), dy, D[0], G_(oc_w), G_(oc_b), B, R, R, C, cfg.out_channels(), 3, 1);
     int cur = 0;  // P[cur] holds the gradient flowing down
-    be.groupnorm_bwd(h_last, P_(on_w), P_(on_b), o_mean, o_rstd, D[0], P[cur], G_(on_w), G_(on_b), B, R * R, C,
-                     kGroups, true);
+    be.groupnorm_bwd(h_last, P_(on_w), P_(on_b), o_mean, o_rstd, D[0], P[cur], G_(on_w), G_(on_b), B, R * R,
+                     C, kGroups, true);
     be.range_pop();
     const size_t n_in = in_blocks.size();
     for (size_t bi = out_blocks.size(); bi-- > 0;) {
@@ -498,7 +525,8 @@ void Model::forward(const float* x, const float* t, const int32_t* labels, float
 }
 
 void Model::backward(const float* dout, int B) {
-  if (B != impl_->B || !impl_->train) throw std::logic_error("Model::backward must follow forward(train=true) with the same batch");
+  if (B != impl_->B || !impl_->train)
+    throw std::logic_error("Model::backward must follow forward(train=true) with the same batch");
   impl_->backward(dout);
 }
 

@@ -48,9 +48,15 @@ struct Builder {
 void add_layer(Builder& b, const ModelConfig& cfg, const Layer& l) {
   const int ed = cfg.time_embed_dim();
   switch (l.kind) {
-    case Layer::Conv: b.conv(l.prefix, l.cin, l.cout, 3); break;
-    case Layer::Down: b.conv(l.prefix + ".op", l.cin, l.cout, 3); break;
-    case Layer::Up: b.conv(l.prefix + ".conv", l.cin, l.cout, 3); break;
+    case Layer::Conv:
+      b.conv(l.prefix, l.cin, l.cout, 3);
+      break;
+    case Layer::Down:
+      b.conv(l.prefix + ".op", l.cin, l.cout, 3);
+      break;
+    case Layer::Up:
+      b.conv(l.prefix + ".conv", l.cin, l.cout, 3);
+      break;
     case Layer::Res:
       b.norm(l.prefix + ".in_layers.0", l.cin);
       b.conv(l.prefix + ".in_layers.2", l.cin, l.cout, 3);

@@ -18,19 +18,19 @@ enum class InitRule {
 };
 
 struct ParamInfo {
-  std::string name;                // e.g. "input_blocks.1.0.in_layers.2.weight"
-  std::vector<int64_t> shape;      // PyTorch shape, e.g. {64, 3, 3, 3}
+  std::string name;            // e.g. "input_blocks.1.0.in_layers.2.weight"
+  std::vector<int64_t> shape;  // PyTorch shape, e.g. {64, 3, 3, 3}
   InitRule init = InitRule::Uniform;
-  int64_t fan_in = 0;              // for Uniform
-  bool conv3x3 = false;            // 4-D [Co,Ci,3,3] stored as [Co,3,3,Ci] in the engine
-  size_t offset = 0;               // floats from the start of the arena (256-byte aligned)
+  int64_t fan_in = 0;    // for Uniform
+  bool conv3x3 = false;  // 4-D [Co,Ci,3,3] stored as [Co,3,3,Ci] in the engine
+  size_t offset = 0;     // floats from the start of the arena (256-byte aligned)
   size_t numel = 0;
 };
 
 struct ParamTable {
-  std::vector<ParamInfo> params;   // in guided-diffusion state_dict order
-  size_t total = 0;                // arena size in floats (incl. alignment padding)
-  size_t count = 0;                // number of parameters (sum of numel)
+  std::vector<ParamInfo> params;                         // in guided-diffusion state_dict order
+  size_t total = 0;                                      // arena size in floats (incl. alignment padding)
+  size_t count = 0;                                      // number of parameters (sum of numel)
   const ParamInfo* find(const std::string& name) const;  // nullptr if absent
   const ParamInfo& at(const std::string& name) const;    // throws std::logic_error if absent
 };

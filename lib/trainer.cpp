@@ -1,8 +1,8 @@
 #include "trainer.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -39,7 +39,8 @@ void atomic_copy(const std::string& src, const std::string& dst) {
 }
 }  // namespace
 
-TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool resume, const TrainOptions& o) {
+TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool resume,
+                  const TrainOptions& o) {
   namespace fs = std::filesystem;
   const ModelConfig& cfg = ck.cfg;
   const int B = o.batch_size;
@@ -57,14 +58,18 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
                     [&be](size_t bytes) { return be.alloc_host(bytes); });
   const DatasetInfo& info = loader.info();
   if (info.image_size != R)
-    throw UserError(dataset + ": images are " + std::to_string(info.image_size) + "x" + std::to_string(info.image_size) +
-                    " but the model's --image-size is " + std::to_string(R));
-  if (Cin != 3) throw UserError(dataset + ": datasets are RGB but the model has --in-channels " + std::to_string(Cin));
+    throw UserError(dataset + ": images are " + std::to_string(info.image_size) + "x" +
+                    std::to_string(info.image_size) + " but the model's --image-size is " +
+                    std::to_string(R));
+  if (Cin != 3)
+    throw UserError(dataset + ": datasets are RGB but the model has --in-channels " + std::to_string(Cin));
   if (cfg.class_cond && !info.has_labels)
-    throw UserError(dataset + ": the model is class-conditional but the dataset has no labels (prepare --labels subdirs)");
+    throw UserError(
+        dataset +
+        ": the model is class-conditional but the dataset has no labels (prepare --labels subdirs)");
   if (cfg.class_cond && (int64_t)info.class_names.size() > cfg.num_classes)
-    throw UserError(dataset + ": " + std::to_string(info.class_names.size()) + " classes but the model has --num-classes " +
-                    std::to_string(cfg.num_classes));
+    throw UserError(dataset + ": " + std::to_string(info.class_names.size()) +
+                    " classes but the model has --num-classes " + std::to_string(cfg.num_classes));
 
   Model model(cfg, be);
   model.plan(B);
@@ -80,8 +85,10 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     be.fill(m, 0.0f, P);
     be.fill(v, 0.0f, P);
   }
-  if (!ck.ema.empty()) be.upload(ema, ck.ema.data(), P);
-  else be.copy(ema, model.params(), P);
+  if (!ck.ema.empty())
+    be.upload(ema, ck.ema.data(), P);
+  else
+    be.copy(ema, model.params(), P);
 
   Diffusion diff(cfg.diffusion_steps, cfg.noise_schedule, cfg.learn_sigma);
   // Device buffers, planned once.
@@ -132,8 +139,12 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
       if (!std::isfinite(w)) return false;
     c.has_optimizer = true;
     c.opt.step = at;
-    c.opt.lr = o.lr, c.opt.beta1 = kBeta1, c.opt.beta2 = kBeta2, c.opt.eps = kEps, c.opt.weight_decay = o.weight_decay;
-    c.state = {{"step", at}, {"seed", (int64_t)seed}, {"batch_size", B}, {"flip", o.flip ? 1 : 0},
+    c.opt.lr = o.lr, c.opt.beta1 = kBeta1, c.opt.beta2 = kBeta2, c.opt.eps = kEps,
+    c.opt.weight_decay = o.weight_decay;
+    c.state = {{"step", at},
+               {"seed", (int64_t)seed},
+               {"batch_size", B},
+               {"flip", o.flip ? 1 : 0},
                {"dataset_count", info.count}};
     const std::string path = o.rundir + "/" + ckpt_name(at);
     save_checkpoint(path, c);
@@ -143,8 +154,9 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     return true;
   };
   auto diverged = [&](const char* what) {
-    std::fprintf(stderr, "%sunet: %s at step %lld; stopping. Last good checkpoint: %s\n", stderr_is_tty() ? "\n" : "",
-                 what, (long long)step, res.last_checkpoint.empty() ? "(none saved in this run)" : res.last_checkpoint.c_str());
+    std::fprintf(stderr, "%sunet: %s at step %lld; stopping. Last good checkpoint: %s\n",
+                 stderr_is_tty() ? "\n" : "", what, (long long)step,
+                 res.last_checkpoint.empty() ? "(none saved in this run)" : res.last_checkpoint.c_str());
     res.diverged = true;
     res.step = step;
     return res;
@@ -163,7 +175,8 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     so.seed = seed;
     so.batch_size = n;
     std::vector<int32_t> lab(n);
-    for (int i = 0; i < n; ++i) lab[i] = (int32_t)(i % std::max<int64_t>(1, (int64_t)info.class_names.size()));
+    for (int i = 0; i < n; ++i)
+      lab[i] = (int32_t)(i % std::max<int64_t>(1, (int64_t)info.class_names.size()));
     std::vector<float> imgs((size_t)n * n_img);
     if (!preview) preview = std::make_unique<Sampler>(be, sampler_net(model), n);
     preview->run(so, n, nullptr, cfg.class_cond ? lab.data() : nullptr, imgs.data(), nullptr);
@@ -196,7 +209,8 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     be.sum_squares(model.grads(), sumsq, P);
     be.clip_scale(sumsq, (float)o.grad_clip, norm, gscale);
     if (use_graph)
-      be.adamw_dev(model.params(), model.grads(), m, v, P, hyper, (float)kBeta1, (float)kBeta2, (float)kEps, gscale);
+      be.adamw_dev(model.params(), model.grads(), m, v, P, hyper, (float)kBeta1, (float)kBeta2, (float)kEps,
+                   gscale);
     else
       be.adamw(model.params(), model.grads(), m, v, P, lr_f, (float)kBeta1, (float)kBeta2, (float)kEps,
                (float)o.weight_decay, bc1_f, bc2_f, gscale);
@@ -229,7 +243,8 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     be.upload_bytes(labels, host_labels, sizeof(int32_t) * B);
     const int64_t t1 = step + 1;
     const double bc1 = 1.0 - std::pow(kBeta1, (double)t1), bc2 = 1.0 - std::pow(kBeta2, (double)t1);
-    const float lr_f = (float)lr_at(step), wd_f = (float)o.weight_decay, bc1_f = (float)bc1, bc2_f = (float)bc2;
+    const float lr_f = (float)lr_at(step), wd_f = (float)o.weight_decay, bc1_f = (float)bc1,
+                bc2_f = (float)bc2;
     if (use_graph) {
       // The same float expressions CudaBackend::adamw evaluates on the host.
       host_hyper[0] = 1.f - lr_f * wd_f, host_hyper[1] = lr_f / bc1_f, host_hyper[2] = std::sqrt(bc2_f);
@@ -259,17 +274,19 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
       be.download(&h[0], loss_sum, 1);
       be.download(&h[1], norm_sum, 1);
       const double mean_loss = h[0] / window_steps, mean_norm = h[1] / window_steps;
-      if (!std::isfinite(mean_loss)) return diverged(std::isnan(mean_loss) ? "the loss became NaN" : "the loss became Inf");
+      if (!std::isfinite(mean_loss))
+        return diverged(std::isnan(mean_loss) ? "the loss became NaN" : "the loss became Inf");
       const double dt = now_seconds() - t_window;
       const double ms = 1000.0 * dt / window_steps, ips = B * window_steps / dt;
       if (first_window) res.first_loss = mean_loss, first_window = false;
       res.last_loss = mean_loss;
-      csv << step << ',' << mean_loss << ',' << mean_norm << ',' << lr_at(step - 1) << ',' << ips << ',' << ms << '\n';
+      csv << step << ',' << mean_loss << ',' << mean_norm << ',' << lr_at(step - 1) << ',' << ips << ',' << ms
+          << '\n';
       csv.flush();
       if (!o.quiet) {
         if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
-        std::printf("step %lld | loss %.5f | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step\n", (long long)step,
-                    mean_loss, mean_norm, lr_at(step - 1), ips, ms);
+        std::printf("step %lld | loss %.5f | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step\n",
+                    (long long)step, mean_loss, mean_norm, lr_at(step - 1), ips, ms);
         std::fflush(stdout);
       }
       be.fill(loss_sum, 0.0f, 1);
@@ -279,7 +296,8 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
       if (save_now && !save(step)) return diverged("the weights became NaN/Inf");
     }
     if (o.sample_every > 0 && step % o.sample_every == 0) sample_grid(step);
-    if (!o.quiet) prog.update(step, res.last_loss > 0 ? "loss " + std::to_string(res.last_loss).substr(0, 7) : "");
+    if (!o.quiet)
+      prog.update(step, res.last_loss > 0 ? "loss " + std::to_string(res.last_loss).substr(0, 7) : "");
   }
   if (!o.quiet) prog.finish();
   if (res.interrupted && step > start && saved_at != step) {

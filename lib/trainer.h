@@ -18,7 +18,7 @@ struct TrainOptions {
   double lr = 1e-4;
   double weight_decay = 0.0;
   double ema_rate = 0.9999;
-  int64_t steps = 0;        // stop at this global step (0 = run until interrupted)
+  int64_t steps = 0;  // stop at this global step (0 = run until interrupted)
   int64_t save_every = 10000;
   int64_t log_every = 10;
   int64_t sample_every = 0;  // 0 = never
@@ -27,7 +27,7 @@ struct TrainOptions {
   bool flip = true;
   uint64_t seed = 0;
   std::string rundir;
-  bool quiet = false;        // no progress line (tests)
+  bool quiet = false;  // no progress line (tests)
 };
 
 struct TrainResult {
@@ -44,6 +44,7 @@ std::atomic<bool>& stop_requested();
 
 // `ck` holds the starting point: model (and, on resume, ema/optimizer/state). `resume` says
 // whether ck.state/optimizer continue a previous run.
-TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool resume, const TrainOptions& opt);
+TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool resume,
+                  const TrainOptions& opt);
 
 }  // namespace unet

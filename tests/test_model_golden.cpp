@@ -113,8 +113,9 @@ TEST(ModelGolden, CudaMatchesPyTorchFloat64) {
       const bool fp32 = prec == Precision::FP32;
       EXPECT_LT(r.out_err, fp32 ? 1e-5 : 1e-2) << "forward " << precision_name(prec);
       EXPECT_LT(r.grad_err, fp32 ? 1e-4 : 5e-2) << precision_name(prec) << " worst gradient: " << r.worst;
-      std::printf("[golden] %s %s: out %.2e, worst grad %.2e (%s)\n", std::filesystem::path(path).filename().c_str(),
-                  precision_name(prec), r.out_err, r.grad_err, r.worst.c_str());
+      std::printf("[golden] %s %s: out %.2e, worst grad %.2e (%s)\n",
+                  std::filesystem::path(path).filename().c_str(), precision_name(prec), r.out_err, r.grad_err,
+                  r.worst.c_str());
     }
   }
 }
