@@ -139,7 +139,8 @@ TEST_P(ModelGrad, EveryTensorMatchesFiniteDifferences) {
     auto dir = test::randn(p.numel, s + k);
     double scale = 0;
     for (size_t i = 0; i < p.numel; ++i) scale = std::max(scale, (double)std::fabs(f.params[p.offset + i]));
-    const double h = 2e-2 * std::max(scale, 1e-2);
+    // 5e-3: larger steps meet GroupNorm's curvature on 2x2 maps (few elements per group).
+    const double h = 5e-3 * std::max(scale, 1e-2);
     double analytic = 0;
     for (size_t i = 0; i < p.numel; ++i) analytic += (double)g[p.offset + i] * dir[i];
     auto at = [&](double step) {
