@@ -455,7 +455,7 @@ TEST(Elementwise, BroadcastAddAndItsBackward) {
   d.be->add_bcast_fwd(H, d.put(e), B, HW, C);
   y = h;
   ref::add_bcast_fwd<double>(y.data(), e.data(), B, HW, C);
-  EXPECT_LT(rel(d.get(H, h.size()), y), 1e-7);
+  EXPECT_LT(rel(d.get(H, h.size()), y), 3e-7);
   float* DE = d.poisoned(e.size());
   d.be->add_bcast_bwd(d.put(dh), DE, B, HW, C);
   EXPECT_LT(rel(d.get(DE, e.size()), de), 1e-6);
@@ -551,7 +551,7 @@ TEST(Resample, AvgPool2x2IncludingOddSizes) {
     d.be->avgpool2x2_fwd(d.put(x), Y, B, H, W, C);
     EXPECT_LT(rel(d.get(Y, y.size()), expect), 1e-6);
     d.be->avgpool2x2_bwd(d.put(dy), DX, B, H, W, C);
-    EXPECT_LT(rel(d.get(DX, x.size()), dx), 1e-7);
+    EXPECT_LT(rel(d.get(DX, x.size()), dx), 3e-7);
   }
 }
 
@@ -630,9 +630,9 @@ TEST(Embedding, LabelTableAddAndScatterBackward) {
   d.be->embedding_add_fwd(L, d.put(table), Y, B, D);
   y = y0;
   ref::embedding_add_fwd<double>(labels.data(), table.data(), y.data(), B, D);
-  EXPECT_LT(rel(d.get(Y, y.size()), y), 1e-7);
+  EXPECT_LT(rel(d.get(Y, y.size()), y), 3e-7);
   d.be->embedding_bwd(L, d.put(dy), DT, B, K, D);
-  EXPECT_LT(rel(d.get(DT, dt.size()), dt), 1e-7);
+  EXPECT_LT(rel(d.get(DT, dt.size()), dt), 1e-6);
 }
 
 // =============================== attention ===============================
