@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "grid.h"
 #include "h5.h"
+#include "layout.h"
 #include "model.h"
 #include "rng.h"
 #include "sampler.h"
@@ -35,14 +36,8 @@ std::vector<float> read_noise(const std::string& path, const ModelConfig& cfg, i
   if (s.size() != 4 || (int)s[1] != C || (int)s[2] != R || (int)s[3] != R)
     throw UserError(path + ": noise must be [N," + std::to_string(C) + "," + std::to_string(R) + "," +
                     std::to_string(R) + "] for this model");
-  std::vector<float> nchw = h5::read_f32(f, "noise");
   *n = (int)s[0];
-  std::vector<float> nhwc(nchw.size());
-  for (int i = 0; i < *n; ++i)
-    for (int c = 0; c < C; ++c)
-      for (int p = 0; p < R * R; ++p)
-        nhwc[((size_t)i * R * R + p) * C + c] = nchw[((size_t)i * C + c) * R * R + p];
-  return nhwc;
+  return nchw_to_nhwc(h5::read_f32(f, "noise").data(), *n, C, R, R);
 }
 
 void run(SampleArgs& a) {
@@ -109,21 +104,9 @@ void run(SampleArgs& a) {
     AtomicFile af(a.h5);
     {
       h5::File f = h5::File::create(af.tmp_path());
-      std::vector<float> nchw(out.size());
-      for (int i = 0; i < n; ++i)
-        for (int c = 0; c < C; ++c)
-          for (int p = 0; p < R * R; ++p)
-            nchw[((size_t)i * C + c) * R * R + p] = out[((size_t)i * R * R + p) * C + c];
-      h5::write_f32(f, "samples", nchw.data(), {(hsize_t)n, (hsize_t)C, (hsize_t)R, (hsize_t)R});
-      std::vector<uint8_t> u8 = to_uint8_rgb(out.data(), n, R, R, C);
-      if (C != 3) {  // images keeps the model's channels
-        std::vector<uint8_t> raw((size_t)n * R * R * C);
-        for (size_t i = 0; i < raw.size(); ++i) {
-          float s = (out[i] + 1.0f) * 127.5f;
-          raw[i] = (uint8_t)std::fmin(std::fmax(s, 0.0f), 255.0f);
-        }
-        u8.swap(raw);
-      }
+      h5::write_f32(f, "samples", nhwc_to_nchw(out.data(), n, C, R, R).data(),
+                    {(hsize_t)n, (hsize_t)C, (hsize_t)R, (hsize_t)R});
+      std::vector<uint8_t> u8 = to_uint8(out.data(), out.size());  // the model's channels, NHWC
       h5::write_u8(f, "images", u8.data(), {(hsize_t)n, (hsize_t)R, (hsize_t)R, (hsize_t)C});
       if (!labels.empty()) {
         std::vector<int64_t> l(labels.begin(), labels.end());

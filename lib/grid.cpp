@@ -7,15 +7,24 @@
 
 namespace unet {
 
+namespace {
+uint8_t pixel(float v) {
+  float s = (v + 1.0f) * 127.5f;
+  s = std::isnan(s) ? 0.0f : std::fmin(std::fmax(s, 0.0f), 255.0f);
+  return (uint8_t)s;  // truncation, like torch's .to(uint8)
+}
+}  // namespace
+
+std::vector<uint8_t> to_uint8(const float* x, size_t n) {
+  std::vector<uint8_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = pixel(x[i]);
+  return out;
+}
+
 std::vector<uint8_t> to_uint8_rgb(const float* x, int n, int H, int W, int C) {
   std::vector<uint8_t> out((size_t)n * H * W * 3);
   for (size_t p = 0; p < (size_t)n * H * W; ++p)
-    for (int c = 0; c < 3; ++c) {
-      float v = x[p * C + (C == 1 ? 0 : std::min(c, C - 1))];
-      float s = (v + 1.0f) * 127.5f;
-      s = std::isnan(s) ? 0.0f : std::fmin(std::fmax(s, 0.0f), 255.0f);
-      out[p * 3 + c] = (uint8_t)s;  // truncation, like torch's .to(uint8)
-    }
+    for (int c = 0; c < 3; ++c) out[p * 3 + c] = pixel(x[p * C + (C == 1 ? 0 : std::min(c, C - 1))]);
   return out;
 }
 

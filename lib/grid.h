@@ -7,6 +7,8 @@
 
 namespace unet {
 
+// x -> uint8 elementwise (any layout, channels kept).
+std::vector<uint8_t> to_uint8(const float* x, size_t n);
 // x NHWC float [n,H,W,C] -> uint8 [n,H,W,3] (C=1 replicated to gray RGB; C>3 keeps the first 3).
 std::vector<uint8_t> to_uint8_rgb(const float* x, int n, int H, int W, int C);
 void save_grid_png(const std::string& path, const float* x, int n, int H, int W, int C);

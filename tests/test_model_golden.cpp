@@ -8,20 +8,13 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "h5.h"
+#include "layout.h"
 #include "model.h"
 #include "testutil.h"
 
 using namespace unet;
 
 namespace {
-
-std::vector<float> nchw_to_nhwc(const std::vector<float>& v, int B, int C, int H, int W) {
-  std::vector<float> o(v.size());
-  for (int b = 0; b < B; ++b)
-    for (int c = 0; c < C; ++c)
-      for (int p = 0; p < H * W; ++p) o[((size_t)b * H * W + p) * C + c] = v[((size_t)b * C + c) * H * W + p];
-  return o;
-}
 
 std::vector<std::string> golden_files() {
   std::vector<std::string> v;
@@ -48,10 +41,10 @@ Result run_golden(Backend& be, const std::string& path) {
   std::vector<float> gref = read_param_group(f, "grad", tab);
   auto xs = h5::shape(f, "x");
   const int B = (int)xs[0], C = (int)xs[1], H = (int)xs[2], W = (int)xs[3], Co = cfg.out_channels();
-  auto x = nchw_to_nhwc(h5::read_f32(f, "x"), B, C, H, W);
+  auto x = nchw_to_nhwc(h5::read_f32(f, "x").data(), B, C, H, W);
   auto t = h5::read_f32(f, "t");
-  auto dout = nchw_to_nhwc(h5::read_f32(f, "dout"), B, Co, H, W);
-  auto out_ref = nchw_to_nhwc(h5::read_f32(f, "out"), B, Co, H, W);
+  auto dout = nchw_to_nhwc(h5::read_f32(f, "dout").data(), B, Co, H, W);
+  auto out_ref = nchw_to_nhwc(h5::read_f32(f, "out").data(), B, Co, H, W);
   std::vector<int32_t> labels(B, 0);
   if (cfg.class_cond) {
     auto l = h5::read_i64(f, "labels");
