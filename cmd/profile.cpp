@@ -683,7 +683,7 @@ void run_profile(ProfileArgs& a) {
   // CUDA graphs: the timed kernels are replays of one captured iteration, as `unet train` runs
   // its step. Ranges (external correlation ids) only tag eager launches, so the layer table
   // comes from an eager pass of the same iterations first.
-  const bool graph = !a.no_graph && dev->is_cuda();
+  const bool graph = !a.no_graph && dev->supports_graphs();
   std::fprintf(
       stderr, "unet: profiling %s, pass %s, precision %s on %s (%d warm-up + %d timed iterations%s)\n",
       w->describe.c_str(), pass.c_str(), precision_name(prec), gp->device().name.c_str(), a.warmup, a.iters,

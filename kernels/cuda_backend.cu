@@ -176,10 +176,9 @@ void CudaBackend::fill(float* x, float v, size_t n) {
   KERNEL_CHECK();
 }
 
-bool CudaBackend::graph_begin() {
+void CudaBackend::graph_begin() {
   // Thread-local mode: other threads (the data loader) may use the CUDA API meanwhile.
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  return true;
 }
 
 void CudaBackend::graph_end() {

@@ -77,7 +77,8 @@ class CudaBackend final : public Backend {
   void* alloc_host(size_t bytes) override;
   uint64_t fence() override;
   void fence_wait(uint64_t id) override;
-  bool graph_begin() override;
+  bool supports_graphs() const override { return true; }
+  void graph_begin() override;
   void graph_end() override;
   void graph_launch() override;
   void adamw_dev(float* p, const float* g, float* m, float* v, size_t n, const float* hyper, float beta1,

@@ -1,9 +1,6 @@
 #include "backend.h"
 
-#include <cstdlib>
-#include <memory>
 #include <stdexcept>
-#include <vector>
 
 #include "util.h"
 
@@ -12,14 +9,6 @@ namespace unet {
 void Backend::adamw_dev(float*, const float*, float*, float*, size_t, const float*, float, float, float,
                         const float*) {
   throw std::logic_error(name() + ": adamw_dev is only used with CUDA graphs");
-}
-
-void* Backend::alloc_host(size_t bytes) {
-  // Lives as long as the process: staging buffers are few and planned once.
-  static std::vector<std::unique_ptr<char[]>> blocks;
-  blocks.emplace_back(new char[bytes + 256]);
-  char* p = blocks.back().get();
-  return p + (256 - reinterpret_cast<uintptr_t>(p) % 256) % 256;
 }
 
 Precision parse_precision(const std::string& s) {

@@ -20,6 +20,8 @@
 #include <memory>
 #include <string>
 
+#include "rng.h"
+
 #ifdef __CUDACC__
 #define UNET_HD __host__ __device__
 #else
@@ -51,17 +53,19 @@ class Backend {
   virtual void sync() = 0;
   virtual size_t peak_bytes() const = 0;  // device bytes held: planned allocations + fixed workspaces
   // Host memory for staging uploads (pinned on CUDA so copies are truly asynchronous); owned
-  // by the backend. fence() marks the point after all work enqueued so far; fence_wait(id)
+  // by the backend; the default is alloc_bytes(), right where backend memory is host memory
+  // (CPU). fence() marks the point after all work enqueued so far; fence_wait(id)
   // blocks until the device has reached it (the trainer uses it to know when a pinned batch
   // buffer has been consumed and may be refilled). CPU: plain memory, no-ops.
-  virtual void* alloc_host(size_t bytes);
+  virtual void* alloc_host(size_t bytes) { return alloc_bytes(bytes); }
   virtual uint64_t fence() { return 0; }
   virtual void fence_wait(uint64_t id) { (void)id; }
 
   // CUDA graphs: the ops issued between graph_begin() and graph_end() are recorded (not run)
   // once and replayed by graph_launch() with far less launch overhead. Inside a capture no op
-  // may synchronise the host or allocate. graph_begin() returns false where unsupported (CPU).
-  virtual bool graph_begin() { return false; }
+  // may synchronise the host or allocate. Only where supports_graphs() (CUDA).
+  virtual bool supports_graphs() const { return false; }
+  virtual void graph_begin() {}
   virtual void graph_end() {}
   virtual void graph_launch() {}
 
@@ -166,13 +170,10 @@ class Backend {
                          float beta1, float beta2, float eps, const float* grad_scale);
 };
 
-// Hash-based uniform in [0,1) shared by CPU and CUDA dropout (splitmix64 of seed ^ index).
+// Uniform in [0,1) for dropout, shared by the CPU and CUDA kernels: the project's counter-based
+// RNG (lib/rng.h) on its Dropout stream, so the mask of element i is a pure function of (seed, i).
 UNET_HD inline float dropout_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (float)(z >> 40) * (1.0f / 16777216.0f);
+  return uniform01(seed, Stream::Dropout, i);
 }
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -339,6 +339,12 @@ void CountingBackend::adamw(float* p, const float* g, float* m, float* v, size_t
   in_.adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale);
   end();
 }
+void CountingBackend::adamw_dev(float* p, const float* g, float* m, float* v, size_t n, const float* hyper,
+                                float beta1, float beta2, float eps, const float* grad_scale) {
+  begin("adamw", flops::adamw(n));
+  in_.adamw_dev(p, g, m, v, n, hyper, beta1, beta2, eps, grad_scale);
+  end();
+}
 void CountingBackend::clip_scale(const float* sumsq, float clip, float* norm, float* grad_scale) {
   begin("clip_scale", Cost{4, kF * 3});
   in_.clip_scale(sumsq, clip, norm, grad_scale);

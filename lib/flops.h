@@ -69,6 +69,13 @@ class CountingBackend final : public Backend {
   void fill(float* x, float v, size_t n) override;
   void sync() override { in_.sync(); }
   size_t peak_bytes() const override { return in_.peak_bytes(); }
+  void* alloc_host(size_t bytes) override { return in_.alloc_host(bytes); }
+  uint64_t fence() override { return in_.fence(); }
+  void fence_wait(uint64_t id) override { in_.fence_wait(id); }
+  bool supports_graphs() const override { return in_.supports_graphs(); }
+  void graph_begin() override { in_.graph_begin(); }
+  void graph_end() override { in_.graph_end(); }
+  void graph_launch() override { in_.graph_launch(); }
   void range_push(const char* name) override;
   void range_pop() override;
 
@@ -116,6 +123,8 @@ class CountingBackend final : public Backend {
   void sum_squares(const float* x, float* out, size_t n) override;
   void adamw(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1, float beta2,
              float eps, float wd, float bc1, float bc2, const float* grad_scale) override;
+  void adamw_dev(float* p, const float* g, float* m, float* v, size_t n, const float* hyper, float beta1,
+                 float beta2, float eps, const float* grad_scale) override;
   void clip_scale(const float* sumsq, float clip, float* norm, float* grad_scale) override;
   void ema(float* ema, const float* p, float rate, size_t n) override;
 

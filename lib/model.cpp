@@ -14,17 +14,12 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "rng.h"
+
 namespace unet {
 
 namespace {
 constexpr int kGroups = 32;
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 int out_res(const Layer& l) {
   if (l.kind == Layer::Down || (l.kind == Layer::Res && l.updown < 0)) return l.res / 2;
@@ -216,7 +211,7 @@ struct Model::Impl {
   }
 
   float dropout_p() const { return train ? cfg.dropout : 0.0f; }
-  uint64_t dseed(const L& s) const { return mix(seed, (uint64_t)s.index); }
+  uint64_t dseed(const L& s) const { return hash64(seed, (uint64_t)s.index); }
 
   void resample_fwd(int updown, const float* x, float* y, int H, int C) {
     if (updown < 0)

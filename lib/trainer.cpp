@@ -163,12 +163,16 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
   };
 
   std::unique_ptr<Sampler> preview;  // allocated once, at the first preview
+  float* kept = nullptr;             // the training weights while the preview uses the EMA
   auto sample_grid = [&](int64_t at) {
-    // EMA weights for the preview, then the training weights back.
-    std::vector<float> cur(P);
-    be.download(cur.data(), model.params(), P);
-    be.copy(model.params(), ema, P);
+    // EMA weights for the preview, then the training weights back (device copies, no host trip).
     const int n = std::min(16, B);
+    if (!preview) {
+      preview = std::make_unique<Sampler>(be, sampler_net(model), n);
+      kept = be.alloc(P);
+    }
+    be.copy(kept, model.params(), P);
+    be.copy(model.params(), ema, P);
     SampleOptions so;
     so.sampler = "ddim";
     so.steps = std::min(50, cfg.diffusion_steps);
@@ -178,9 +182,8 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     for (int i = 0; i < n; ++i)
       lab[i] = (int32_t)(i % std::max<int64_t>(1, (int64_t)info.class_names.size()));
     std::vector<float> imgs((size_t)n * n_img);
-    if (!preview) preview = std::make_unique<Sampler>(be, sampler_net(model), n);
     preview->run(so, n, nullptr, cfg.class_cond ? lab.data() : nullptr, imgs.data(), nullptr);
-    be.upload(model.params(), cur.data(), P);
+    be.copy(model.params(), kept, P);
     char name[48];
     std::snprintf(name, sizeof name, "/samples_%07lld.png", (long long)at);
     save_grid_png(o.rundir + name, imgs.data(), n, R, R, Cin);
@@ -189,7 +192,7 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
   // One training step on the device, from the uploaded batch to the EMA. With CUDA graphs
   // (GPU, no dropout: its per-step seed would be baked into the graph) it is captured once and
   // replayed; the per-step AdamW scalars then come from `hyper` in device memory.
-  const bool use_graph = be.is_cuda() && cfg.dropout == 0.0f && !std::getenv("UNET_NO_CUDA_GRAPH");
+  const bool use_graph = be.supports_graphs() && cfg.dropout == 0.0f && !std::getenv("UNET_NO_CUDA_GRAPH");
   bool captured = false;
   float* hyper = be.alloc(4);
   float* host_hyper = (float*)be.alloc_host(sizeof(float) * 4);
