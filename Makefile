@@ -46,4 +46,4 @@ clean:
 	rm -rf $(BUILD)
 
 format:
-	clang-format -i cmd/*.cpp cmd/*.h lib/*.cpp lib/*.h lib/ops/*.cpp kernels/*.cu kernels/*.cuh tests/*.cpp tests/*.h 2>/dev/null || true
+	clang-format -i cmd/*.cpp cmd/*.h lib/*.cpp lib/*.h lib/*/*.cpp lib/*/*.h kernels/*/*.cu kernels/*/*.cuh kernels/*/*.cpp kernels/*/*.h tests/*.cpp tests/*.h 2>/dev/null || true
