@@ -2,7 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
-#include "backend.h"
+#include "engine.h"
 #include "config.h"
 
 namespace unet {
@@ -30,9 +30,10 @@ struct ModelFlags {
 struct DeviceFlags {
   std::string device;     // "" = auto
   std::string precision;  // "" = default for the device
+  std::string kernels;    // --kernels family=variant,...
   void add(CLI::App* app);
-  // Creates the backend, printing which one was chosen (to stderr). UserError when
+  // Creates the engine, printing which one was chosen (to stderr). UserError when
   // --device cuda is asked for without a GPU.
-  std::unique_ptr<Backend> make(bool quiet = false) const;
+  std::unique_ptr<Engine> make(bool quiet = false) const;
 };
 }  // namespace unet

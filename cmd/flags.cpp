@@ -75,27 +75,32 @@ ModelConfig ModelFlags::resolve() const { return apply(unet::preset(preset)); }
 void DeviceFlags::add(CLI::App* app) {
   app->add_option("--device", device, "cuda or cpu (default: cuda when a GPU is present)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
-  app->add_option("--precision", precision, "fp32, tf32 or bf16 (default: tf32 on GPU, fp32 on CPU)")
+  app->add_option("--precision", precision,
+                  "fp32, tf32 or bf16 (default: tf32 on GPU, fp32 on CPU; bf16 on the CPU is an exact but "
+                  "slow emulation of the GPU's rounding)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  app->add_option("--kernels", kernels,
+                  "force kernel variants, e.g. conv=im2col (family or op = variant, comma-separated; "
+                  "also UNET_KERNELS)");
 }
 
-std::unique_ptr<Backend> DeviceFlags::make(bool quiet) const {
-  std::unique_ptr<Backend> be;
-  if (device == "cuda" || device.empty()) {
+std::unique_ptr<Engine> DeviceFlags::make(bool quiet) const {
+  if (!kernels.empty()) set_kernel_overrides(kernels);
+  std::unique_ptr<Engine> eng;
+  if (device != "cpu") {
     std::string why;
-    be = make_cuda_backend(&why);
-    if (!be && device == "cuda") throw UserError("--device cuda: no usable GPU (" + why + ")");
-    if (!be && !quiet) std::fprintf(stderr, "unet: no GPU (%s); using the CPU\n", why.c_str());
+    eng = make_cuda_engine(precision.empty() ? Precision::TF32 : parse_precision(precision), &why);
+    if (!eng && device == "cuda") throw UserError("--device cuda: no usable GPU (" + why + ")");
+    if (!eng && !quiet) std::fprintf(stderr, "unet: no GPU (%s); using the CPU\n", why.c_str());
   }
-  if (!be) be = make_cpu_backend();
-  Precision p =
-      precision.empty() ? (be->is_cuda() ? Precision::TF32 : Precision::FP32) : parse_precision(precision);
-  if (!be->is_cuda() && p != Precision::FP32)
-    throw UserError(std::string("--precision ") + precision_name(p) +
-                    " needs a GPU; the CPU engine is fp32 only");
-  be->set_precision(p);
-  if (!quiet) std::fprintf(stderr, "unet: device %s, precision %s\n", be->name().c_str(), precision_name(p));
-  return be;
+  if (!eng) {
+    const Precision p = precision.empty() ? Precision::FP32 : parse_precision(precision);
+    if (p == Precision::TF32)
+      throw UserError("--precision tf32 needs a GPU; the CPU engine computes fp32 (or emulates bf16)");
+    eng = make_cpu_engine(p);
+  }
+  if (!quiet) std::fprintf(stderr, "unet: device %s\n", eng->name().c_str());
+  return eng;
 }
 
 }  // namespace unet
