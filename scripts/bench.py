@@ -45,7 +45,7 @@ def bench_unet(unet, data, precision, steps, batch, workdir):
         raise SystemExit(f"unet train failed ({precision})")
     rows = list(csv.DictReader(open(os.path.join(rundir, "metrics.csv"))))
     ms = float(rows[-1]["ms_per_step"])  # last window: warm (first window includes start-up)
-    m = re.search(r"peak device memory ([0-9.]+) GB", p.stdout + p.stderr)
+    m = re.search(r"peak GPU memory ([0-9.]+) GB", p.stdout + p.stderr)
     mem = float(m.group(1)) if m else float("nan")
     return ms, mem, time.time() - t0
 
@@ -106,7 +106,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "bench.h5")
         make_dataset(data)
-        for prec in ("fp32", "tf32"):
+        for prec in ("fp32", "tf32", "bf16"):
             ms, mem, _ = bench_unet(a.unet, data, prec, a.steps, a.batch, tmp)
             rows.append((f"unet {prec}", ms, mem))
             print(f"unet {prec}: {ms:.2f} ms/step, peak {mem:.2f} GB", flush=True)

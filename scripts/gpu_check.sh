@@ -23,16 +23,20 @@ for p in $parts; do
     e2e)
       UNET_TEST_DEVICE=cuda timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e.txt" 2>&1
       UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e_graph.txt" 2>&1
-      tail -n 30 "$OUT/e2e.txt"; echo "--- dropout 0 (CUDA graphs)"; grep -E "FAIL|failed|bitwise|loss went" "$OUT/e2e_graph.txt" ;;
+      UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 UNET_TEST_PRECISION=bf16 timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e_bf16.txt" 2>&1
+      tail -n 30 "$OUT/e2e.txt"
+      for f in graph bf16; do echo "--- $f"; grep -E "FAIL|failed|bitwise|loss went|^OK|Ran " "$OUT/e2e_$f.txt"; done ;;
     parity)
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=fp32 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_fp32.txt" 2>&1
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=1e-3 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_tf32.txt" 2>&1
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=bf16 UNET_PARITY_TOL=2e-2 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_bf16.txt" 2>&1
       grep -hE "rel L2|failed|device=" "$OUT"/parity_*.txt ;;
     bench) timeout 400 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
     profile)
       "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 \
         --trace "$OUT/trace_resblock.json" > "$OUT/profile_resblock.txt" 2>&1
       "$U" profile --layer model --batch-size 32 > "$OUT/profile_model.txt" 2>&1
+      "$U" profile --layer model --batch-size 32 --precision bf16 > "$OUT/profile_model_bf16.txt" 2>&1
       "$U" profile --layer model --batch-size 32 --format csv 2>/dev/null > "$OUT/profile_model.csv"
       "$U" profile --layer model --batch-size 32 --format json 2>/dev/null > "$OUT/profile_model.json"
       python3 - "$OUT" <<'PY'
@@ -45,7 +49,7 @@ ev = t["traceEvents"]
 ok = all(("ph" in e and "pid" in e) for e in ev) and all(("ts" in e and "dur" in e) for e in ev if e["ph"] == "X")
 print(f"csv rows {len(rows)}, json keys {sorted(j)[:6]}, trace events {len(ev)} valid={ok}")
 PY
-      tail -n 6 "$OUT/profile_resblock.txt" "$OUT/profile_model.txt" ;;
+      tail -n 6 "$OUT/profile_resblock.txt" "$OUT/profile_model.txt" "$OUT/profile_model_bf16.txt" ;;
     imagenet64)  # the released ImageNet-64 configuration (296 M parameters) on a small labelled set
       python3 - "$OUT/in64.h5" <<'PY'
 import h5py, numpy as np, sys

@@ -81,12 +81,21 @@ std::string temp_dir(const std::string& tag) {
   return p.string();
 }
 
-std::string source_dir() { return UNET_SOURCE_DIR; }
+// The build bakes in its paths; UNET_SOURCE_DIR / UNET_BINARY override them (binaries built here
+// and run from a copy of the tree elsewhere, e.g. on the GPU machine).
+std::string source_dir() {
+  const char* e = std::getenv("UNET_SOURCE_DIR");
+  return e && *e ? e : UNET_SOURCE_DIR;
+}
+static std::string unet_binary() {
+  const char* e = std::getenv("UNET_BINARY");
+  return e && *e ? e : UNET_BINARY;
+}
 
 RunResult run_unet(const std::string& args) {
   std::string dir = temp_dir("run");
   std::string out = dir + "/out.txt", err = dir + "/err.txt";
-  std::string cmd = std::string(UNET_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  std::string cmd = unet_binary() + " " + args + " >" + out + " 2>" + err + " </dev/null";
   int st = std::system(cmd.c_str());
   RunResult r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
