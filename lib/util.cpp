@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -212,6 +213,16 @@ bool read_u64_file(const std::string& path, uint64_t* v) {
   return true;
 }
 
+// "<key> <value>" lines (cgroup memory.stat); 0 when absent.
+uint64_t stat_field(const std::string& path, const std::string& key) {
+  std::ifstream f(path);
+  std::string k;
+  uint64_t v;
+  while (f >> k >> v)
+    if (k == key) return v;
+  return 0;
+}
+
 uint64_t proc_statm_bytes(int field) {
   std::ifstream f("/proc/self/statm");
   uint64_t v[7] = {0};
@@ -246,15 +257,22 @@ uint64_t available_memory(std::string* limit) {
     std::string line, rel;
     while (std::getline(f, line))
       if (line.rfind("0::", 0) == 0) rel = line.substr(3);
+    // Usage counts the page cache, which the kernel reclaims under the limit: subtract the
+    // inactive file pages (the usual "working set"), or big runs would be refused after any
+    // large read.
     uint64_t max = 0, cur = 0;
     for (const std::string& d : {"/sys/fs/cgroup" + rel, std::string("/sys/fs/cgroup")})
       if (read_u64_file(d + "/memory.max", &max) && read_u64_file(d + "/memory.current", &cur)) {
+        cur -= std::min(cur, stat_field(d + "/memory.stat", "inactive_file"));
         consider(max > cur ? max - cur : 0, "under the cgroup memory limit");
         break;
       }
-    if (read_u64_file("/sys/fs/cgroup/memory/memory.limit_in_bytes", &max) && max < (1ull << 60) &&
-        read_u64_file("/sys/fs/cgroup/memory/memory.usage_in_bytes", &cur))
+    const std::string v1 = "/sys/fs/cgroup/memory/";
+    if (read_u64_file(v1 + "memory.limit_in_bytes", &max) && max < (1ull << 60) &&
+        read_u64_file(v1 + "memory.usage_in_bytes", &cur)) {
+      cur -= std::min(cur, stat_field(v1 + "memory.stat", "total_inactive_file"));
       consider(max > cur ? max - cur : 0, "under the cgroup memory limit");
+    }
   }
   struct rlimit rl;
   if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
