@@ -1,17 +1,64 @@
 // Shared flag groups: guided-diffusion model flags and --device/--precision.
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "commands.h"
 #include "util.h"
 
 namespace unet {
 
+namespace {
+std::string fmt_real(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+}  // namespace
+
+CLI::Validator int_range(int64_t lo, int64_t hi) {
+  const std::string want = "must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, want](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end || errno == ERANGE || std::isspace((unsigned char)s[0]) || v < lo || v > hi)
+          return want + ", not " + s;
+        return "";
+      },
+      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+CLI::Validator real_range(double lo, double hi, bool lo_open) {
+  std::string want = "must be a finite number ";
+  if (std::isinf(hi))
+    want += (lo_open ? "> " : ">= ") + fmt_real(lo);
+  else
+    want += (lo_open ? "in (" : "in [") + fmt_real(lo) + ", " + fmt_real(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, lo_open, want](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end || std::isspace((unsigned char)s[0]) || !std::isfinite(v) || v < lo ||
+            (lo_open && v == lo) || v > hi)
+          return want + ", not " + s;
+        return "";
+      },
+      "NUMBER");
+}
+
+CLI::Validator seed_range() { return int_range(0, INT64_MAX); }
+
 void ModelFlags::add(CLI::App* app, bool with_preset) {
   if (with_preset)
     preset_opt = app->add_option("--preset", preset, "model preset: seed64 (default), tiny32, imagenet64")
                      ->check(CLI::IsMember({"seed64", "tiny32", "imagenet64"}));
+  // Integers here only need to be integers; ModelConfig::validate() names the real bounds.
   auto opt_int = [&](const char* name, int ModelConfig::*field, const char* help) {
-    auto* o = app->add_option(name, v.*field, help)->group("Model");
+    auto* o = app->add_option(name, v.*field, help)->group("Model")->check(int_range(INT32_MIN, INT32_MAX));
     opts.push_back({o, [this, field](ModelConfig& c) { c.*field = v.*field; }});
   };
   auto opt_bool = [&](const char* name, bool ModelConfig::*field, const char* help) {
@@ -47,7 +94,9 @@ void ModelFlags::add(CLI::App* app, bool with_preset) {
   opt_bool("--learn-sigma", &ModelConfig::learn_sigma, "output the variance too (out channels x2)");
   opt_bool("--class-cond", &ModelConfig::class_cond, "class-conditional (label embedding)");
   opt_int("--num-classes", &ModelConfig::num_classes, "number of classes with --class-cond, default 1000");
-  auto* dr = app->add_option("--dropout", v.dropout, "dropout in ResBlocks, default 0.0")->group("Model");
+  auto* dr = app->add_option("--dropout", v.dropout, "dropout in ResBlocks, default 0.0")
+                 ->group("Model")
+                 ->check(real_range(0, 1));
   opts.push_back({dr, [this](ModelConfig& c) { c.dropout = v.dropout; }});
   opt_int("--diffusion-steps", &ModelConfig::diffusion_steps, "diffusion steps T, default 1000");
   auto* ns =
@@ -80,12 +129,20 @@ void DeviceFlags::add(CLI::App* app) {
 }
 
 std::unique_ptr<Backend> DeviceFlags::make(bool quiet) const {
+  std::string note;
+  auto be = make(&note);
+  if (!quiet) std::fprintf(stderr, "unet: %s\n", note.c_str());
+  return be;
+}
+
+std::unique_ptr<Backend> DeviceFlags::make(std::string* note) const {
   std::unique_ptr<Backend> be;
+  std::string no_gpu;
   if (device == "cuda" || device.empty()) {
     std::string why;
     be = make_cuda_backend(&why);
     if (!be && device == "cuda") throw UserError("--device cuda: no usable GPU (" + why + ")");
-    if (!be && !quiet) std::fprintf(stderr, "unet: no GPU (%s); using the CPU\n", why.c_str());
+    if (!be) no_gpu = " (no GPU: " + why + ")";
   }
   if (!be) be = make_cpu_backend();
   Precision p =
@@ -94,7 +151,7 @@ std::unique_ptr<Backend> DeviceFlags::make(bool quiet) const {
     throw UserError(std::string("--precision ") + precision_name(p) +
                     " needs a GPU; the CPU engine is fp32 only");
   be->set_precision(p);
-  if (!quiet) std::fprintf(stderr, "unet: device %s, precision %s\n", be->name().c_str(), precision_name(p));
+  *note = "device " + be->name() + no_gpu + ", precision " + precision_name(p);
   return be;
 }
 
