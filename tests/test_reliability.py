@@ -155,6 +155,16 @@ def disk_full():
     check(all(open(P("full", n), "rb").read() == b for n, b in keep.items()) and
           not [n for n in os.listdir(P("full")) if ".tmp-" in n or n == "ckpt_0000004.h5"],
           "train: latest.h5 and the earlier checkpoint intact, no temporary left")
+    # metrics.csv cannot grow: the first log line fails, nothing else is touched.
+    shutil.copytree(P("base"), P("fullcsv"))
+    with open(P("fullcsv", "metrics.csv"), "a") as f:
+        f.write("#" * 100_000 + "\n")
+    keep = open(P("fullcsv", "latest.h5"), "rb").read()
+    r = unet("train", P("d.h5"), "--resume", P("fullcsv", "latest.h5"), "--steps", "4", "--log-every", "1", *CPU,
+             fsize=100_000)
+    lines = r.stderr.splitlines()
+    check(r.returncode == 1 and len(lines) == 1 and "metrics.csv: cannot write (File too large)" in lines[0] and
+          open(P("fullcsv", "latest.h5"), "rb").read() == keep, f"train: metrics.csv past ulimit -f: {lines}")
     # Real ENOSPC on a tiny tmpfs (needs unprivileged user namespaces; skipped where unavailable).
     mnt = P("mnt")
     os.makedirs(mnt)

@@ -1,5 +1,6 @@
 #include "trainer.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -288,6 +289,7 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
       csv << step << ',' << mean_loss << ',' << mean_norm << ',' << lr_at(step - 1) << ',' << ips << ',' << ms
           << '\n';
       csv.flush();
+      if (!csv) throw UserError(metrics + ": cannot write (" + errno_text(errno) + ")");  // disk full
       if (!o.quiet) {
         if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
         std::printf("step %lld | loss %.5f | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step\n",
