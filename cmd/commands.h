@@ -2,8 +2,8 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
-#include "backend.h"
 #include "config.h"
+#include "engine.h"
 
 namespace unet {
 void register_prepare(CLI::App& app);
@@ -41,13 +41,14 @@ struct ModelFlags {
 struct DeviceFlags {
   std::string device;     // "" = auto
   std::string precision;  // "" = default for the device
+  std::string kernels;    // --kernels family=variant,...
   void add(CLI::App* app);
-  // Creates the backend, printing which one was chosen (to stderr). UserError when
+  // Creates the engine, printing which one was chosen (to stderr). UserError when
   // --device cuda is asked for without a GPU.
-  std::unique_ptr<Backend> make(bool quiet = false) const;
-  // The same, printing nothing: `note` receives "device cpu, precision fp32" (with the reason
-  // when no GPU was found), for the command's own summary line on stdout, so that stderr only
-  // ever carries warnings and errors.
-  std::unique_ptr<Backend> make(std::string* note) const;
+  std::unique_ptr<Engine> make(bool quiet = false) const;
+  // The same, printing nothing: `note` receives "device <engine name>" (with the reason when no
+  // GPU was found), for the command's own summary line on stdout, so that stderr only ever
+  // carries warnings and errors.
+  std::unique_ptr<Engine> make(std::string* note) const;
 };
 }  // namespace unet

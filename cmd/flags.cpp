@@ -124,35 +124,40 @@ ModelConfig ModelFlags::resolve() const { return apply(unet::preset(preset)); }
 void DeviceFlags::add(CLI::App* app) {
   app->add_option("--device", device, "cuda or cpu (default: cuda when a GPU is present)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
-  app->add_option("--precision", precision, "fp32, tf32 or bf16 (default: tf32 on GPU, fp32 on CPU)")
+  app->add_option("--precision", precision,
+                  "fp32, tf32 or bf16 (default: tf32 on GPU, fp32 on CPU; bf16 on the CPU is an exact but "
+                  "slow emulation of the GPU's rounding)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  app->add_option("--kernels", kernels,
+                  "force kernel variants, e.g. conv=im2col (family or op = variant, comma-separated; "
+                  "also UNET_KERNELS)");
 }
 
-std::unique_ptr<Backend> DeviceFlags::make(bool quiet) const {
+std::unique_ptr<Engine> DeviceFlags::make(bool quiet) const {
   std::string note;
-  auto be = make(&note);
+  auto eng = make(&note);
   if (!quiet) std::fprintf(stderr, "unet: %s\n", note.c_str());
-  return be;
+  return eng;
 }
 
-std::unique_ptr<Backend> DeviceFlags::make(std::string* note) const {
-  std::unique_ptr<Backend> be;
+std::unique_ptr<Engine> DeviceFlags::make(std::string* note) const {
+  if (!kernels.empty()) set_kernel_overrides(kernels);
+  std::unique_ptr<Engine> eng;
   std::string no_gpu;
-  if (device == "cuda" || device.empty()) {
+  if (device != "cpu") {
     std::string why;
-    be = make_cuda_backend(&why);
-    if (!be && device == "cuda") throw UserError("--device cuda: no usable GPU (" + why + ")");
-    if (!be) no_gpu = " (no GPU: " + why + ")";
+    eng = make_cuda_engine(precision.empty() ? Precision::TF32 : parse_precision(precision), &why);
+    if (!eng && device == "cuda") throw UserError("--device cuda: no usable GPU (" + why + ")");
+    if (!eng) no_gpu = " (no GPU: " + why + ")";
   }
-  if (!be) be = make_cpu_backend();
-  Precision p =
-      precision.empty() ? (be->is_cuda() ? Precision::TF32 : Precision::FP32) : parse_precision(precision);
-  if (!be->is_cuda() && p != Precision::FP32)
-    throw UserError(std::string("--precision ") + precision_name(p) +
-                    " needs a GPU; the CPU engine is fp32 only");
-  be->set_precision(p);
-  *note = "device " + be->name() + no_gpu + ", precision " + precision_name(p);
-  return be;
+  if (!eng) {
+    const Precision p = precision.empty() ? Precision::FP32 : parse_precision(precision);
+    if (p == Precision::TF32)
+      throw UserError("--precision tf32 needs a GPU; the CPU engine computes fp32 (or emulates bf16)");
+    eng = make_cpu_engine(p);
+  }
+  *note = "device " + eng->name() + no_gpu;
+  return eng;
 }
 
 }  // namespace unet

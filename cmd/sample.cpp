@@ -111,10 +111,10 @@ void run(SampleArgs& a) {
   }
   // Everything checked: now the device, and the only informational line, on stdout.
   std::string device;
-  auto be = a.dev.make(&device);
-  Model model(cfg, *be);
+  auto eng = a.dev.make(&device);
+  Model model(cfg, *eng);
   const bool use_ema = !a.no_ema && !ck.ema.empty();
-  be->upload(model.params(), use_ema ? ck.ema.data() : ck.model.data(), model.arena_floats());
+  eng->upload(model.params(), use_ema ? ck.ema.data() : ck.model.data());
   SampleOptions so;
   so.sampler = a.sampler;
   so.steps = a.steps;
@@ -130,6 +130,10 @@ void run(SampleArgs& a) {
   sample(model, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(),
          out.data(), [&](int done, int) { prog.update(done); });
   prog.finish();
+  // stdout, like every informational line: stderr carries only warnings and errors.
+  std::printf("unet sample: peak %s memory %.2f GB (activations %.2f GB planned for batch %d)\n",
+              eng->is_cuda() ? "GPU" : "host", eng->device().bytes_held() / 1e9,
+              model.activation_bytes() / 1e9, so.batch_size);
   if (!a.h5.empty()) {
     AtomicFile af(a.h5);
     {

@@ -141,7 +141,7 @@ void run(TrainArgs& a) {
 
   // Everything checked: now the device, and the only informational output, on stdout.
   std::string device;
-  auto be = a.dev.make(&device);
+  auto eng = a.dev.make(&device);
   for (const std::string& w : warnings) std::fprintf(stderr, "unet: warning: %s\n", w.c_str());
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -151,7 +151,7 @@ void run(TrainArgs& a) {
               o.steps ? (" until step " + std::to_string(o.steps)).c_str() : " (until interrupted)",
               o.rundir.c_str());
   std::fflush(stdout);
-  TrainResult r = train(*be, a.data, std::move(ck), resume, o);
+  TrainResult r = train(*eng, a.data, std::move(ck), resume, o);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
   if (r.diverged) {
@@ -167,9 +167,8 @@ void run(TrainArgs& a) {
   if (!r.last_checkpoint.empty())
     std::printf("; checkpoint %s (also %s/latest.h5)", r.last_checkpoint.c_str(), o.rundir.c_str());
   std::printf("\n");
-  if (be->is_cuda())
-    std::printf("peak device memory %.2f GB (planned buffers and workspaces; the CUDA context not counted)\n",
-                be->peak_bytes() / 1e9);
+  std::printf("peak %s memory %.2f GB (planned buffers and workspaces%s)\n", eng->is_cuda() ? "GPU" : "host",
+              eng->device().bytes_held() / 1e9, eng->is_cuda() ? "; the CUDA context not counted" : "");
 }
 }  // namespace
 

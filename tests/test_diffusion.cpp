@@ -5,8 +5,8 @@
 #include <cmath>
 #include <limits>
 
-#include "backend.h"
 #include "diffusion.h"
+#include "engine.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -204,21 +204,30 @@ TEST(Diffusion, QSampleCoeffs) {
 class StepTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    be = make_cpu_backend();
+    be = make_cpu_engine();
     seed = test::test_seed();
   }
-  // Uploads a host vector to fresh backend memory.
-  float* dev(const std::vector<float>& h) {
-    float* p = be->alloc(h.size());
-    be->upload(p, h.data(), h.size());
+  // Uploads a host vector to fresh engine memory.
+  Tensor dev(const std::vector<float>& h) {
+    Tensor p = be->alloc(DType::F32, {(int64_t)h.size()});
+    be->upload(p, h.data());
     return p;
   }
-  std::vector<float> host(const float* p, size_t n) {
+  std::vector<float> host(const Tensor& p, size_t n) {
     std::vector<float> h(n);
-    be->download(h.data(), p, n);
+    be->download(h.data(), p);
     return h;
   }
-  std::unique_ptr<Backend> be;
+  Ops& ops() { return be->ops(); }
+  // The learned-range noise through its op.
+  std::vector<float> lrn(const Diffusion& d, int k, const std::vector<float>& v,
+                         const std::vector<float>& z) {
+    Tensor y = dev(nan_vec(v.size()));
+    const Diffusion::LogRange r = d.learned_range_bounds(k);
+    ops().run(LearnedRangeNoise{dev(v), dev(z), y, r.min_log, r.max_log});
+    return host(y, v.size());
+  }
+  std::unique_ptr<Engine> be;
   uint64_t seed = 0;
   const size_t n = 2 * 5 * 5 * 3;
 };
@@ -232,9 +241,9 @@ TEST_F(StepTest, DdpmFixedLargeStep) {
     auto x = test::randn(n, seed + k, 1.5f), eps = test::randn(n, seed + 100 + k),
          z = test::randn(n, seed + 200 + k);
     for (bool clip : {true, false}) {
-      float* xd = dev(x);
-      float* x0d = dev(nan_vec(n));
-      d.ddpm_step(*be, k, xd, dev(eps), x0d, dev(z), float(d.fixed_large_std(k)), n, clip);
+      Tensor xd = dev(x);
+      Tensor x0d = dev(nan_vec(n));
+      d.ddpm_step(ops(), k, xd, dev(eps), x0d, dev(z), float(d.fixed_large_std(k)), clip);
       auto got = host(xd, n);
       // Independent: the respaced process from the base abar at the kept timesteps.
       const double ab = base.alphas_cumprod[keep[k]];
@@ -271,9 +280,9 @@ TEST_F(StepTest, DdimStep) {
       auto x = test::randn(n, seed + k, 1.5f), eps = test::randn(n, seed + 7 + k),
            z = test::randn(n, seed + 9 + k);
       for (bool clip : {true, false}) {
-        float* xd = dev(x);
+        Tensor xd = dev(x);
         const auto c = d.ddim_coeffs(k, eta);
-        d.ddim_step(*be, k, eta, xd, dev(eps), dev(nan_vec(n)), c.noise ? dev(z) : nullptr, n, clip);
+        d.ddim_step(ops(), k, eta, xd, dev(eps), dev(nan_vec(n)), c.noise ? dev(z) : Tensor{}, clip);
         auto got = host(xd, n);
         const double ab = base.alphas_cumprod[keep[k]];
         const double abp = k == 0 ? 1.0 : base.alphas_cumprod[keep[k - 1]];
@@ -301,8 +310,8 @@ TEST_F(StepTest, DdimStep) {
     xt[i] = float(std::sqrt(ab) * x0[i] + std::sqrt(1 - ab) * eps[i]);
     want[i] = float(std::sqrt(abp) * x0[i] + std::sqrt(1 - abp) * eps[i]);
   }
-  float* xd = dev(xt);
-  d.ddim_step(*be, k, 0.0, xd, dev(eps), dev(nan_vec(n)), nullptr, n, false);
+  Tensor xd = dev(xt);
+  d.ddim_step(ops(), k, 0.0, xd, dev(eps), dev(nan_vec(n)), Tensor{}, false);
   EXPECT_LT(test::rel_l2(host(xd, n), want), 1e-5);
 }
 
@@ -314,8 +323,7 @@ TEST_F(StepTest, LearnedRangeVariance) {
   v[0] = 1.0f;
   v[1] = -1.0f;
   for (int k : {1, 50, 99}) {
-    std::vector<float> out = nan_vec(n);
-    d.learned_range_noise(k, v.data(), z.data(), out.data(), n);
+    std::vector<float> out = lrn(d, k, v, z);
     const double ab = base.alphas_cumprod[keep[k]], abp = base.alphas_cumprod[keep[k - 1]];
     const double beta = 1 - ab / abp;
     const double post = beta * (1 - abp) / (1 - ab);
@@ -330,13 +338,12 @@ TEST_F(StepTest, LearnedRangeVariance) {
   }
   // And through ddpm_step with noise_scale 1 the pre-scaled noise is added to the mean.
   auto x = test::randn(n, seed + 5), eps = test::randn(n, seed + 6);
-  std::vector<float> scaled(n);
   const int k = 50;
-  d.learned_range_noise(k, v.data(), z.data(), scaled.data(), n);
-  float* a = dev(x);
-  float* b = dev(x);
-  d.ddpm_step(*be, k, a, dev(eps), dev(nan_vec(n)), dev(scaled), 1.0f, n, true);
-  d.ddpm_step(*be, k, b, dev(eps), dev(nan_vec(n)), nullptr, 0.0f, n, true);
+  std::vector<float> scaled = lrn(d, k, v, z);
+  Tensor a = dev(x);
+  Tensor b = dev(x);
+  d.ddpm_step(ops(), k, a, dev(eps), dev(nan_vec(n)), dev(scaled), 1.0f, true);
+  d.ddpm_step(ops(), k, b, dev(eps), dev(nan_vec(n)), Tensor{}, 0.0f, true);
   auto ha = host(a, n), hb = host(b, n);
   for (size_t i = 0; i < n; ++i) EXPECT_NEAR(ha[i] - hb[i], scaled[i], 1e-5);
 }
@@ -345,10 +352,10 @@ TEST_F(StepTest, PredictX0Clip) {
   Diffusion d(1000, "linear", false);
   auto x = test::randn(n, seed + 8, 3.0f), eps = test::randn(n, seed + 9);
   const int k = 20;
-  float* a = dev(nan_vec(n));
-  float* b = dev(nan_vec(n));
-  d.predict_x0(*be, k, dev(x), dev(eps), a, n, true);
-  d.predict_x0(*be, k, dev(x), dev(eps), b, n, false);
+  Tensor a = dev(nan_vec(n));
+  Tensor b = dev(nan_vec(n));
+  d.predict_x0(ops(), k, dev(x), dev(eps), a, true);
+  d.predict_x0(ops(), k, dev(x), dev(eps), b, false);
   auto ha = host(a, n), hb = host(b, n);
   int outside = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "backend.h"
+#include "engine.h"
 #include "flops.h"
 #include "profile_report.h"
 #include "profiler_cupti.h"
@@ -25,8 +25,8 @@ bool have_gpu(std::string* why) {
     *why = "no CUDA device";
     return false;
   }
-  auto be = make_cuda_backend(why);
-  return be != nullptr;
+  auto eng = make_cuda_engine(Precision::TF32, why);
+  return eng != nullptr;
 }
 
 #define NEED_GPU()                              \
@@ -123,39 +123,44 @@ void check_report(const json& j, int iters) {
 TEST(ProfileGpu, ApiKernelsAttributedAndSumMatchesEvents) {
   NEED_GPU();
   std::string why;
-  auto dev = make_cuda_backend(&why);
-  ASSERT_TRUE(dev) << why;
+  auto eng = make_cuda_engine(Precision::TF32, &why);
+  ASSERT_TRUE(eng) << why;
   auto gp = prof::make_gpu_profiler(&why);
   ASSERT_TRUE(gp) << why;
-  dev->set_precision(Precision::TF32);
   prof::RangeTracker tracker([&] { return gp->timestamp(); });
   tracker.on_push = [&](uint64_t id) { gp->push_range(id); };
   tracker.on_pop = [&] { gp->pop_range(); };
-  flops::CountingBackend be(
-      *dev, [&](const char*, const flops::Cost& c) { tracker.add_cost(c.flops, c.bytes); }, &tracker);
+  set_range_listener(&tracker);
+  flops::CountingOps ops(eng->base_ops(), eng->device(),
+                         [&](const char*, const std::string& v, const flops::Cost& c) {
+                           tracker.add_cost(c.flops, c.bytes);
+                           tracker.add_variant(v);
+                         });
+  Device& dev = eng->device();
   const int B = 16, H = 64, C = 128;
   const size_t n = (size_t)B * H * H * C;
   auto hx = test::randn(n, test::test_seed());
   auto hw = test::randn((size_t)C * 9 * C, test::test_seed() + 1, 0.03f);
-  float* x = be.alloc(n);
-  float* w = be.alloc((size_t)C * 9 * C);
-  float* y = be.alloc(n);
-  be.upload(x, hx.data(), n);
-  be.upload(w, hw.data(), hw.size());
+  Tensor x = eng->alloc(DType::F32, {B, H, H, C}), w = eng->alloc(DType::F32, {C, 3, 3, C});
+  Tensor y = eng->alloc(DType::F32, {B, H, H, C});
+  eng->upload(x, hx.data());
+  eng->upload(w, hw.data());
+  const ConvFwd conv{x, w, {}, {}, {}, y, 1};
   const int iters = 20;
   gp->start();
-  for (int i = 0; i < 3; ++i) be.conv2d_fwd(x, w, nullptr, y, B, H, H, C, C, 3, 1);
+  for (int i = 0; i < 3; ++i) ops.run(conv);
   gp->region_begin();
   tracker.clear();
   for (int i = 0; i < iters; ++i) {
-    be.range_push("outer");
-    be.range_push("conv");
-    be.conv2d_fwd(x, w, nullptr, y, B, H, H, C, C, 3, 1);
-    be.range_pop();
-    be.range_pop();
+    dev.range_push("outer");
+    dev.range_push("conv");
+    ops.run(conv);
+    dev.range_pop();
+    dev.range_pop();
   }
   const double ms = gp->region_end();
   gp->stop();
+  set_range_listener(nullptr);
   auto acts = gp->take_activities();
   ASSERT_GE(acts.size(), (size_t)iters);
   uint64_t sum = 0;
@@ -176,7 +181,9 @@ TEST(ProfileGpu, ApiKernelsAttributedAndSumMatchesEvents) {
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[0].time_ns, sum);
   EXPECT_EQ(rows[1].calls, (uint64_t)iters);
-  EXPECT_DOUBLE_EQ(rows[1].flops, iters * flops::conv2d_fwd(B, H, H, C, C, 3, 1, false).flops);
+  EXPECT_DOUBLE_EQ(rows[1].flops, iters * conv.flops());
+  ASSERT_EQ(rows[1].variants.size(), 1u);  // the variant that ran is recorded on its layer
+  EXPECT_EQ(rows[1].variants[0], eng->base_ops().variant(conv));
 }
 
 // CUPTI with CUDA graphs: replays of a captured convolution loop produce one kernel record per
@@ -184,35 +191,36 @@ TEST(ProfileGpu, ApiKernelsAttributedAndSumMatchesEvents) {
 TEST(ProfileGpu, ApiGraphReplaysRecordedOnce) {
   NEED_GPU();
   std::string why;
-  auto dev = make_cuda_backend(&why);
-  ASSERT_TRUE(dev) << why;
+  auto eng = make_cuda_engine(Precision::TF32, &why);
+  ASSERT_TRUE(eng) << why;
   auto gp = prof::make_gpu_profiler(&why);
   ASSERT_TRUE(gp) << why;
-  dev->set_precision(Precision::TF32);
+  Device& dev = eng->device();
+  Ops& ops = eng->ops();
   const int B = 16, H = 64, C = 128, per_graph = 4, replays = 10;
   const size_t n = (size_t)B * H * H * C;
   auto hx = test::randn(n, test::test_seed());
   auto hw = test::randn((size_t)C * 9 * C, test::test_seed() + 1, 0.03f);
-  float* x = dev->alloc(n);
-  float* w = dev->alloc((size_t)C * 9 * C);
-  float* y = dev->alloc(n);
-  dev->upload(x, hx.data(), n);
-  dev->upload(w, hw.data(), hw.size());
+  Tensor x = eng->alloc(DType::F32, {B, H, H, C}), w = eng->alloc(DType::F32, {C, 3, 3, C});
+  Tensor y = eng->alloc(DType::F32, {B, H, H, C});
+  eng->upload(x, hx.data());
+  eng->upload(w, hw.data());
+  const ConvFwd conv{x, w, {}, {}, {}, y, 1};
   gp->start();
   // Eager: how many activities one convolution is.
-  dev->conv2d_fwd(x, w, nullptr, y, B, H, H, C, C, 3, 1);
+  ops.run(conv);
   gp->region_begin();
-  dev->conv2d_fwd(x, w, nullptr, y, B, H, H, C, C, 3, 1);
+  ops.run(conv);
   gp->region_end();
   const size_t per_conv = gp->take_activities().size();
   ASSERT_GE(per_conv, 1u);
-  ASSERT_TRUE(dev->supports_graphs());
-  dev->graph_begin();
-  for (int i = 0; i < per_graph; ++i) dev->conv2d_fwd(x, w, nullptr, y, B, H, H, C, C, 3, 1);
-  dev->graph_end();
-  dev->graph_launch();
+  ASSERT_TRUE(dev.supports_graphs());
+  dev.graph_begin();
+  for (int i = 0; i < per_graph; ++i) ops.run(conv);
+  dev.graph_end();
+  dev.graph_launch();
   gp->region_begin();
-  for (int i = 0; i < replays; ++i) dev->graph_launch();
+  for (int i = 0; i < replays; ++i) dev.graph_launch();
   const double ms = gp->region_end();
   gp->stop();
   auto acts = gp->take_activities();

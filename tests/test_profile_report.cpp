@@ -10,8 +10,8 @@
 #include <set>
 #include <sstream>
 
-#include "backend.h"
 #include "config.h"
+#include "engine.h"
 #include "flops.h"
 #include "model.h"
 #include "params.h"
@@ -131,90 +131,47 @@ void validate_trace(const json& t, size_t* n_kernels, size_t* n_layers) {
   }
 }
 
-// A backend that does nothing: FLOP counting of whole models without memory or a device.
-class NullBackend final : public Backend {
+// An engine that does nothing: FLOP counting of whole models without memory or a device.
+class NullDevice final : public Device {
  public:
-  int calls = 0;
   bool is_cuda() const override { return false; }
   std::string name() const override { return "null"; }
-  void set_precision(Precision) override {}
-  Precision precision() const override { return Precision::FP32; }
   // Fake, never dereferenced addresses, distinct per allocation.
-  float* alloc(size_t n) override { return reinterpret_cast<float*>(alloc_bytes(n * 4)); }
-  void* alloc_bytes(size_t b) override {
+  void* alloc(size_t b) override {
     uintptr_t p = next_;
     next_ += (b + 255) / 256 * 256 + 256;
     return reinterpret_cast<void*>(p);
   }
-  void upload(float*, const float*, size_t) override { ++calls; }
-  void download(float*, const float*, size_t) override { ++calls; }
-  void upload_bytes(void*, const void*, size_t) override { ++calls; }
-  void copy(float*, const float*, size_t) override { ++calls; }
-  void fill(float*, float, size_t) override { ++calls; }
+  void upload(void*, const void*, size_t) override {}
+  void download(void*, const void*, size_t) override {}
   void sync() override {}
-  size_t peak_bytes() const override { return 0; }
-  void conv2d_fwd(const float*, const float*, const float*, float*, int, int, int, int, int, int,
-                  int) override {
-    ++calls;
-  }
-  void conv2d_bwd(const float*, const float*, const float*, float*, float*, float*, int, int, int, int, int,
-                  int, int) override {
-    ++calls;
-  }
-  void linear_fwd(const float*, const float*, const float*, float*, int, int, int) override { ++calls; }
-  void linear_bwd(const float*, const float*, const float*, float*, float*, float*, int, int, int) override {
-    ++calls;
-  }
-  void groupnorm_fwd(const float*, const float*, const float*, float*, float*, float*, int, int, int, int,
-                     bool) override {
-    ++calls;
-  }
-  void groupnorm_bwd(const float*, const float*, const float*, const float*, const float*, const float*,
-                     float*, float*, float*, int, int, int, int, bool) override {
-    ++calls;
-  }
-  void silu_fwd(const float*, float*, size_t) override { ++calls; }
-  void silu_bwd(const float*, const float*, float*, size_t) override { ++calls; }
-  void add(const float*, const float*, float*, size_t) override { ++calls; }
-  void scale(float*, float, size_t) override { ++calls; }
-  void add_bcast_fwd(float*, const float*, int, int, int) override { ++calls; }
-  void add_bcast_bwd(const float*, float*, int, int, int) override { ++calls; }
-  void scale_shift_fwd(const float*, const float*, float*, int, int, int) override { ++calls; }
-  void scale_shift_bwd(const float*, const float*, const float*, float*, float*, int, int, int) override {
-    ++calls;
-  }
-  void upsample2x_fwd(const float*, float*, int, int, int, int) override { ++calls; }
-  void upsample2x_bwd(const float*, float*, int, int, int, int) override { ++calls; }
-  void avgpool2x2_fwd(const float*, float*, int, int, int, int) override { ++calls; }
-  void avgpool2x2_bwd(const float*, float*, int, int, int, int) override { ++calls; }
-  void concat_fwd(const float*, const float*, float*, int, int, int, int) override { ++calls; }
-  void concat_bwd(const float*, float*, float*, int, int, int, int) override { ++calls; }
-  void timestep_embedding(const float*, float*, int, int) override { ++calls; }
-  void embedding_add_fwd(const int32_t*, const float*, float*, int, int) override { ++calls; }
-  void embedding_bwd(const int32_t*, const float*, float*, int, int, int) override { ++calls; }
-  void attention_fwd(const float*, float*, float*, int, int, int, int, bool) override { ++calls; }
-  void attention_bwd(const float*, const float*, const float*, float*, int, int, int, int, bool) override {
-    ++calls;
-  }
-  void dropout_fwd(const float*, float*, size_t, float, uint64_t) override { ++calls; }
-  void dropout_bwd(const float*, float*, size_t, float, uint64_t) override { ++calls; }
-  void mse_fwd_bwd(const float*, const float*, float*, float*, size_t) override { ++calls; }
-  void q_sample(const float*, const float*, const float*, const float*, float*, int, size_t) override {
-    ++calls;
-  }
-  void axpbypcz(float, const float*, float, float*, float, const float*, size_t) override { ++calls; }
-  void clamp(float*, float, float, size_t) override { ++calls; }
-  void sum_squares(const float*, float*, size_t) override { ++calls; }
-  void adamw(float*, const float*, float*, float*, size_t, float, float, float, float, float, float, float,
-             const float*) override {
-    ++calls;
-  }
-  void clip_scale(const float*, float, float*, float*) override { ++calls; }
-  void ema(float*, const float*, float, size_t) override { ++calls; }
+  size_t bytes_held() const override { return next_ - 0x100000; }
+  size_t bytes_free() const override { return size_t(1) << 50; }
 
  private:
   uintptr_t next_ = 0x100000;
 };
+class NullOps final : public OpsAdapter<NullOps> {
+ public:
+  int calls = 0;
+  template <class Op>
+  void handle(const Op& op) {
+    op.check();
+    ++calls;
+  }
+  template <class Op>
+  size_t handle_prepare(const Op&) {
+    return 0;
+  }
+  template <class Op>
+  std::string handle_variant(const Op&) {
+    return "null";
+  }
+};
+std::unique_ptr<Engine> null_engine() {
+  return std::make_unique<Engine>(std::make_unique<NullDevice>(), std::make_unique<NullOps>(),
+                                  Precision::FP32);
+}
 
 }  // namespace
 
@@ -493,6 +450,8 @@ TEST(ProfileReport, DevicePeaks) {
 
 // ---- FLOP and byte counts ----
 
+Tensor T4(DType t, int64_t a, int64_t b, int64_t c, int64_t d) { return Tensor(nullptr, t, {a, b, c, d}); }
+
 TEST(Flops, ConvMatchesNaiveLoopCount) {
   // Count the multiply-adds a direct convolution loop performs (padding taps included) and the
   // distinct elements it touches.
@@ -509,92 +468,137 @@ TEST(Flops, ConvMatchesNaiveLoopCount) {
                 for (int kx = 0; kx < k; ++kx)
                   for (int ci = 0; ci < Ci; ++ci) macs += 1;
       const double outs = (double)B * Ho * Wo * Co;
-      flops::Cost f = flops::conv2d_fwd(B, H, W, Ci, Co, k, stride, true);
-      EXPECT_EQ(f.flops, 2 * macs + outs) << k << " " << stride;
-      EXPECT_EQ(f.bytes, 4.0 * (B * H * W * Ci + Co * k * k * Ci + Co + outs));
-      flops::Cost bw = flops::conv2d_bwd(B, H, W, Ci, Co, k, stride, true, true, true);
-      EXPECT_EQ(bw.flops, 4 * macs + outs);
-      // reads x, w, dy; writes dx, dw, db
-      EXPECT_EQ(bw.bytes, 4.0 * (2.0 * B * H * W * Ci + 2.0 * Co * k * k * Ci + Co + outs));
-      flops::Cost only_dx = flops::conv2d_bwd(B, H, W, Ci, Co, k, stride, true, false, false);
-      EXPECT_EQ(only_dx.flops, 2 * macs);
+      const Tensor x = T4(DType::F32, B, H, W, Ci), w = T4(DType::F32, Co, k, k, Ci),
+                   y = T4(DType::F32, B, Ho, Wo, Co);
+      const Tensor bias(nullptr, DType::F32, {Co});
+      const ConvFwd f{x, w, bias, {}, {}, y, stride};
+      f.check();
+      EXPECT_EQ(f.flops(), 2 * macs + outs) << k << " " << stride;
+      EXPECT_EQ(flops::cost(f).bytes, 4.0 * (B * H * W * Ci + Co * k * k * Ci + Co + outs));
+      const ConvBwdData bd{y, w, x, stride};
+      const ConvBwdFilter bf{x, y, w, bias, {}, stride};
+      EXPECT_EQ(bd.flops() + bf.flops(), 4 * macs + outs);
+      // reads dy, w / x, dy; writes dx / dw, db
+      EXPECT_EQ(flops::cost(bd).bytes + flops::cost(bf).bytes,
+                4.0 * (2.0 * B * H * W * Ci + 2.0 * Co * k * k * Ci + Co + 2 * outs));
+      EXPECT_EQ(bd.flops(), 2 * macs);
+      // bf16 storage halves the bytes of the bf16 tensors, not the arithmetic.
+      const ConvFwd h{T4(DType::BF16, B, H, W, Ci),
+                      T4(DType::BF16, Co, k, k, Ci),
+                      bias,
+                      {},
+                      {},
+                      T4(DType::BF16, B, Ho, Wo, Co),
+                      stride};
+      EXPECT_EQ(h.flops(), f.flops());
+      EXPECT_EQ(flops::cost(h).bytes, 2.0 * (B * H * W * Ci + Co * k * k * Ci + outs) + 4.0 * Co);
     }
 }
 
 TEST(Flops, LinearAttentionAdamw) {
-  flops::Cost l = flops::linear_fwd(32, 64, 256, true);
-  EXPECT_EQ(l.flops, 2.0 * 32 * 64 * 256 + 32 * 256);
-  EXPECT_EQ(l.bytes, 4.0 * (32 * 64 + 256 * 64 + 256 + 32 * 256));
-  EXPECT_EQ(flops::linear_bwd(32, 64, 256, true, true, false).flops, 4.0 * 32 * 64 * 256);
-  // Attention, B=2, T=16, C=64, 2 heads of 32: per head QK^T and AV are 2*T*T*d each.
+  const Tensor x(nullptr, DType::F32, {32, 64}), w(nullptr, DType::F32, {256, 64}),
+      b(nullptr, DType::F32, {256});
+  const Tensor y(nullptr, DType::F32, {32, 256});
+  const LinearFwd l{x, w, b, y};
+  EXPECT_EQ(l.flops(), 2.0 * 32 * 64 * 256 + 32 * 256);
+  EXPECT_EQ(flops::cost(l).bytes, 4.0 * (32 * 64 + 256 * 64 + 256 + 32 * 256));
+  EXPECT_EQ((LinearBwd{x, w, y, x, w, {}}.flops()), 4.0 * 32 * 64 * 256);
+  // Attention, B=2, T=16, C=64, 2 heads of 32: per head QK^T and AV are 2*T*T*d each; backward
+  // recomputes QK^T, then dV, dP, dQ, dK.
   const double T = 16, d = 32, heads = 2, B = 2;
   const double matmul = B * heads * (2 * T * T * d + 2 * T * T * d);
-  flops::Cost a = flops::attention_fwd(2, 16, 64, 2);
-  EXPECT_EQ(a.flops, matmul + B * heads * 5 * T * T);
-  EXPECT_EQ(a.bytes, 4.0 * (B * T * 192 + B * T * 64 + B * heads * T * T));
-  EXPECT_EQ(flops::attention_bwd(2, 16, 64, 2).flops, 2 * matmul + B * heads * 4 * T * T);
-  EXPECT_EQ(flops::adamw(1000).bytes, 4.0 * 1000 * 7);
+  const Tensor qkv = T4(DType::F32, 2, 4, 4, 192), out = T4(DType::F32, 2, 4, 4, 64),
+               lse(nullptr, DType::F32, {2, 2, 16});
+  const AttentionFwd a{qkv, out, lse, false};
+  a.check();
+  EXPECT_EQ(a.flops(), matmul + B * heads * 5 * T * T);
+  EXPECT_EQ(flops::cost(a).bytes, 4.0 * (B * T * 192 + B * T * 64 + B * heads * T));
+  EXPECT_EQ((AttentionBwd{qkv, out, lse, out, qkv, false}.flops()), 2.5 * matmul + B * heads * 5 * T * T);
+  const Tensor p(nullptr, DType::F32, {1000}), h(nullptr, DType::F32, {4}), sc(nullptr, DType::F32, {1});
+  // reads p, g, m, v (and 4 + 1 scalars); writes p, m, v
+  EXPECT_EQ(flops::cost(AdamW{p, p, p, p, h, sc}).bytes, 4.0 * (1000 * 7 + 5));
 }
 
-TEST(Flops, CountingBackendForwardsAndAttributes) {
-  NullBackend null;
+TEST(Flops, CountingOpsForwardsAndAttributes) {
+  NullOps null;
   RangeTracker t;
+  struct Ranges : Device {  // a device whose ranges go to the tracker
+    RangeTracker& t;
+    explicit Ranges(RangeTracker& tt) : t(tt) {}
+    bool is_cuda() const override { return false; }
+    std::string name() const override { return "ranges"; }
+    void* alloc(size_t) override { return nullptr; }
+    void upload(void*, const void*, size_t) override {}
+    void download(void*, const void*, size_t) override {}
+    void sync() override {}
+    size_t bytes_held() const override { return 0; }
+    size_t bytes_free() const override { return 0; }
+    void range_push(const char* n) override { t.push(n); }
+    void range_pop() override { t.pop(); }
+  } ranges(t);
   std::vector<std::string> ops;
-  flops::CountingBackend cb(
-      null,
-      [&](const char* op, const flops::Cost& c) {
-        ops.push_back(op);
+  flops::CountingOps cb(
+      null, ranges,
+      [&](const char* op, const std::string& v, const flops::Cost& c) {
+        ops.push_back(std::string(op) + "=" + v);
         t.add_cost(c.flops, c.bytes);
+        t.add_variant(op + std::string("=") + v);
       },
-      &t, /*op_ranges=*/true);
-  float* x = cb.alloc(10);
-  cb.range_push("layer");
-  cb.conv2d_fwd(x, x, nullptr, x, 1, 8, 8, 32, 32, 3, 1);
-  cb.linear_fwd(x, x, x, x, 4, 8, 8);
-  cb.range_pop();
+      /*op_ranges=*/true);
+  const Tensor x = T4(DType::F32, 1, 8, 8, 32), w = T4(DType::F32, 32, 3, 3, 32);
+  const ConvFwd conv{x, w, {}, {}, {}, x, 1};
+  const Tensor lx(nullptr, DType::F32, {4, 8}), lw(nullptr, DType::F32, {8, 8}), lb(nullptr, DType::F32, {8});
+  const LinearFwd lin{lx, lw, lb, lx};
+  ranges.range_push("layer");
+  cb.run(conv);
+  cb.run(lin);
+  ranges.range_pop();
   cb.set_counting(false);
-  cb.add(x, x, x, 10);
-  EXPECT_EQ(null.calls, 3) << "every op reaches the inner backend";
+  cb.run(Add{x, x, x});
+  EXPECT_EQ(null.calls, 3) << "every op reaches the inner table";
   ASSERT_EQ(ops.size(), 2u) << "nothing is counted while counting is off";
-  EXPECT_EQ(ops[0], "conv3x3_fwd");
+  EXPECT_EQ(ops[0], "conv_fwd=null");
   auto rows = aggregate_layers(t.instances(), {});
-  ASSERT_EQ(rows.size(), 4u);  // layer, layer/conv3x3_fwd, layer/linear_fwd, add (op range, outside)
+  ASSERT_EQ(rows.size(), 4u);  // layer, layer/conv_fwd[null], layer/linear_fwd[null], add[null] (outside)
   EXPECT_EQ(rows[0].path, "layer");
-  EXPECT_EQ(rows[1].path, "layer/conv3x3_fwd");
-  EXPECT_EQ(rows[0].flops,
-            flops::conv2d_fwd(1, 8, 8, 32, 32, 3, 1, false).flops + flops::linear_fwd(4, 8, 8, true).flops);
-  EXPECT_EQ(rows[1].flops, flops::conv2d_fwd(1, 8, 8, 32, 32, 3, 1, false).flops);
+  EXPECT_EQ(rows[1].path, "layer/conv_fwd[null]");
+  EXPECT_EQ(rows[1].variants, std::vector<std::string>{"conv_fwd=null"});
+  EXPECT_EQ(rows[0].flops, conv.flops() + lin.flops());
+  EXPECT_EQ(rows[1].flops, conv.flops());
 }
 
 // SPEC §5: one seed64 training step at batch 32 is 1.47 TFLOP. Count it through the real model
-// code on a backend that does nothing.
+// code on an engine that does nothing.
 TEST(Flops, Seed64TrainingStepIs147Tflop) {
-  NullBackend null;
+  auto eng = null_engine();
   RangeTracker t;
+  set_range_listener(&t);
   double matmul = 0;
-  flops::CountingBackend cb(
-      null,
-      [&](const char* op, const flops::Cost& c) {
-        t.add_cost(c.flops, c.bytes);
-        const std::string o = op;
-        if (o.find("conv") == 0 || o.find("linear") == 0 || o.find("attention") == 0) matmul += c.flops;
-      },
-      &t);
+  flops::CountingOps cb(eng->base_ops(), eng->device(),
+                        [&](const char* op, const std::string&, const flops::Cost& c) {
+                          t.add_cost(c.flops, c.bytes);
+                          const std::string o = op;
+                          if (o.find("conv") == 0 || o.find("linear") == 0 || o.find("attention") == 0)
+                            matmul += c.flops;
+                        });
   const ModelConfig cfg = preset("seed64");
-  Model m(cfg, cb);
+  Model m(cfg, *eng);
   const int B = 32;
-  m.plan(B);
-  float* x = cb.alloc((size_t)B * 64 * 64 * 3);
-  float* out = cb.alloc((size_t)B * 64 * 64 * 3);
-  float* tt = cb.alloc(B);
+  m.plan(B, Mode::Train);
+  eng->set_ops(&cb);
+  const Tensor x = eng->alloc(DType::F32, {B, 64, 64, 3}), out = eng->alloc(DType::F32, {B, 64, 64, 3});
+  const Tensor tt = eng->alloc(DType::F32, {B});
   t.clear();
   matmul = 0;
-  m.forward(x, tt, nullptr, out, B, true);
+  m.forward(x, tt, {}, out, true);
   const double fwd = matmul;
-  m.backward(out, B);
+  m.backward(out);
   const double step = matmul;
+  eng->set_ops(nullptr);
+  set_range_listener(nullptr);
   std::printf("seed64 B=32: forward %.1f GFLOP, forward+backward %.1f GFLOP (GEMM-shaped ops)\n", fwd / 1e9,
               step / 1e9);
+  // 1.47 TFLOP of GEMM work plus the attention backward's recomputed QK^T (a few GFLOP).
   EXPECT_NEAR(step / 1.47e12, 1.0, 0.05);
   EXPECT_NEAR(step / fwd, 3.0, 0.1) << "backward is about twice the forward";
   // Every layer range of the model carries FLOPs.

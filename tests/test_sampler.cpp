@@ -7,8 +7,8 @@
 #include <cmath>
 #include <limits>
 
-#include "backend.h"
 #include "diffusion.h"
+#include "engine.h"
 #include "model.h"
 #include "rng.h"
 #include "sampler.h"
@@ -39,7 +39,12 @@ struct FakeNet {
     n.image_size = S, n.channels = C, n.learn_sigma = learn_sigma, n.class_cond = class_cond,
     n.num_classes = 5;
     n.diffusion_steps = T, n.noise_schedule = schedule;
-    n.denoise = [this](const float* x, const float* t, const int32_t* y, float* out, int B) {
+    n.denoise = [this](const Tensor& xt, const Tensor& tt, const Tensor& yt, const Tensor& ot) {
+      const float* x = xt.f32();
+      const float* t = tt.f32();
+      const int32_t* y = yt.defined() ? yt.i32() : nullptr;
+      float* out = ot.f32();
+      const int B = (int)xt.dim[0];
       calls_t.push_back(t[0]);
       calls_B.push_back(B);
       const size_t hw = size_t(S) * S, numel = hw * C;
@@ -119,7 +124,7 @@ EpsFn fake_eps(int S, int C, std::vector<int32_t> labels = {}) {
 }  // namespace
 
 TEST(Sampler, MatchesHostLoopAllModes) {
-  auto be = make_cpu_backend();
+  auto be = make_cpu_engine();
   const uint64_t seed = test::test_seed();
   struct Case {
     const char* sampler;
@@ -158,7 +163,7 @@ TEST(Sampler, MatchesHostLoopAllModes) {
 }
 
 TEST(Sampler, DeterministicAndIndependentOfBatchSize) {
-  auto be = make_cpu_backend();
+  auto be = make_cpu_engine();
   const uint64_t seed = test::test_seed();
   const int n = 5;
   for (const char* s : {"ddpm", "ddim"}) {
@@ -188,7 +193,7 @@ TEST(Sampler, DeterministicAndIndependentOfBatchSize) {
 }
 
 TEST(Sampler, LabelsAndProgress) {
-  auto be = make_cpu_backend();
+  auto be = make_cpu_engine();
   const uint64_t seed = test::test_seed();
   const int n = 4;
   FakeNet f;
@@ -222,7 +227,7 @@ TEST(Sampler, LabelsAndProgress) {
 }
 
 TEST(Sampler, RejectsBadOptions) {
-  auto be = make_cpu_backend();
+  auto be = make_cpu_engine();
   FakeNet f;
   f.class_cond = true;
   std::vector<float> out(2 * 4 * 4 * 3);
@@ -250,7 +255,7 @@ TEST(Sampler, RejectsBadOptions) {
 // A tiny real UNet on the CPU backend: DDIM eta=0 from fixed noise is deterministic and equals
 // the host loop driven by the same model's forward.
 TEST(Sampler, TinyModelDdim) {
-  auto be = make_cpu_backend();
+  auto be = make_cpu_engine();
   const uint64_t seed = test::test_seed();
   ModelConfig cfg = preset("tiny32");
   cfg.image_size = 8;
@@ -268,7 +273,7 @@ TEST(Sampler, TinyModelDdim) {
   Model model(cfg, *be);
   // Random weights (not the zero-initialised output layers, which would make eps == 0).
   auto w = test::randn(model.arena_floats(), seed, 0.05f);
-  be->upload(model.params(), w.data(), w.size());
+  be->upload(model.params(), w.data());
   const int n = 3, S = 8, C = 3;
   const size_t numel = size_t(S) * S * C;
   auto noise = test::randn(n * numel, seed + 1);
@@ -279,18 +284,16 @@ TEST(Sampler, TinyModelDdim) {
   sample(model, o, n, noise.data(), nullptr, b.data(), nullptr);
   EXPECT_EQ(a, b);
   // The host loop, calling the model one sample at a time (so batching is exercised too).
-  model.plan(1);
-  float* xd = be->alloc(numel);
-  float* td = be->alloc(1);
-  float* od = be->alloc(2 * numel);
+  Tensor xd = be->alloc(DType::F32, {1, S, S, C}), td = be->alloc(DType::F32, {1});
+  Tensor od = be->alloc(DType::F32, {1, S, S, 2 * C});
   EpsFn eps_fn = [&](const std::vector<float>& x, int t, std::vector<double>& eps, std::vector<double>& var) {
     std::vector<float> o2(2 * numel);
     const float tf = float(t);
     for (int i = 0; i < n; ++i) {
-      be->upload(xd, x.data() + i * numel, numel);
-      be->upload(td, &tf, 1);
-      model.forward(xd, td, nullptr, od, 1, false);
-      be->download(o2.data(), od, 2 * numel);
+      be->upload(xd, x.data() + i * numel);
+      be->upload(td, &tf);
+      model.forward(xd, td, {}, od, false);
+      be->download(o2.data(), od);
       for (size_t p = 0; p < size_t(S) * S; ++p)
         for (int c = 0; c < C; ++c) {
           eps[i * numel + p * C + c] = o2[p * 2 * C + c];
@@ -311,15 +314,14 @@ TEST(Sampler, TinyModelDdim) {
   EXPECT_GT(test::rel_l2(a, zero_eps), 1e-2);
 }
 
-// On the GPU: the same sampler runs through CudaBackend (split, axpbypcz, clamp kernels, host
-// staging) and agrees with the CPU run, DDIM and DDPM (learned range, so the host round trip of
-// the variance is exercised), fp32. Skips without a CUDA device.
+// On the GPU: the same sampler runs through the CUDA engine (split, axpbypcz, clamp and
+// learned-range kernels) and agrees with the CPU run, DDIM and DDPM with learned range, fp32. Skips without a
+// CUDA device.
 TEST(Sampler, CudaMatchesCpu) {
   std::string why;
-  auto gpu = make_cuda_backend(&why);
-  if (!gpu) GTEST_SKIP() << "no CUDA backend: " << why;
-  gpu->set_precision(Precision::FP32);
-  auto cpu = make_cpu_backend();
+  auto gpu = make_cuda_engine(Precision::FP32, &why);
+  if (!gpu) GTEST_SKIP() << "no CUDA engine: " << why;
+  auto cpu = make_cpu_engine();
   const uint64_t seed = test::test_seed();
   ModelConfig cfg = preset("tiny32");
   cfg.image_size = 16;
@@ -337,8 +339,8 @@ TEST(Sampler, CudaMatchesCpu) {
   ASSERT_EQ(cfg.validate(), "");
   Model mc(cfg, *cpu), mg(cfg, *gpu);
   auto w = test::randn(mc.arena_floats(), seed, 0.05f);
-  cpu->upload(mc.params(), w.data(), w.size());
-  gpu->upload(mg.params(), w.data(), w.size());
+  cpu->upload(mc.params(), w.data());
+  gpu->upload(mg.params(), w.data());
   const int n = 5;
   const size_t numel = size_t(16) * 16 * 3;
   const std::vector<int32_t> labels = {0, 3, 1, 2, 3};

@@ -1,24 +1,27 @@
-// Multi-head self-attention on the fused qkv tensor [B, T, 3C] (guided-diffusion's QKVAttention,
-// new order, and QKVAttentionLegacy). Per head: strided-batched cuBLAS GEMMs over the batch
-// (Q, K, V are read in place with row stride 3C — no gather), an fp32 row softmax of our own.
+// Attention variant "cublas": guided-diffusion's QKVAttention (new order) and QKVAttentionLegacy on
+// the fused qkv tensor [B, T, 3C], f32 or bf16. Per head and batch chunk: strided-batched cuBLAS
+// GEMMs read Q, K, V in place (row stride 3C — no gather) and an f32 row softmax of our own; the
+// [T, T] scores live only in the workspace (f32 logits, probabilities in the storage dtype, as
+// flash attention feeds its second GEMM).
 //
-//   logits = (q k^T) / sqrt(d)      (= (q d^-1/4)(k d^-1/4)^T of the reference)
-//   attn   = softmax over keys      (saved [B*heads, T, T] for backward)
-//   out    = attn v                 (written into the head's channels of [B, T, C])
-// Backward: dv = attn^T dout; dattn = dout v^T; dlogit = attn * (dattn - rowsum(attn*dattn));
-// dq = dlogit k / sqrt(d); dk = dlogit^T q / sqrt(d). dlogit lives in the workspace, a batch chunk
-// at a time.
+//   S = (q k^T) / sqrt(d)   (= (q d^-1/4)(k d^-1/4)^T of the reference)
+//   P = softmax(S) over keys; lse = log-sum-exp of each row (saved for backward)
+//   out = P v               (written into the head's channels of [B, T, C])
+// Backward recomputes S and P = exp(S - lse), then dV = P^T dO, dP = dO V^T,
+// dS = P (dP - rowsum(P dP)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d).
 //
-// Cost: the T x T score matrices go through memory three times forward (GEMM write, softmax
-// read+write, GEMM read) and more in backward; a fused (flash-style) kernel is the speed step.
+// Cost: the scores go through memory several times per pass; a fused (flash-style) kernel is the
+// speed step.
 #include <cmath>
 #include <string>
 
-#include "cuda_backend.cuh"
+#include "cuda_engine.cuh"
 
 namespace unet {
 
 namespace {
+
+constexpr size_t kChunkBytes = size_t(64) << 20;
 
 struct HeadOffsets {
   int q, k, v;  // channel offsets of head h's q, k, v inside a qkv row of 3C
@@ -37,109 +40,157 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// In-place softmax of `rows` rows of length T; one warp per row (fixed lane order: deterministic).
-__global__ void softmax_rows_kernel(float* p, size_t rows, int T) {
-  const int lane = threadIdx.x & 31;
-  const size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
-  for (size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; row < rows; row += nwarps) {
-    float* r = p + row * T;
-    float mx = -INFINITY;
-    for (int j = lane; j < T; j += 32) mx = fmaxf(mx, r[j]);
-    mx = warp_max(mx);
-    float s = 0.f;
-    for (int j = lane; j < T; j += 32) {
-      const float e = expf(r[j] - mx);
-      r[j] = e;
-      s += e;
-    }
-    const float inv = 1.0f / warp_sum(s);
-    for (int j = lane; j < T; j += 32) r[j] *= inv;
-  }
-}
-
-// dS = P * (dP - sum_j P dP), in place on dS [nb, T, T]; P row (j, t) at P + j*p_stride + t*T.
-__global__ void softmax_bwd_kernel(const float* P, long long p_stride, float* dS, int nb, int T) {
+// Rows of S [nb*T, T] -> P (softmax) and lse[(b0 + b) * heads + h][t]; one warp per row.
+template <class TP>
+__global__ void softmax_fwd_kernel(const float* S, TP* P, float* lse, int nb, int T, int heads, int h,
+                                   int b0) {
   const int lane = threadIdx.x & 31;
   const size_t rows = (size_t)nb * T;
   const size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
   for (size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; row < rows; row += nwarps) {
-    const float* pr = P + (long long)(row / T) * p_stride + (long long)(row % T) * T;
-    float* g = dS + row * T;
+    const float* r = S + row * T;
+    float mx = -INFINITY;
+    for (int j = lane; j < T; j += 32) mx = fmaxf(mx, r[j]);
+    mx = warp_max(mx);
+    float s = 0.f;
+    for (int j = lane; j < T; j += 32) s += expf(r[j] - mx);
+    s = warp_sum(s);
+    const float inv = 1.0f / s;
+    TP* p = P + row * T;
+    for (int j = lane; j < T; j += 32) stf(p, j, expf(r[j] - mx) * inv);
+    if (lane == 0) {
+      const size_t b = row / T, t = row % T;
+      lse[((b0 + b) * heads + h) * (size_t)T + t] = mx + logf(s);
+    }
+  }
+}
+
+// P = exp(S - lse) for the rows of a chunk.
+template <class TP>
+__global__ void softmax_recompute_kernel(const float* S, TP* P, const float* lse, int nb, int T, int heads,
+                                         int h, int b0) {
+  const size_t n = (size_t)nb * T * T;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const size_t row = i / T, b = row / T, t = row % T;
+    stf(P, i, expf(S[i] - lse[((b0 + b) * heads + h) * (size_t)T + t]));
+  }
+}
+
+// dS = P (dP - sum_j P dP), written over P; one warp per row.
+template <class TP>
+__global__ void softmax_bwd_kernel(TP* P, const float* dP, int nb, int T) {
+  const int lane = threadIdx.x & 31;
+  const size_t rows = (size_t)nb * T;
+  const size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
+  for (size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; row < rows; row += nwarps) {
+    TP* p = P + row * T;
+    const float* g = dP + row * T;
     float dot = 0.f;
-    for (int j = lane; j < T; j += 32) dot += pr[j] * g[j];
+    for (int j = lane; j < T; j += 32) dot += ldf(p, j) * g[j];
     dot = warp_sum(dot);
-    for (int j = lane; j < T; j += 32) g[j] = pr[j] * (g[j] - dot);
+    for (int j = lane; j < T; j += 32) stf(p, j, ldf(p, j) * (g[j] - dot));
   }
 }
 
 unsigned warp_grid(size_t rows) { return grid_for(rows * 32); }  // a warp per row, grid-stride
 
-void check_attn(int C, int heads) {
-  if (heads <= 0 || C % heads != 0)
-    throw std::invalid_argument("attention: " + std::to_string(heads) + " heads do not divide " +
-                                std::to_string(C) + " channels");
+struct Geo {
+  int B, T, C, heads, d, ld;
+  size_t esz;
+  int chunk;
+};
+Geo geo(const Tensor& qkv, const Tensor& out, const Tensor& lse) {
+  Geo g;
+  g.B = (int)qkv.dim[0], g.T = (int)(qkv.dim[1] * qkv.dim[2]), g.C = (int)out.dim[3],
+  g.heads = (int)lse.dim[1];
+  g.d = g.C / g.heads, g.ld = 3 * g.C, g.esz = dtype_size(qkv.dtype);
+  const size_t per = (size_t)g.T * g.T * (4 + g.esz);
+  g.chunk = (int)std::max<size_t>(1, std::min<size_t>((size_t)g.B, kChunkBytes / per));
+  return g;
 }
+size_t ws_for(const Geo& g) { return (size_t)g.chunk * g.T * g.T * (4 + g.esz); }
+
+template <class T>
+void fwd(const AttentionFwd& o, CudaCtx& ctx, const Geo& g) {
+  const DType t = o.qkv.dtype;
+  const float alpha = (float)(1.0 / std::sqrt((double)g.d));
+  const long long sQKV = (long long)g.T * g.ld, sS = (long long)g.T * g.T, sOut = (long long)g.T * g.C;
+  float* S = static_cast<float*>(ctx.ws);
+  T* P = reinterpret_cast<T*>(S + (size_t)g.chunk * sS);
+  const T* qkv = dptr<T>(o.qkv);
+  T* out = dptr<T>(o.out);
+  for (int h = 0; h < g.heads; ++h) {
+    const HeadOffsets of = head_offsets(h, g.C, g.d, o.legacy);
+    for (int b0 = 0; b0 < g.B; b0 += g.chunk) {
+      const int nb = std::min(g.chunk, g.B - b0);
+      const T* base = qkv + (size_t)b0 * sQKV;
+      ctx.gemm(false, true, g.T, g.T, g.d, alpha, {base + of.q, t, g.ld, sQKV}, {base + of.k, t, g.ld, sQKV},
+               0.f, {S, DType::F32, g.T, sS}, nb);
+      softmax_fwd_kernel<T><<<warp_grid((size_t)nb * g.T), kThreads, 0, ctx.stream>>>(
+          S, P, dptr<float>(o.lse), nb, g.T, g.heads, h, b0);
+      KERNEL_CHECK();
+      ctx.gemm(false, false, g.T, g.d, g.T, 1.f, {P, t, g.T, sS}, {base + of.v, t, g.ld, sQKV}, 0.f,
+               {out + (size_t)b0 * sOut + (size_t)h * g.d, t, g.C, sOut}, nb);
+    }
+  }
+}
+
+template <class T>
+void bwd(const AttentionBwd& o, CudaCtx& ctx, const Geo& g) {
+  const DType t = o.qkv.dtype;
+  const float alpha = (float)(1.0 / std::sqrt((double)g.d));
+  const long long sQKV = (long long)g.T * g.ld, sS = (long long)g.T * g.T, sOut = (long long)g.T * g.C;
+  float* S = static_cast<float*>(ctx.ws);
+  T* P = reinterpret_cast<T*>(S + (size_t)g.chunk * sS);
+  const T* qkv = dptr<T>(o.qkv);
+  const T* dout = dptr<T>(o.dout);
+  T* dqkv = dptr<T>(o.dqkv);
+  for (int h = 0; h < g.heads; ++h) {
+    const HeadOffsets of = head_offsets(h, g.C, g.d, o.legacy);
+    for (int b0 = 0; b0 < g.B; b0 += g.chunk) {
+      const int nb = std::min(g.chunk, g.B - b0);
+      const T* base = qkv + (size_t)b0 * sQKV;
+      T* dbase = dqkv + (size_t)b0 * sQKV;
+      const T* dO = dout + (size_t)b0 * sOut + (size_t)h * g.d;
+      ctx.gemm(false, true, g.T, g.T, g.d, alpha, {base + of.q, t, g.ld, sQKV}, {base + of.k, t, g.ld, sQKV},
+               0.f, {S, DType::F32, g.T, sS}, nb);
+      const size_t n = (size_t)nb * sS;
+      softmax_recompute_kernel<T>
+          <<<grid_for(n), kThreads, 0, ctx.stream>>>(S, P, dptr<float>(o.lse), nb, g.T, g.heads, h, b0);
+      KERNEL_CHECK();
+      // dV[u, i] = sum_t P[t, u] dO[t, i]
+      ctx.gemm(true, false, g.T, g.d, g.T, 1.f, {P, t, g.T, sS}, {dO, t, g.C, sOut}, 0.f,
+               {dbase + of.v, t, g.ld, sQKV}, nb);
+      // dP[t, u] = sum_i dO[t, i] v[u, i]  (over S, no longer needed)
+      ctx.gemm(false, true, g.T, g.T, g.d, 1.f, {dO, t, g.C, sOut}, {base + of.v, t, g.ld, sQKV}, 0.f,
+               {S, DType::F32, g.T, sS}, nb);
+      softmax_bwd_kernel<T><<<warp_grid((size_t)nb * g.T), kThreads, 0, ctx.stream>>>(P, S, nb, g.T);
+      KERNEL_CHECK();
+      // dq = alpha dS k;  dk = alpha dS^T q
+      ctx.gemm(false, false, g.T, g.d, g.T, alpha, {P, t, g.T, sS}, {base + of.k, t, g.ld, sQKV}, 0.f,
+               {dbase + of.q, t, g.ld, sQKV}, nb);
+      ctx.gemm(true, false, g.T, g.d, g.T, alpha, {P, t, g.T, sS}, {base + of.q, t, g.ld, sQKV}, 0.f,
+               {dbase + of.k, t, g.ld, sQKV}, nb);
+    }
+  }
+}
+
+void attn_fwd(const AttentionFwd& o, CudaCtx& ctx) {
+  const Geo g = geo(o.qkv, o.out, o.lse);
+  with_act(o.qkv.dtype, [&](auto tag) { fwd<decltype(tag)>(o, ctx, g); });
+}
+void attn_bwd(const AttentionBwd& o, CudaCtx& ctx) {
+  const Geo g = geo(o.qkv, o.out, o.lse);
+  with_act(o.qkv.dtype, [&](auto tag) { bwd<decltype(tag)>(o, ctx, g); });
+}
+size_t fwd_ws(const AttentionFwd& o, const CudaCtx&) { return ws_for(geo(o.qkv, o.out, o.lse)); }
+size_t bwd_ws(const AttentionBwd& o, const CudaCtx&) { return ws_for(geo(o.qkv, o.out, o.lse)); }
 
 }  // namespace
 
-void CudaBackend::attention_fwd(const float* qkv, float* out, float* attn, int B, int T, int C, int heads,
-                                bool legacy) {
-  check_attn(C, heads);
-  if (B <= 0 || T <= 0) return;
-  const int d = C / heads, ld = 3 * C;
-  const float alpha = (float)(1.0 / std::sqrt((double)d));
-  const long long sQKV = (long long)T * ld, sAttn = (long long)heads * T * T;
-  for (int h = 0; h < heads; ++h) {
-    const HeadOffsets o = head_offsets(h, C, d, legacy);
-    gemm_batched(false, true, T, T, d, alpha, qkv + o.q, ld, sQKV, qkv + o.k, ld, sQKV, 0.f,
-                 attn + (size_t)h * T * T, T, sAttn, B);
-  }
-  const size_t rows = (size_t)B * heads * T;
-  softmax_rows_kernel<<<warp_grid(rows), kThreads, 0, stream_>>>(attn, rows, T);
-  KERNEL_CHECK();
-  for (int h = 0; h < heads; ++h) {
-    const HeadOffsets o = head_offsets(h, C, d, legacy);
-    gemm_batched(false, false, T, d, T, 1.f, attn + (size_t)h * T * T, T, sAttn, qkv + o.v, ld, sQKV, 0.f,
-                 out + (size_t)h * d, C, (long long)T * C, B);
-  }
-}
-
-void CudaBackend::attention_bwd(const float* qkv, const float* attn, const float* dout, float* dqkv, int B,
-                                int T, int C, int heads, bool legacy) {
-  check_attn(C, heads);
-  if (B <= 0 || T <= 0 || !dqkv) return;
-  const int d = C / heads, ld = 3 * C;
-  const float alpha = (float)(1.0 / std::sqrt((double)d));
-  const long long sQKV = (long long)T * ld, sAttn = (long long)heads * T * T, sOut = (long long)T * C;
-  const size_t tt = (size_t)T * T;
-  const size_t bc = ws_floats_ / tt;
-  if (bc == 0)
-    throw std::runtime_error("attention: a " + std::to_string(T) + "x" + std::to_string(T) +
-                             " score matrix exceeds the CUDA workspace");
-  const int Bc = (int)std::min<size_t>(bc, (size_t)B);
-  for (int h = 0; h < heads; ++h) {
-    const HeadOffsets o = head_offsets(h, C, d, legacy);
-    const float* P = attn + (size_t)h * tt;
-    // dv[s, i] = sum_t P[t, s] dout[t, i]
-    gemm_batched(true, false, T, d, T, 1.f, P, T, sAttn, dout + (size_t)h * d, C, sOut, 0.f, dqkv + o.v, ld,
-                 sQKV, B);
-    for (int b0 = 0; b0 < B; b0 += Bc) {
-      const int nb = std::min(Bc, B - b0);
-      const size_t q0 = (size_t)b0 * T * ld;
-      // dP[t, s] = sum_i dout[t, i] v[s, i]
-      gemm_batched(false, true, T, T, d, 1.f, dout + (size_t)b0 * T * C + (size_t)h * d, C, sOut,
-                   qkv + q0 + o.v, ld, sQKV, 0.f, ws_, T, (long long)tt, nb);
-      const size_t rows = (size_t)nb * T;
-      softmax_bwd_kernel<<<warp_grid(rows), kThreads, 0, stream_>>>(P + (size_t)b0 * sAttn, sAttn, ws_, nb,
-                                                                    T);
-      KERNEL_CHECK();
-      // dq = alpha dS k;  dk = alpha dS^T q
-      gemm_batched(false, false, T, d, T, alpha, ws_, T, (long long)tt, qkv + q0 + o.k, ld, sQKV, 0.f,
-                   dqkv + q0 + o.q, ld, sQKV, nb);
-      gemm_batched(true, false, T, d, T, alpha, ws_, T, (long long)tt, qkv + q0 + o.q, ld, sQKV, 0.f,
-                   dqkv + q0 + o.k, ld, sQKV, nb);
-    }
-  }
+void register_attention_cuda(CudaOps& ops) {
+  ops.variants<AttentionFwd>().push_back({"cublas", nullptr, attn_fwd, fwd_ws});
+  ops.variants<AttentionBwd>().push_back({"cublas", nullptr, attn_bwd, bwd_ws});
 }
 
 }  // namespace unet

@@ -5,41 +5,9 @@
 #pragma once
 #include <algorithm>
 
-#include "cuda_backend.cuh"
+#include "cuda_engine.cuh"
 
 namespace unet {
-
-// ---- vectorised elementwise map ------------------------------------------------------------
-// F provides  vec4(j): elements 4j..4j+3 with 16-byte accesses,  scalar(i): element i.
-// The launcher uses vec4 only when the caller says every pointer is 16-byte aligned.
-template <class F>
-__global__ void map_kernel(F f, size_t n4, size_t n) {
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  for (size_t j = tid; j < n4; j += stride) f.vec4(j);
-  for (size_t i = 4 * n4 + tid; i < n; i += stride) f.scalar(i);
-}
-
-template <class F>
-void launch_map(const F& f, size_t n, bool vec_ok, cudaStream_t s) {
-  if (!n) return;
-  const size_t n4 = vec_ok ? n / 4 : 0;
-  const size_t items = std::max(n4, n - 4 * n4);
-  map_kernel<<<grid_for(items), kThreads, 0, s>>>(f, n4, n);
-  KERNEL_CHECK();
-}
-
-__device__ __forceinline__ float4 ld4(const float* p, size_t j) {
-  return reinterpret_cast<const float4*>(p)[j];
-}
-__device__ __forceinline__ void st4(float* p, size_t j, float4 v) { reinterpret_cast<float4*>(p)[j] = v; }
-
-__device__ __forceinline__ float sigmoidf_(float z) { return 1.0f / (1.0f + expf(-z)); }
-__device__ __forceinline__ float siluf_(float z) { return z / (1.0f + expf(-z)); }
-__device__ __forceinline__ float silu_gradf_(float z) {
-  const float s = 1.0f / (1.0f + expf(-z));
-  return s * (1.0f + z * (1.0f - s));
-}
 
 // ---- column sums: out[b, c] = sum_r f(b, r, c) over a [Bt, R, C] view, two sums at once ----
 // Stage 1: block (32 columns x 8 row lanes) sums rows [s*rps, (s+1)*rps) of split s; the 8 lanes
@@ -87,20 +55,20 @@ __global__ void colsum2_final_kernel(const float2* partial, int Bt, int S, int C
 }
 
 template <class F, class G>
-void colsum2(CudaBackend& be, const F& f, const G& g, int Bt, int R, int C) {
+void colsum2(CudaCtx& ctx, const F& f, const G& g, int Bt, int R, int C) {
   if (Bt <= 0 || C <= 0) return;
-  const long long cap = (long long)(CudaBackend::kPartialFloats / 2) / ((long long)Bt * C);
+  const long long cap = (long long)(CudaCtx::kPartialFloats / 2) / ((long long)Bt * C);
   if (cap < 1) throw std::runtime_error("colsum2: reduction too wide for the scratch buffer");
   long long S = std::max(1, (R + 127) / 128);
   S = std::min<long long>({S, 256, cap});
   const int rps = std::max(1, (int)((R + S - 1) / S));
   const int Sn = std::max(1, (R + rps - 1) / rps);  // no empty splits
-  float2* partial = reinterpret_cast<float2*>(be.partial());
+  float2* partial = reinterpret_cast<float2*>(ctx.partial());
   dim3 grid((C + 31) / 32, Sn, Bt), block(32, 8);
-  colsum2_partial_kernel<<<grid, block, 0, be.stream()>>>(f, R, C, rps, partial);
+  colsum2_partial_kernel<<<grid, block, 0, ctx.stream>>>(f, R, C, rps, partial);
   KERNEL_CHECK();
   const int n = Bt * C;
-  colsum2_final_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, be.stream()>>>(partial, Bt, Sn, C, g);
+  colsum2_final_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, ctx.stream>>>(partial, Bt, Sn, C, g);
   KERNEL_CHECK();
 }
 
@@ -144,12 +112,12 @@ inline int sum_blocks(size_t items) {
 }
 
 template <class F>
-void full_sum(CudaBackend& be, const F& f, size_t items, double scale, float* out) {
-  double* partial = reinterpret_cast<double*>(be.partial());
+void full_sum(CudaCtx& ctx, const F& f, size_t items, double scale, float* out) {
+  double* partial = reinterpret_cast<double*>(ctx.partial());
   const int nb = sum_blocks(items);
-  sum_partial_kernel<<<nb, kThreads, 0, be.stream()>>>(f, items, partial);
+  sum_partial_kernel<<<nb, kThreads, 0, ctx.stream>>>(f, items, partial);
   KERNEL_CHECK();
-  sum_final_kernel<0><<<1, kThreads, 0, be.stream()>>>(partial, nb, scale, out);
+  sum_final_kernel<0><<<1, kThreads, 0, ctx.stream>>>(partial, nb, scale, out);
   KERNEL_CHECK();
 }
 

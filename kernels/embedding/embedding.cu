@@ -1,7 +1,8 @@
-// Sinusoidal timestep embedding and the class-label embedding (add and its scatter-sum backward).
+// Embedding variant "cuda": the sinusoidal timestep embedding and the class-label embedding (add
+// and its scatter-sum backward), f32.
 #include <cmath>
 
-#include "cuda_backend.cuh"
+#include "cuda_engine.cuh"
 
 namespace unet {
 
@@ -50,28 +51,36 @@ __global__ void embedding_bwd_kernel(const int32_t* labels, const float* dy, flo
   }
 }
 
-}  // namespace
-
-void CudaBackend::timestep_embedding(const float* t, float* y, int B, int dim) {
-  const size_t n = (size_t)B * dim;
+void temb(const TimestepEmbedding& o, CudaCtx& ctx) {
+  const size_t n = o.y.numel();
   if (!n) return;
   const float c = (float)(-std::log(10000.0));
-  timestep_kernel<<<grid_for(n), kThreads, 0, stream_>>>(t, y, B, dim, c);
+  timestep_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(dptr<float>(o.t), dptr<float>(o.y),
+                                                            (int)o.y.dim[0], (int)o.y.dim[1], c);
+  KERNEL_CHECK();
+}
+void emb_add(const EmbeddingAdd& o, CudaCtx& ctx) {
+  const size_t n = o.y.numel();
+  if (!n) return;
+  embedding_add_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(
+      dptr<int32_t>(o.labels), dptr<float>(o.table), dptr<float>(o.y), (int)o.y.dim[0], (int)o.y.dim[1]);
+  KERNEL_CHECK();
+}
+void emb_bwd(const EmbeddingBwd& o, CudaCtx& ctx) {
+  const size_t n = o.dtable.numel();
+  if (!n) return;
+  embedding_bwd_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(dptr<int32_t>(o.labels), dptr<float>(o.dy),
+                                                                 dptr<float>(o.dtable), (int)o.dy.dim[0],
+                                                                 (int)o.dtable.dim[0], (int)o.dy.dim[1]);
   KERNEL_CHECK();
 }
 
-void CudaBackend::embedding_add_fwd(const int32_t* labels, const float* table, float* y, int B, int D) {
-  const size_t n = (size_t)B * D;
-  if (!n) return;
-  embedding_add_kernel<<<grid_for(n), kThreads, 0, stream_>>>(labels, table, y, B, D);
-  KERNEL_CHECK();
-}
+}  // namespace
 
-void CudaBackend::embedding_bwd(const int32_t* labels, const float* dy, float* dtable, int B, int K, int D) {
-  const size_t n = (size_t)K * D;
-  if (!n) return;
-  embedding_bwd_kernel<<<grid_for(n), kThreads, 0, stream_>>>(labels, dy, dtable, B, K, D);
-  KERNEL_CHECK();
+void register_embedding_cuda(CudaOps& ops) {
+  ops.variants<TimestepEmbedding>().push_back({"cuda", nullptr, temb, nullptr});
+  ops.variants<EmbeddingAdd>().push_back({"cuda", nullptr, emb_add, nullptr});
+  ops.variants<EmbeddingBwd>().push_back({"cuda", nullptr, emb_bwd, nullptr});
 }
 
 }  // namespace unet

@@ -1,6 +1,9 @@
-// Optimizer over the flat parameter arena: gradient norm (deterministic), clip scale, fused
-// AdamW (one pass over p, g, m, v; the clip scale is read on the device, so no host sync), EMA.
-#include "cuda_backend.cuh"
+// Optimizer variant "cuda" over the flat parameter arena: gradient norm (deterministic), clip
+// scale, the AdamW schedule (one thread, the same arithmetic as the CPU: lib/ops/optimizer.h),
+// fused AdamW (one pass over p, g, m, v; scalars read on the device, so no host sync and a graph
+// replays it), EMA.
+#include "adamw_schedule.h"
+#include "cuda_engine.cuh"
 #include "reduce.cuh"
 
 namespace unet {
@@ -26,24 +29,27 @@ __global__ void clip_scale_kernel(const float* sumsq, float clip, float* norm, f
   *grad_scale = clip > 0.f ? fminf(1.f, clip / (nrm + 1e-6f)) : 1.f;
 }
 
+__global__ void schedule_kernel(int32_t* step, float* hyper, double lr, double wd, double b1, double b2,
+                                long long warmup) {
+  const int32_t t = ++*step;
+  ref::adamw_hyper(t, lr, wd, b1, b2, warmup, hyper);
+}
+
 // PyTorch AdamW (single-tensor path), g scaled by *grad_scale:
-//   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-//   p -= (lr/bc1) m / (sqrt(v)/sqrt(bc2) + eps),  bc = 1 - beta^t.
-struct AdamW {
+//   p *= hyper[0];  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= hyper[1] m / (sqrt(v)/hyper[2] + eps).
+struct AdamWF {
   float* p;
   const float* g;
   float* m;
   float* v;
   const float* grad_scale;
-  float beta1, beta2, eps, decay, step, sbc2;
-  const float* hyper;  // when set: {decay, step, sbc2} read on the device (CUDA-graph replay)
+  const float* hyper;
+  float beta1, beta2, eps;
   __device__ void one(float& pi, float gi, float& mi, float& vi, float gs) const {
-    const float decay = hyper ? hyper[0] : this->decay, step = hyper ? hyper[1] : this->step,
-                sbc2 = hyper ? hyper[2] : this->sbc2;
     gi *= gs;
     mi = beta1 * mi + (1.f - beta1) * gi;
     vi = beta2 * vi + (1.f - beta2) * gi * gi;
-    pi = pi * decay - step * mi / (sqrtf(vi) / sbc2 + eps);
+    pi = pi * hyper[0] - hyper[1] * mi / (sqrtf(vi) / hyper[2] + eps);
   }
   __device__ void vec4(size_t j) const {
     const float gs = grad_scale ? *grad_scale : 1.f;
@@ -66,7 +72,7 @@ struct AdamW {
   }
 };
 
-struct Ema {
+struct EmaF {
   float* e;
   const float* p;
   float rate, r1;
@@ -79,32 +85,47 @@ struct Ema {
   __device__ void scalar(size_t i) const { e[i] = rate * e[i] + r1 * p[i]; }
 };
 
-}  // namespace
-
-void CudaBackend::sum_squares(const float* x, float* out, size_t n) {
-  const size_t n4 = aligned16(x) ? n / 4 : 0;
-  full_sum(*this, SquareItem{x, n4}, n4 + (n - 4 * n4), 1.0, out);
+void sumsq(const SumSquares& o, CudaCtx& ctx) {
+  const size_t n = o.x.numel();
+  const size_t n4 = aligned16(o.x.data) ? n / 4 : 0;
+  full_sum(ctx, SquareItem{dptr<float>(o.x), n4}, n4 + (n - 4 * n4), 1.0, dptr<float>(o.out));
 }
-
-void CudaBackend::clip_scale(const float* sumsq, float clip, float* norm, float* grad_scale) {
-  clip_scale_kernel<<<1, 1, 0, stream_>>>(sumsq, clip, norm, grad_scale);
+void clip(const ClipScale& o, CudaCtx& ctx) {
+  clip_scale_kernel<<<1, 1, 0, ctx.stream>>>(dptr<float>(o.sumsq), o.clip, dptr<float>(o.norm),
+                                             dptr<float>(o.scale));
   KERNEL_CHECK();
 }
-
-void CudaBackend::adamw(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                        float beta2, float eps, float wd, float bc1, float bc2, const float* grad_scale) {
-  AdamW f{p, g, m, v, grad_scale, beta1, beta2, eps, 1.f - lr * wd, lr / bc1, sqrtf(bc2), nullptr};
-  launch_map(f, n, aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v), stream_);
+void schedule(const AdamWSchedule& o, CudaCtx& ctx) {
+  schedule_kernel<<<1, 1, 0, ctx.stream>>>(dptr<int32_t>(o.step), dptr<float>(o.hyper), o.lr, o.weight_decay,
+                                           o.beta1, o.beta2, (long long)o.warmup);
+  KERNEL_CHECK();
+}
+void adamw(const AdamW& o, CudaCtx& ctx) {
+  const AdamWF f{dptr<float>(o.p),
+                 dptr<float>(o.g),
+                 dptr<float>(o.m),
+                 dptr<float>(o.v),
+                 dptr<float>(o.scale),
+                 dptr<float>(o.hyper),
+                 o.beta1,
+                 o.beta2,
+                 o.eps};
+  launch_map(f, o.p.numel(), aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v),
+             ctx.stream);
+}
+void ema(const Ema& o, CudaCtx& ctx) {
+  launch_map(EmaF{dptr<float>(o.ema), dptr<float>(o.p), o.rate, 1.f - o.rate}, o.p.numel(),
+             aligned16(o.ema.data) && aligned16(o.p.data), ctx.stream);
 }
 
-void CudaBackend::adamw_dev(float* p, const float* g, float* m, float* v, size_t n, const float* hyper,
-                            float beta1, float beta2, float eps, const float* grad_scale) {
-  AdamW f{p, g, m, v, grad_scale, beta1, beta2, eps, 0.f, 0.f, 0.f, hyper};
-  launch_map(f, n, aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v), stream_);
-}
+}  // namespace
 
-void CudaBackend::ema(float* e, const float* p, float rate, size_t n) {
-  launch_map(Ema{e, p, rate, 1.f - rate}, n, aligned16(e) && aligned16(p), stream_);
+void register_optimizer_cuda(CudaOps& ops) {
+  ops.variants<SumSquares>().push_back({"cuda", nullptr, sumsq, nullptr});
+  ops.variants<ClipScale>().push_back({"cuda", nullptr, clip, nullptr});
+  ops.variants<AdamWSchedule>().push_back({"cuda", nullptr, schedule, nullptr});
+  ops.variants<AdamW>().push_back({"cuda", nullptr, adamw, nullptr});
+  ops.variants<Ema>().push_back({"cuda", nullptr, ema, nullptr});
 }
 
 }  // namespace unet

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
+#include "device.h"
 #include "profile_report.h"
 
 namespace unet::prof {

@@ -91,6 +91,12 @@ ParamTable build_param_table(const ModelConfig& cfg) {
   return std::move(b.t);
 }
 
+ParamTable build_layer_param_table(const ModelConfig& cfg, const Layer& l) {
+  Builder b;
+  add_layer(b, cfg, l);
+  return std::move(b.t);
+}
+
 const ParamInfo* ParamTable::find(const std::string& name) const {
   for (auto& p : params)
     if (p.name == name) return &p;

@@ -36,6 +36,9 @@ struct ParamTable {
 };
 
 ParamTable build_param_table(const ModelConfig& cfg);
+struct Layer;
+// The parameters of one layer of the UNet alone, named as in the UNet (for one-layer networks).
+ParamTable build_layer_param_table(const ModelConfig& cfg, const Layer& l);
 
 // PyTorch layout <-> engine layout for one tensor (identity except conv3x3).
 void torch_to_engine(const ParamInfo& p, const float* src, float* dst);

@@ -1,8 +1,8 @@
 // CPU-only build: no CUDA engine.
-#include "backend.h"
+#include "engine.h"
 
 namespace unet {
-std::unique_ptr<Backend> make_cuda_backend(std::string* why_not) {
+std::unique_ptr<Engine> make_cuda_engine(Precision, std::string* why_not) {
   if (why_not) *why_not = "this unet was built without CUDA";
   return nullptr;
 }

@@ -1,17 +1,27 @@
-// CpuBackend attention: the float instantiations of lib/ops/attention.h.
+// CPU engine, attention family: reference variants (lib/ops/attention.h in float).
 #include "attention.h"
 
-#include "cpu_backend.h"
+#include "cpu_engine.h"
 
 namespace unet {
+namespace {
 
-void CpuBackend::attention_fwd(const float* qkv, float* out, float* attn, int B, int T, int C, int heads,
-                               bool legacy) {
-  ref::attention_fwd<float>(qkv, out, attn, B, T, C, heads, legacy);
+void attn_fwd(const AttentionFwd& o) {
+  const Tensor& q = o.qkv;
+  ref::attention_fwd<float>(q.f32(), o.out.f32(), o.lse.f32(), (int)q.dim[0], (int)(q.dim[1] * q.dim[2]),
+                            (int)o.out.dim[3], (int)o.lse.dim[1], o.legacy);
 }
-void CpuBackend::attention_bwd(const float* qkv, const float* attn, const float* dout, float* dqkv, int B,
-                               int T, int C, int heads, bool legacy) {
-  ref::attention_bwd<float>(qkv, attn, dout, dqkv, B, T, C, heads, legacy);
+void attn_bwd(const AttentionBwd& o) {
+  const Tensor& q = o.qkv;
+  ref::attention_bwd<float>(q.f32(), o.lse.f32(), o.dout.f32(), o.dqkv.f32(), (int)q.dim[0],
+                            (int)(q.dim[1] * q.dim[2]), (int)o.out.dim[3], (int)o.lse.dim[1], o.legacy);
+}
+
+}  // namespace
+
+void register_attention_cpu(CpuOps& ops) {
+  ops.variants<AttentionFwd>().push_back(cpu_ref<AttentionFwd, attn_fwd>());
+  ops.variants<AttentionBwd>().push_back(cpu_ref<AttentionBwd, attn_bwd>());
 }
 
 }  // namespace unet

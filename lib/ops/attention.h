@@ -25,14 +25,17 @@ inline AttnLayout attn_layout(int h, int C, int d, bool legacy) {
   return {h * d, C + h * d, 2 * C + h * d};
 }
 
+// Forward: out, and lse[b, h, t] = log(sum_u exp(logit[t, u])) of the scaled logits (saved for
+// backward instead of the [T, T] weights).
 template <class T>
-void attention_fwd(const T* qkv, T* out, T* attn, int B, int T_, int C, int heads, bool legacy) {
+void attention_fwd(const T* qkv, T* out, T* lse, int B, int T_, int C, int heads, bool legacy) {
   const int d = C / heads;
   const T s = (T)(1.0 / std::sqrt(std::sqrt((double)d)));
   const size_t row = (size_t)3 * C;
 #pragma omp parallel if ((double)B * T_ * T_ * C > 1e5)
   {
-    std::vector<T> q((size_t)T_ * d), kt((size_t)d * T_), v((size_t)T_ * d), o((size_t)T_ * d);
+    std::vector<T> q((size_t)T_ * d), kt((size_t)d * T_), v((size_t)T_ * d), o((size_t)T_ * d),
+        w((size_t)T_ * T_);
 #pragma omp for schedule(dynamic)
     for (int bh = 0; bh < B * heads; ++bh) {
       const int b = bh / heads, h = bh % heads;
@@ -44,11 +47,10 @@ void attention_fwd(const T* qkv, T* out, T* attn, int B, int T_, int C, int head
           kt[(size_t)i * T_ + t] = base[t * row + L.k + i] * s;  // k^T so u runs contiguous
           v[(size_t)t * d + i] = base[t * row + L.v + i];
         }
-      T* w = attn + (size_t)bh * T_ * T_;
-      std::fill(w, w + (size_t)T_ * T_, T(0));
-      gemm_acc<T>(T_, T_, d, q.data(), d, 1, kt.data(), T_, w, T_);  // logits
-      for (int t = 0; t < T_; ++t) {                                 // softmax over keys, in place
-        T* wr = w + (size_t)t * T_;
+      std::fill(w.begin(), w.end(), T(0));
+      gemm_acc<T>(T_, T_, d, q.data(), d, 1, kt.data(), T_, w.data(), T_);  // logits
+      for (int t = 0; t < T_; ++t) {                                        // softmax over keys, in place
+        T* wr = w.data() + (size_t)t * T_;
         const T mx = *std::max_element(wr, wr + T_);
         double z = 0;
         for (int u = 0; u < T_; ++u) {
@@ -57,19 +59,22 @@ void attention_fwd(const T* qkv, T* out, T* attn, int B, int T_, int C, int head
         }
         const T inv = (T)(1.0 / z);
         for (int u = 0; u < T_; ++u) wr[u] *= inv;
+        lse[(size_t)bh * T_ + t] = (T)(mx + std::log(z));
       }
       std::fill(o.begin(), o.end(), T(0));
-      gemm_acc<T>(T_, d, T_, w, T_, 1, v.data(), d, o.data(), d);
+      gemm_acc<T>(T_, d, T_, w.data(), T_, 1, v.data(), d, o.data(), d);
       for (int t = 0; t < T_; ++t)
         std::copy(&o[(size_t)t * d], &o[(size_t)(t + 1) * d], out + ((size_t)b * T_ + t) * C + h * d);
     }
   }
 }
 
-// dv = attn^T dout; dattn = dout v^T; dlogit[t,u] = attn[t,u] (dattn[t,u] - sum_u' attn dattn);
-// dq = s * dlogit (s k); dk = s * dlogit^T (s q). Every channel of dqkv is written.
+// Backward: the weights are recomputed as w = exp(logit - lse); then dv = w^T dout,
+// dw = dout v^T, dlogit[t,u] = w[t,u] (dw[t,u] - sum_u' w dw), dq = s dlogit (s k),
+// dk = s dlogit^T (s q). Every channel of dqkv is written. (out is not needed here; fused
+// kernels use rowsum(dout * out), which equals sum_u' w dw.)
 template <class T>
-void attention_bwd(const T* qkv, const T* attn, const T* dout, T* dqkv, int B, int T_, int C, int heads,
+void attention_bwd(const T* qkv, const T* lse, const T* dout, T* dqkv, int B, int T_, int C, int heads,
                    bool legacy) {
   const int d = C / heads;
   const T s = (T)(1.0 / std::sqrt(std::sqrt((double)d)));
@@ -77,7 +82,8 @@ void attention_bwd(const T* qkv, const T* attn, const T* dout, T* dqkv, int B, i
 #pragma omp parallel if ((double)B * T_ * T_ * C > 1e5)
   {
     const size_t td = (size_t)T_ * d;
-    std::vector<T> q(td), k(td), vt(td), go(td), dq(td), dk(td), dv(td), dl((size_t)T_ * T_);
+    std::vector<T> q(td), k(td), kt(td), vt(td), go(td), dq(td), dk(td), dv(td), dl((size_t)T_ * T_),
+        w((size_t)T_ * T_);
 #pragma omp for schedule(dynamic)
     for (int bh = 0; bh < B * heads; ++bh) {
       const int b = bh / heads, h = bh % heads;
@@ -87,18 +93,24 @@ void attention_bwd(const T* qkv, const T* attn, const T* dout, T* dqkv, int B, i
         for (int i = 0; i < d; ++i) {
           q[(size_t)t * d + i] = base[t * row + L.q + i] * s;
           k[(size_t)t * d + i] = base[t * row + L.k + i] * s;
+          kt[(size_t)i * T_ + t] = base[t * row + L.k + i] * s;
           vt[(size_t)i * T_ + t] = base[t * row + L.v + i];
           go[(size_t)t * d + i] = dout[((size_t)b * T_ + t) * C + h * d + i];
         }
-      const T* w = attn + (size_t)bh * T_ * T_;
+      std::fill(w.begin(), w.end(), T(0));
+      gemm_acc<T>(T_, T_, d, q.data(), d, 1, kt.data(), T_, w.data(), T_);
+      for (int t = 0; t < T_; ++t) {
+        const T l = lse[(size_t)bh * T_ + t];
+        for (int u = 0; u < T_; ++u) w[(size_t)t * T_ + u] = std::exp(w[(size_t)t * T_ + u] - l);
+      }
       // dv[u, i] = sum_t w[t, u] go[t, i]   (A = w^T)
       std::fill(dv.begin(), dv.end(), T(0));
-      gemm_acc<T>(T_, d, T_, w, 1, T_, go.data(), d, dv.data(), d);
-      // dattn[t, u] = sum_i go[t, i] v[u, i]
+      gemm_acc<T>(T_, d, T_, w.data(), 1, T_, go.data(), d, dv.data(), d);
+      // dw[t, u] = sum_i go[t, i] v[u, i]
       std::fill(dl.begin(), dl.end(), T(0));
       gemm_acc<T>(T_, T_, d, go.data(), d, 1, vt.data(), T_, dl.data(), T_);
       for (int t = 0; t < T_; ++t) {  // softmax backward, row by row
-        const T* wr = w + (size_t)t * T_;
+        const T* wr = w.data() + (size_t)t * T_;
         T* g = dl.data() + (size_t)t * T_;
         double dot = 0;
         for (int u = 0; u < T_; ++u) dot += (double)wr[u] * g[u];

@@ -1,15 +1,27 @@
-// CpuBackend channel concat: the float instantiations of lib/ops/concat.h.
+// CPU engine, concat family: reference variants (lib/ops/concat.h in float).
 #include "concat.h"
 
-#include "cpu_backend.h"
+#include "cpu_engine.h"
 
 namespace unet {
+namespace {
 
-void CpuBackend::concat_fwd(const float* a, const float* b, float* y, int B, int HW, int Ca, int Cb) {
-  ref::concat_fwd<float>(a, b, y, B, HW, Ca, Cb);
+void concat_fwd(const ConcatFwd& o) {
+  ref::concat_fwd<float>(o.a.f32(), o.b.f32(), o.y.f32(), (int)o.y.rows(), 1, (int)o.a.last(),
+                         (int)o.b.last());
 }
-void CpuBackend::concat_bwd(const float* dy, float* da, float* db, int B, int HW, int Ca, int Cb) {
-  ref::concat_bwd<float>(dy, da, db, B, HW, Ca, Cb);
+void concat_bwd(const ConcatBwd& o) {
+  const int C = (int)o.dy.last();
+  const int Ca = o.da.defined() ? (int)o.da.last() : C - (int)o.db.last();
+  ref::concat_bwd<float>(o.dy.f32(), o.da.defined() ? o.da.f32() : nullptr,
+                         o.db.defined() ? o.db.f32() : nullptr, (int)o.dy.rows(), 1, Ca, C - Ca);
+}
+
+}  // namespace
+
+void register_concat_cpu(CpuOps& ops) {
+  ops.variants<ConcatFwd>().push_back(cpu_ref<ConcatFwd, concat_fwd>());
+  ops.variants<ConcatBwd>().push_back(cpu_ref<ConcatBwd, concat_bwd>());
 }
 
 }  // namespace unet

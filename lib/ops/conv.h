@@ -70,6 +70,21 @@ void conv2d_fwd(const T* x, const T* w, const T* bias, T* y, int B, int H, int W
   }
 }
 
+// The fused epilogue of ConvFwd: y[b, p, c] += emb[b, c], then += res[b, p, c] (each nullable).
+template <class T>
+void conv_epilogue(T* y, const T* emb, const T* res, int B, size_t HW, int C) {
+  if (!emb && !res) return;
+#pragma omp parallel for schedule(static) if ((size_t)B * HW * C > 65536)
+  for (int b = 0; b < B; ++b)
+    for (size_t p = 0; p < HW; ++p) {
+      const size_t o = ((size_t)b * HW + p) * C;
+      if (emb)
+        for (int c = 0; c < C; ++c) y[o + c] += emb[(size_t)b * C + c];
+      if (res)
+        for (int c = 0; c < C; ++c) y[o + c] += res[o + c];
+    }
+}
+
 template <class T>
 void conv2d_bwd(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, int B, int H, int W, int Ci, int Co,
                 int k, int stride) {

@@ -1,6 +1,7 @@
 // Small elementwise helpers of the diffusion process and samplers (reference).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 
 namespace unet::ref {
@@ -30,6 +31,17 @@ template <class T>
 void clamp(T* x, T lo, T hi, size_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (size_t i = 0; i < n; ++i) x[i] = std::min(std::max(x[i], lo), hi);
+}
+
+// Learned-range DDPM noise: y = z * exp(0.5 (f max_log + (1 - f) min_log)), f = (v + 1) / 2.
+template <class T>
+void learned_range_noise(const T* v, const T* z, T* y, T min_log, T max_log, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (size_t i = 0; i < n; ++i) {
+    const T frac = (v[i] + T(1)) / T(2);
+    const T log_var = frac * max_log + (T(1) - frac) * min_log;
+    y[i] = std::exp(T(0.5) * log_var) * z[i];
+  }
 }
 
 }  // namespace unet::ref

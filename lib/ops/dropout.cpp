@@ -1,15 +1,23 @@
-// CpuBackend dropout: the float instantiations of lib/ops/dropout.h.
+// CPU engine, dropout family: reference variants (lib/ops/dropout.h in float).
 #include "dropout.h"
 
-#include "cpu_backend.h"
+#include "cpu_engine.h"
 
 namespace unet {
+namespace {
 
-void CpuBackend::dropout_fwd(const float* x, float* y, size_t n, float p, uint64_t seed) {
-  ref::dropout_fwd<float>(x, y, n, p, seed);
+void drop_fwd(const DropoutFwd& o) {
+  ref::dropout_fwd<float>(o.x.f32(), o.y.f32(), o.x.numel(), o.p, o.seed);
 }
-void CpuBackend::dropout_bwd(const float* dy, float* dx, size_t n, float p, uint64_t seed) {
-  ref::dropout_bwd<float>(dy, dx, n, p, seed);
+void drop_bwd(const DropoutBwd& o) {
+  ref::dropout_bwd<float>(o.dy.f32(), o.dx.f32(), o.dy.numel(), o.p, o.seed);
+}
+
+}  // namespace
+
+void register_dropout_cpu(CpuOps& ops) {
+  ops.variants<DropoutFwd>().push_back(cpu_ref<DropoutFwd, drop_fwd>());
+  ops.variants<DropoutBwd>().push_back(cpu_ref<DropoutBwd, drop_bwd>());
 }
 
 }  // namespace unet

@@ -4,7 +4,16 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backend.h"
+#include "rng.h"
+
+namespace unet {
+// Uniform in [0,1) for the dropout mask, shared by the CPU and CUDA kernels: the project's
+// counter-based RNG (lib/rng.h) on its Dropout stream, so the mask of element i is a pure
+// function of (seed, i).
+UNET_RNG_HD inline float dropout_uniform(uint64_t seed, uint64_t i) {
+  return uniform01(seed, Stream::Dropout, i);
+}
+}  // namespace unet
 
 namespace unet::ref {
 

@@ -1,28 +1,49 @@
-// CpuBackend elementwise ops: the float instantiations of lib/ops/elementwise.h.
+// CPU engine, elementwise family (silu, add, cast, copy, fill): reference variants.
 #include "elementwise.h"
 
-#include "cpu_backend.h"
+#include <cstring>
+
+#include "cpu_engine.h"
 
 namespace unet {
+namespace {
 
-void CpuBackend::silu_fwd(const float* x, float* y, size_t n) { ref::silu_fwd<float>(x, y, n); }
-void CpuBackend::silu_bwd(const float* x, const float* dy, float* dx, size_t n) {
-  ref::silu_bwd<float>(x, dy, dx, n);
+void silu_fwd(const SiluFwd& o) { ref::silu_fwd<float>(o.x.f32(), o.y.f32(), o.x.numel()); }
+void silu_bwd(const SiluBwd& o) { ref::silu_bwd<float>(o.x.f32(), o.dy.f32(), o.dx.f32(), o.x.numel()); }
+void add(const Add& o) { ref::add<float>(o.a.f32(), o.b.f32(), o.y.f32(), o.y.numel()); }
+// After bf16 emulation both sides are float: the rounding happens when y is stored back.
+void cast(const Cast& o) {
+  if (o.x.data != o.y.data) std::memmove(o.y.data, o.x.data, o.x.numel() * 4);
 }
-void CpuBackend::add(const float* a, const float* b, float* y, size_t n) { ref::add<float>(a, b, y, n); }
-void CpuBackend::scale(float* x, float s, size_t n) { ref::scale<float>(x, s, n); }
-void CpuBackend::add_bcast_fwd(float* h, const float* e, int B, int HW, int C) {
-  ref::add_bcast_fwd<float>(h, e, B, HW, C);
+void copy(const Copy& o) {
+  if (o.x.data != o.y.data) std::memmove(o.y.data, o.x.data, o.x.bytes());
 }
-void CpuBackend::add_bcast_bwd(const float* dh, float* de, int B, int HW, int C) {
-  ref::add_bcast_bwd<float>(dh, de, B, HW, C);
+// Fill writes the raw pattern of its dtype (no emulation: a bf16 fill is exact).
+void fill(const Fill& o) {
+  const size_t n = o.y.numel();
+  if (o.y.dtype == DType::BF16) {
+    const uint16_t v = float_to_bf16_bits(o.value);
+    uint16_t* p = static_cast<uint16_t*>(o.y.data);
+    for (size_t i = 0; i < n; ++i) p[i] = v;
+  } else if (o.y.dtype == DType::I32) {
+    int32_t* p = static_cast<int32_t*>(o.y.data);
+    for (size_t i = 0; i < n; ++i) p[i] = (int32_t)o.value;
+  } else {
+    float* p = o.y.f32();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; ++i) p[i] = o.value;
+  }
 }
-void CpuBackend::scale_shift_fwd(const float* x, const float* ss, float* y, int B, int HW, int C) {
-  ref::scale_shift_fwd<float>(x, ss, y, B, HW, C);
-}
-void CpuBackend::scale_shift_bwd(const float* x, const float* ss, const float* dy, float* dx, float* dss,
-                                 int B, int HW, int C) {
-  ref::scale_shift_bwd<float>(x, ss, dy, dx, dss, B, HW, C);
+
+}  // namespace
+
+void register_elementwise_cpu(CpuOps& ops) {
+  ops.variants<SiluFwd>().push_back(cpu_ref<SiluFwd, silu_fwd>());
+  ops.variants<SiluBwd>().push_back(cpu_ref<SiluBwd, silu_bwd>());
+  ops.variants<Add>().push_back(cpu_ref<Add, add>());
+  ops.variants<Cast>().push_back(cpu_ref<Cast, cast>());
+  ops.variants<Copy>().push_back({"ref", nullptr, [](const Copy& o, CpuCtx&) { copy(o); }, nullptr});
+  ops.variants<Fill>().push_back({"ref", nullptr, [](const Fill& o, CpuCtx&) { fill(o); }, nullptr});
 }
 
 }  // namespace unet

@@ -1,18 +1,28 @@
-// CpuBackend timestep and label embeddings: the float instantiations of lib/ops/embedding.h.
+// CPU engine, embedding family: reference variants (lib/ops/embedding.h in float).
 #include "embedding.h"
 
-#include "cpu_backend.h"
+#include "cpu_engine.h"
 
 namespace unet {
+namespace {
 
-void CpuBackend::timestep_embedding(const float* t, float* y, int B, int dim) {
-  ref::timestep_embedding<float>(t, y, B, dim);
+void temb(const TimestepEmbedding& o) {
+  ref::timestep_embedding<float>(o.t.f32(), o.y.f32(), (int)o.y.dim[0], (int)o.y.dim[1]);
 }
-void CpuBackend::embedding_add_fwd(const int32_t* labels, const float* table, float* y, int B, int D) {
-  ref::embedding_add_fwd<float>(labels, table, y, B, D);
+void emb_add(const EmbeddingAdd& o) {
+  ref::embedding_add_fwd<float>(o.labels.i32(), o.table.f32(), o.y.f32(), (int)o.y.dim[0], (int)o.y.dim[1]);
 }
-void CpuBackend::embedding_bwd(const int32_t* labels, const float* dy, float* dtable, int B, int K, int D) {
-  ref::embedding_bwd<float>(labels, dy, dtable, B, K, D);
+void emb_bwd(const EmbeddingBwd& o) {
+  ref::embedding_bwd<float>(o.labels.i32(), o.dy.f32(), o.dtable.f32(), (int)o.dy.dim[0],
+                            (int)o.dtable.dim[0], (int)o.dy.dim[1]);
+}
+
+}  // namespace
+
+void register_embedding_cpu(CpuOps& ops) {
+  ops.variants<TimestepEmbedding>().push_back(cpu_ref<TimestepEmbedding, temb>());
+  ops.variants<EmbeddingAdd>().push_back(cpu_ref<EmbeddingAdd, emb_add>());
+  ops.variants<EmbeddingBwd>().push_back(cpu_ref<EmbeddingBwd, emb_bwd>());
 }
 
 }  // namespace unet

@@ -1,19 +1,31 @@
-// CpuBackend GroupNorm (+ fused SiLU): the float instantiation of lib/ops/groupnorm.h.
+// CPU engine, groupnorm family: the reference variant (lib/ops/groupnorm.h in float).
 #include "groupnorm.h"
 
-#include "cpu_backend.h"
+#include "cpu_engine.h"
 
 namespace unet {
+namespace {
 
-void CpuBackend::groupnorm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean,
-                               float* rstd, int B, int HW, int C, int G, bool silu) {
-  ref::groupnorm_fwd<float>(x, gamma, beta, y, mean, rstd, B, HW, C, G, silu);
+float* opt(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
+
+void gn_fwd(const GroupNormFwd& o) {
+  const Tensor& x = o.x;
+  ref::groupnorm_ss_fwd<float>(x.f32(), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.y.f32(), o.mean.f32(),
+                               o.rstd.f32(), (int)x.dim[0], (int)(x.dim[1] * x.dim[2]), (int)x.dim[3],
+                               (int)o.mean.dim[1], o.silu);
+}
+void gn_bwd(const GroupNormBwd& o) {
+  const Tensor& x = o.x;
+  ref::groupnorm_ss_bwd<float>(x.f32(), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(),
+                               o.dy.f32(), opt(o.dx), opt(o.dgamma), opt(o.dbeta), opt(o.dss), (int)x.dim[0],
+                               (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)o.mean.dim[1], o.silu);
 }
 
-void CpuBackend::groupnorm_bwd(const float* x, const float* gamma, const float* beta, const float* mean,
-                               const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta,
-                               int B, int HW, int C, int G, bool silu) {
-  ref::groupnorm_bwd<float>(x, gamma, beta, mean, rstd, dy, dx, dgamma, dbeta, B, HW, C, G, silu);
+}  // namespace
+
+void register_groupnorm_cpu(CpuOps& ops) {
+  ops.variants<GroupNormFwd>().push_back(cpu_ref<GroupNormFwd, gn_fwd>());
+  ops.variants<GroupNormBwd>().push_back(cpu_ref<GroupNormBwd, gn_bwd>());
 }
 
 }  // namespace unet

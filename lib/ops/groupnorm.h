@@ -130,4 +130,37 @@ void groupnorm_bwd(const T* x, const T* gamma, const T* beta, const T* mean, con
   }
 }
 
+// GroupNormFwd with optional scale-shift (ss [B, 2C] = scale | shift) between the affine and the
+// SiLU: y = SiLU((GN(x) gamma + beta) (1 + scale) + shift). Composed from the plain ops.
+template <class T>
+void groupnorm_ss_fwd(const T* x, const T* gamma, const T* beta, const T* ss, T* y, T* mean, T* rstd, int B,
+                      int HW, int C, int G, bool silu_after) {
+  if (!ss) return groupnorm_fwd(x, gamma, beta, y, mean, rstd, B, HW, C, G, silu_after);
+  groupnorm_fwd(x, gamma, beta, y, mean, rstd, B, HW, C, G, false);
+  scale_shift_fwd(y, ss, y, B, HW, C);
+  if (silu_after) silu_fwd(y, y, (size_t)B * HW * C);
+}
+
+// Its backward from the saved statistics: recomputes n = GN(x) gamma + beta and z, then
+// dz = dy SiLU'(z), dss and dn from the scale-shift, dx/dgamma/dbeta from the norm.
+template <class T>
+void groupnorm_ss_bwd(const T* x, const T* gamma, const T* beta, const T* ss, const T* mean, const T* rstd,
+                      const T* dy, T* dx, T* dgamma, T* dbeta, T* dss, int B, int HW, int C, int G,
+                      bool silu_after) {
+  if (!ss) return groupnorm_bwd(x, gamma, beta, mean, rstd, dy, dx, dgamma, dbeta, B, HW, C, G, silu_after);
+  const size_t N = (size_t)B * HW * C;
+  const int cg = C / G;
+  std::vector<T> n(N), dz(N), dn(N);
+#pragma omp parallel for schedule(static) if (N > 65536)
+  for (size_t i = 0; i < N; ++i) {
+    const int c = (int)(i % C), b = (int)(i / ((size_t)HW * C)), g = c / cg;
+    n[i] = (x[i] - mean[b * G + g]) * rstd[b * G + g] * gamma[c] + beta[c];
+    const T z = n[i] * (T(1) + ss[(size_t)b * 2 * C + c]) + ss[(size_t)b * 2 * C + C + c];
+    dz[i] = silu_after ? dy[i] * silu_grad(z) : dy[i];
+  }
+  std::vector<T> dss_local(dss ? 0 : (size_t)B * 2 * C);
+  scale_shift_bwd(n.data(), ss, dz.data(), dn.data(), dss ? dss : dss_local.data(), B, HW, C);
+  groupnorm_bwd(x, gamma, beta, mean, rstd, dn.data(), dx, dgamma, dbeta, B, HW, C, G, false);
+}
+
 }  // namespace unet::ref

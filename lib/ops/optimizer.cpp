@@ -1,18 +1,34 @@
-// CpuBackend optimizer ops: the float instantiations of lib/ops/optimizer.h.
+// CPU engine, optimizer family: reference variants (lib/ops/optimizer.h in float).
 #include "optimizer.h"
 
-#include "cpu_backend.h"
+#include "cpu_engine.h"
 
 namespace unet {
+namespace {
 
-void CpuBackend::sum_squares(const float* x, float* out, size_t n) { ref::sum_squares<float>(x, out, n); }
-void CpuBackend::adamw(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                       float beta2, float eps, float wd, float bc1, float bc2, const float* grad_scale) {
-  ref::adamw<float>(p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale);
+void sumsq(const SumSquares& o) { ref::sum_squares<float>(o.x.f32(), o.out.f32(), o.x.numel()); }
+void clip(const ClipScale& o) {
+  ref::clip_scale<float>(o.sumsq.f32(), o.clip, o.norm.defined() ? o.norm.f32() : nullptr, o.scale.f32());
 }
-void CpuBackend::clip_scale(const float* sumsq, float clip, float* norm, float* grad_scale) {
-  ref::clip_scale<float>(sumsq, clip, norm, grad_scale);
+void schedule(const AdamWSchedule& o) {
+  int32_t* step = o.step.i32();
+  ++*step;
+  ref::adamw_hyper(*step, o.lr, o.weight_decay, o.beta1, o.beta2, o.warmup, o.hyper.f32());
 }
-void CpuBackend::ema(float* ema, const float* p, float rate, size_t n) { ref::ema<float>(ema, p, rate, n); }
+void adamw(const AdamW& o) {
+  ref::adamw<float>(o.p.f32(), o.g.f32(), o.m.f32(), o.v.f32(), o.p.numel(), o.hyper.f32(), o.beta1, o.beta2,
+                    o.eps, o.scale.defined() ? o.scale.f32() : nullptr);
+}
+void ema(const Ema& o) { ref::ema<float>(o.ema.f32(), o.p.f32(), o.rate, o.p.numel()); }
+
+}  // namespace
+
+void register_optimizer_cpu(CpuOps& ops) {
+  ops.variants<SumSquares>().push_back(cpu_ref<SumSquares, sumsq>());
+  ops.variants<ClipScale>().push_back(cpu_ref<ClipScale, clip>());
+  ops.variants<AdamWSchedule>().push_back(cpu_ref<AdamWSchedule, schedule>());
+  ops.variants<AdamW>().push_back(cpu_ref<AdamW, adamw>());
+  ops.variants<Ema>().push_back(cpu_ref<Ema, ema>());
+}
 
 }  // namespace unet

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
+#include "adamw_schedule.h"
 #include "reduce.h"
 
 namespace unet::ref {
@@ -23,13 +25,13 @@ void clip_scale(const T* sumsq, T clip, T* norm, T* grad_scale) {
 }
 
 // PyTorch AdamW (torch.optim.AdamW, single-tensor path), with g = grad * (*grad_scale):
-//   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-//   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc1 = 1 - b1^t, bc2 = 1 - b2^t.
+//   p *= hyper[0];  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//   p -= hyper[1] * m / (sqrt(v) / hyper[2] + eps).
 template <class T>
-void adamw(T* p, const T* g, T* m, T* v, size_t n, T lr, T beta1, T beta2, T eps, T wd, T bc1, T bc2,
+void adamw(T* p, const T* g, T* m, T* v, size_t n, const T* hyper, T beta1, T beta2, T eps,
            const T* grad_scale) {
   const T gs = grad_scale ? *grad_scale : T(1);
-  const T decay = T(1) - lr * wd, step = lr / bc1, sbc2 = std::sqrt(bc2);
+  const T decay = hyper[0], step = hyper[1], sbc2 = hyper[2];
 #pragma omp parallel for schedule(static) if (n > 32768)
   for (size_t i = 0; i < n; ++i) {
     const T gi = g[i] * gs;

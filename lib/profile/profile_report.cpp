@@ -118,6 +118,14 @@ void RangeTracker::add_cost(double flops, double bytes) {
   out_bytes_ += bytes;
 }
 
+void RangeTracker::add_variant(const std::string& v) {
+  if (stack_.empty()) return;
+  auto it = index_.find(stack_.back());
+  if (it == index_.end()) return;
+  auto& vs = inst_[it->second].variants;
+  if (std::find(vs.begin(), vs.end(), v) == vs.end()) vs.push_back(v);
+}
+
 void RangeTracker::clear() {
   if (!stack_.empty()) throw std::logic_error("RangeTracker::clear with open ranges");
   inst_.clear();
@@ -206,6 +214,10 @@ std::vector<LayerRow> aggregate_layers(const std::vector<RangeInstance>& inst,
       n = it->second;
     }
     node_of[r->id] = n;
+    for (const auto& v : r->variants) {
+      auto& vs = nodes[n].row.variants;
+      if (std::find(vs.begin(), vs.end(), v) == vs.end()) vs.push_back(v);
+    }
     nodes[n].row.calls++;
     nodes[n].row.flops += r->flops;
     nodes[n].row.bytes += r->bytes;
@@ -233,6 +245,7 @@ std::vector<LayerRow> aggregate_layers(const std::vector<RangeInstance>& inst,
   for (size_t r : roots) fold(r);
   std::vector<LayerRow> out;
   std::function<void(size_t)> emit = [&](size_t n) {
+    std::sort(nodes[n].row.variants.begin(), nodes[n].row.variants.end());
     out.push_back(nodes[n].row);
     for (size_t c : nodes[n].children) emit(c);
   };
@@ -522,7 +535,20 @@ ojson layer_json(const Report& r, const LayerRow& l) {
   j["peak_pct"] = rf.peak_pct;
   j["intensity"] = rf.intensity;
   j["bound"] = rf.bound;
+  j["variants"] = l.variants;
   return j;
+}
+
+// The distinct variant names of a layer ("im2col, threepass"), for the table.
+std::string variant_names(const LayerRow& l) {
+  std::vector<std::string> names;
+  for (const auto& v : l.variants) {
+    const std::string n = v.substr(v.find('=') + 1);
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  }
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ",") + n;
+  return s.empty() ? "-" : s;
 }
 }  // namespace
 
@@ -563,6 +589,9 @@ std::string format_table(const Report& r, int name_width) {
   os << "GPU: " << r.gpu << " | precision " << r.precision << " | peak " << fmt(r.peaks.tflops, 1)
      << " TFLOP/s (" << r.peaks.what << "), " << fmt(r.peaks.gbps, 0) << " GB/s DRAM | peaks from "
      << r.peaks.source << "\n";
+  if (r.memory_bytes)
+    os << "Device memory held: " << fmt(r.memory_bytes / 1e9, 2)
+       << " GB (planned buffers, weights, workspaces)\n";
   const bool graph = graph_mode(r);
   os << "Target: " << r.target << " | pass " << r.pass << " | " << r.iters << " timed iterations after "
      << r.warmup << " warm-up | "
@@ -588,8 +617,9 @@ std::string format_table(const Report& r, int name_width) {
                : "")
      << "):\n\n";
   TextTable t;
-  t.head = {"Layer", "Calls", "Time (ms)", "Step (%)", "GFLOP", "MB", "TFLOP/s", "GB/s", "Peak (%)", "Bound"};
-  t.left = {true, false, false, false, false, false, false, false, false, true};
+  t.head = {"Layer",   "Calls", "Time (ms)", "Step (%)", "GFLOP",  "MB",
+            "TFLOP/s", "GB/s",  "Peak (%)",  "Bound",    "Kernels"};
+  t.left = {true, false, false, false, false, false, false, false, false, true, true};
   for (const auto& l : r.layers) {
     ojson j = layer_json(r, l);
     t.rows.push_back(
@@ -598,7 +628,7 @@ std::string format_table(const Report& r, int name_width) {
          fmt(j["ms_per_iter"].get<double>(), 3), fmt(j["step_pct"].get<double>(), 1),
          fmt(j["flops_per_iter"].get<double>() / 1e9, 2), fmt_c(j["bytes_per_iter"].get<double>() / 1e6, 1),
          fmt(j["tflops"].get<double>(), 2), fmt_c(j["gbps"].get<double>(), 0),
-         fmt(j["peak_pct"].get<double>(), 1), j["bound"].get<std::string>()});
+         fmt(j["peak_pct"].get<double>(), 1), j["bound"].get<std::string>(), variant_names(l)});
   }
   if (t.rows.empty())
     os << " (no layer ranges)\n";
@@ -639,11 +669,11 @@ std::string num(double v) {
 }  // namespace
 
 std::string format_csv(const Report& r) {
-  static const char* cols[] = {"section",  "name",           "path",        "depth",          "time_pct",
-                               "total_ns", "instances",      "avg_ns",      "med_ns",         "min_ns",
-                               "max_ns",   "stddev_ns",      "bytes",       "calls_per_iter", "ms_per_iter",
-                               "step_pct", "gflop_per_iter", "mb_per_iter", "tflops",         "gbps",
-                               "flop_pct", "bw_pct",         "peak_pct",    "bound",          "value"};
+  static const char* cols[] = {
+      "section",     "name",     "path",           "depth",       "time_pct",  "total_ns", "instances",
+      "avg_ns",      "med_ns",   "min_ns",         "max_ns",      "stddev_ns", "bytes",    "calls_per_iter",
+      "ms_per_iter", "step_pct", "gflop_per_iter", "mb_per_iter", "tflops",    "gbps",     "flop_pct",
+      "bw_pct",      "peak_pct", "bound",          "value",       "variants"};
   const size_t ncol = sizeof cols / sizeof cols[0];
   std::ostringstream os;
   for (size_t i = 0; i < ncol; ++i) os << (i ? "," : "") << cols[i];
@@ -667,6 +697,7 @@ std::string format_csv(const Report& r) {
   info("peak_gbps", num(r.peaks.gbps));
   info("peak_what", r.peaks.what);
   info("peak_source", r.peaks.source);
+  if (r.memory_bytes) info("memory_bytes", std::to_string(r.memory_bytes));
   for (int pass = 0; pass < 2; ++pass)
     for (const auto& k : pass ? r.memops : r.kernels)
       row({{"section", pass ? "memop" : "kernel"},
@@ -698,7 +729,12 @@ std::string format_csv(const Report& r) {
          {"flop_pct", num(j["flop_pct"])},
          {"bw_pct", num(j["bw_pct"])},
          {"peak_pct", num(j["peak_pct"])},
-         {"bound", j["bound"].get<std::string>()}});
+         {"bound", j["bound"].get<std::string>()},
+         {"variants", [&] {
+            std::string v;
+            for (const auto& x : l.variants) v += (v.empty() ? "" : " ") + x;
+            return v;
+          }()}});
   }
   auto timing = [&](const std::string& k, double v) {
     row({{"section", "timing"}, {"name", k}, {"value", num(v)}});
@@ -732,6 +768,7 @@ std::string format_json(const Report& r) {
   j["warmup"] = r.warmup;
   j["mode"] = r.mode;
   j["layers_mode"] = "eager";
+  if (r.memory_bytes) j["memory_bytes"] = r.memory_bytes;
   j["peaks"] = {
       {"tflops", r.peaks.tflops}, {"gbps", r.peaks.gbps}, {"what", r.peaks.what}, {"source", r.peaks.source}};
   for (int pass = 0; pass < 2; ++pass) {

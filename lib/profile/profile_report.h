@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend.h"
+#include "device.h"
 #include "profile_hooks.h"
 
 namespace unet::prof {
@@ -58,6 +58,7 @@ struct RangeInstance {
   int depth = 0;
   uint64_t host_start = 0, host_end = 0;  // ns, the tracker's clock
   double flops = 0, bytes = 0;
+  std::vector<std::string> variants;  // "op=variant" of the ops issued directly inside, unique
 };
 
 // Records the range tree as the model pushes and pops names. Instance ids are unique for the
@@ -71,6 +72,8 @@ class RangeTracker final : public RangeListener {
   uint64_t current() const { return stack_.empty() ? 0 : stack_.back(); }
   // Adds an op's cost to the innermost open range (or to the "outside any range" bucket).
   void add_cost(double flops, double bytes);
+  // Records which kernel variant an op inside the innermost open range ran ("conv_fwd=im2col").
+  void add_variant(const std::string& op_variant);
   // Forgets recorded instances and costs (the open stack must be empty).
   void clear();
   const std::vector<RangeInstance>& instances() const { return inst_; }
@@ -107,6 +110,7 @@ struct LayerRow {
   uint64_t time_ns = 0;  // summed kernel + memcpy/memset time
   uint64_t kernels = 0;  // activities
   double flops = 0, bytes = 0;
+  std::vector<std::string> variants;  // "op=variant" issued directly inside (sorted, unique)
 };
 std::vector<LayerRow> aggregate_layers(const std::vector<RangeInstance>& inst,
                                        const std::vector<Activity>& acts, double outside_flops = 0,
@@ -171,6 +175,7 @@ struct Report {
   double plain_events_ms = -1;           // same work without the profiler attached (<0: not run)
   double flops = 0, bytes = 0;           // whole timed region
   uint64_t dropped = 0;                  // CUPTI records lost
+  size_t memory_bytes = 0;               // device memory held by the engine (0 = unknown)
   std::vector<std::string> notes;
   // per-iteration helpers
   double kernel_ms_per_iter() const;

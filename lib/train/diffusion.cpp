@@ -205,42 +205,36 @@ Diffusion::DdimCoeffs Diffusion::ddim_coeffs(int k, double eta) const {
   return c;
 }
 
-void Diffusion::predict_x0(Backend& be, int k, const float* x, const float* eps, float* x0, size_t n,
+void Diffusion::predict_x0(Ops& ops, int k, const Tensor& x, const Tensor& eps, const Tensor& x0,
                            bool clip) const {
   const double a = sqrt_recip_alphas_cumprod.at(k), b = sqrt_recipm1_alphas_cumprod[k];
-  be.copy(x0, x, n);
-  be.axpbypcz(static_cast<float>(-b), eps, static_cast<float>(a), x0, 0.0f, eps, n);
-  if (clip) be.clamp(x0, -1.0f, 1.0f, n);
+  ops.run(Copy{x, x0});
+  ops.run(Axpbypcz{eps, x0, {}, static_cast<float>(-b), static_cast<float>(a), 0.0f});
+  if (clip) ops.run(Clamp{x0, -1.0f, 1.0f});
 }
 
-void Diffusion::ddpm_step(Backend& be, int k, float* x, const float* eps, float* x0, const float* noise,
-                          float noise_scale, size_t n, bool clip) const {
+void Diffusion::ddpm_step(Ops& ops, int k, const Tensor& x, const Tensor& eps, const Tensor& x0,
+                          const Tensor& noise, float noise_scale, bool clip) const {
   const DdpmCoeffs c = ddpm_coeffs(k);
-  predict_x0(be, k, x, eps, x0, n, clip);
-  const bool add = c.noise && noise != nullptr;
-  be.axpbypcz(static_cast<float>(c.mean_x0), x0, static_cast<float>(c.mean_xt), x, add ? noise_scale : 0.0f,
-              add ? noise : x0, n);
+  predict_x0(ops, k, x, eps, x0, clip);
+  const bool add = c.noise && noise.defined();
+  ops.run(Axpbypcz{x0, x, add ? noise : Tensor{}, static_cast<float>(c.mean_x0),
+                   static_cast<float>(c.mean_xt), add ? noise_scale : 0.0f});
 }
 
-void Diffusion::ddim_step(Backend& be, int k, double eta, float* x, const float* eps, float* x0,
-                          const float* z, size_t n, bool clip) const {
+void Diffusion::ddim_step(Ops& ops, int k, double eta, const Tensor& x, const Tensor& eps, const Tensor& x0,
+                          const Tensor& z, bool clip) const {
   const DdimCoeffs c = ddim_coeffs(k, eta);
-  predict_x0(be, k, x, eps, x0, n, clip);
-  const bool add = c.noise && z != nullptr;
-  be.axpbypcz(static_cast<float>(c.out_x0), x0, static_cast<float>(c.out_xt), x,
-              add ? static_cast<float>(c.sigma) : 0.0f, add ? z : x0, n);
+  predict_x0(ops, k, x, eps, x0, clip);
+  const bool add = c.noise && z.defined();
+  ops.run(Axpbypcz{x0, x, add ? z : Tensor{}, static_cast<float>(c.out_x0), static_cast<float>(c.out_xt),
+                   add ? static_cast<float>(c.sigma) : 0.0f});
 }
 
 double Diffusion::fixed_large_std(int k) const { return std::exp(0.5 * ddpm_coeffs(k).fixed_large_log_var); }
 
-void Diffusion::learned_range_noise(int k, const float* v, const float* z, float* out, size_t n) const {
-  const float min_log = static_cast<float>(posterior_log_variance_clipped.at(k));
-  const float max_log = static_cast<float>(std::log(betas[k]));
-  for (size_t i = 0; i < n; ++i) {
-    const float frac = (v[i] + 1.0f) / 2.0f;
-    const float log_var = frac * max_log + (1.0f - frac) * min_log;
-    out[i] = std::exp(0.5f * log_var) * z[i];
-  }
+Diffusion::LogRange Diffusion::learned_range_bounds(int k) const {
+  return {static_cast<float>(posterior_log_variance_clipped.at(k)), static_cast<float>(std::log(betas[k]))};
 }
 
 }  // namespace unet

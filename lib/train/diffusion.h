@@ -1,6 +1,6 @@
 // Gaussian diffusion (SPEC §4), mirroring guided-diffusion's GaussianDiffusion / SpacedDiffusion:
 // beta schedules, every coefficient array in float64, timestep respacing, and the per-step math
-// of the DDPM (ancestral) and DDIM samplers applied to batches through the Backend.
+// of the DDPM (ancestral) and DDIM samplers applied to batches through the op table.
 //
 // Conventions: k is an index into THIS process (0..num_timesteps()-1); timestep_map[k] is the
 // original timestep the model is called with. The base process has the identity map.
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
+#include "ops.h"
 
 namespace unet {
 
@@ -92,24 +92,27 @@ class Diffusion {
   };
   DdimCoeffs ddim_coeffs(int k, double eta) const;
 
-  // ---- one step on a batch through the Backend; all samples at the same step k ----
-  // n = elements of the whole batch; pointers in backend memory. x0 is scratch (written).
+  // ---- one step on a batch through the op table; all samples at the same step k ----
+  // Tensors f32 of one size (the whole batch) in engine memory. x0 is scratch (written).
   // x0 = x0_from_xt*x - x0_from_eps*eps, clamped to [-1, 1] when clip.
-  void predict_x0(Backend& be, int k, const float* x, const float* eps, float* x0, size_t n, bool clip) const;
-  // x <- posterior mean(x0, x) + noise_scale*noise; noise is ignored at k == 0 (may be null).
+  void predict_x0(Ops& ops, int k, const Tensor& x, const Tensor& eps, const Tensor& x0, bool clip) const;
+  // x <- posterior mean(x0, x) + noise_scale*noise; noise is ignored at k == 0 (may be absent).
   // Fixed-large variance: noise = z, noise_scale = fixed_large_std(k). Learned range: noise =
-  // learned_range_noise(...) uploaded, noise_scale = 1.
-  void ddpm_step(Backend& be, int k, float* x, const float* eps, float* x0, const float* noise,
-                 float noise_scale, size_t n, bool clip) const;
-  // x <- DDIM update with eta; z is used only when ddim_coeffs(k, eta).noise (may be null else).
-  void ddim_step(Backend& be, int k, double eta, float* x, const float* eps, float* x0, const float* z,
-                 size_t n, bool clip) const;
+  // LearnedRangeNoise{v, z} (learned_range_bounds), noise_scale = 1.
+  void ddpm_step(Ops& ops, int k, const Tensor& x, const Tensor& eps, const Tensor& x0, const Tensor& noise,
+                 float noise_scale, bool clip) const;
+  // x <- DDIM update with eta; z is used only when ddim_coeffs(k, eta).noise (may be absent else).
+  void ddim_step(Ops& ops, int k, double eta, const Tensor& x, const Tensor& eps, const Tensor& x0,
+                 const Tensor& z, bool clip) const;
 
   // exp(0.5 * fixed-large log variance at k).
   double fixed_large_std(int k) const;
-  // Host: out[i] = exp(0.5*logvar_i)*z[i], logvar_i = frac*max_log + (1-frac)*min_log,
-  // frac = (v[i]+1)/2 — guided-diffusion's LEARNED_RANGE, in float32 as PyTorch computes it.
-  void learned_range_noise(int k, const float* v, const float* z, float* out, size_t n) const;
+  // guided-diffusion's LEARNED_RANGE at k: the op LearnedRangeNoise with these bounds gives
+  // exp(0.5*logvar)*z, logvar = frac*max_log + (1-frac)*min_log, frac = (v+1)/2, in float32.
+  struct LogRange {
+    float min_log, max_log;
+  };
+  LogRange learned_range_bounds(int k) const;
 
  private:
   void compute_coefficients();

@@ -21,26 +21,22 @@ void step_noise(uint64_t seed, int t_orig, int64_t first, int B, size_t numel, f
 
 }  // namespace
 
-Sampler::Sampler(Backend& be, SamplerNet net, int max_batch)
-    : be_(be), net_(std::move(net)), bmax_(max_batch) {
+Sampler::Sampler(Engine& eng, SamplerNet net, int max_batch)
+    : eng_(eng), net_(std::move(net)), bmax_(max_batch) {
   if (bmax_ < 1) throw UserError("sample: batch size must be >= 1, got " + std::to_string(bmax_));
   if (net_.image_size < 1 || net_.channels < 1 || !net_.denoise)
     throw UserError("sample: invalid network description");
-  const int H = net_.image_size, C = net_.channels;
-  const size_t cap = static_cast<size_t>(bmax_) * H * H * C;
-  x_ = be_.alloc(cap);
-  out_ = be_.alloc(net_.learn_sigma ? 2 * cap : cap);
-  eps_ = net_.learn_sigma ? be_.alloc(cap) : out_;
-  var_ = net_.learn_sigma ? be_.alloc(cap) : nullptr;
-  x0_ = be_.alloc(cap);
-  noise_ = be_.alloc(cap);
-  t_ = be_.alloc(bmax_);
-  y_ = net_.class_cond ? static_cast<int32_t*>(be_.alloc_bytes(sizeof(int32_t) * bmax_)) : nullptr;
-  hz_.resize(cap);
-  if (net_.learn_sigma) {
-    hnoise_.resize(cap);
-    hvar_.resize(cap);
-  }
+  const int64_t H = net_.image_size, C = net_.channels, Bm = bmax_;
+  auto img = [&](int64_t c) { return eng_.alloc(DType::F32, {Bm, H, H, c}); };
+  x_ = img(C);
+  out_ = img(net_.learn_sigma ? 2 * C : C);
+  eps_ = net_.learn_sigma ? img(C) : out_;
+  if (net_.learn_sigma) var_ = img(C), noise_ = img(C);
+  x0_ = img(C);
+  z_ = img(C);
+  t_ = eng_.alloc(DType::F32, {Bm});
+  if (net_.class_cond) y_ = eng_.alloc(DType::I32, {Bm});
+  hz_.resize((size_t)Bm * H * H * C);
   ht_.resize(bmax_);
   hy_.resize(bmax_);
 }
@@ -72,11 +68,14 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
   const int batches = (n + Bmax - 1) / Bmax;
   const int total = batches * S;
   int done = 0;
+  Ops& ops = eng_.ops();
   for (int first = 0; first < n; first += Bmax) {
     const int B = std::min(Bmax, n - first);
     const size_t m = static_cast<size_t>(B) * numel;
+    const Tensor x = x_.batch(B), out = out_.batch(B), eps = eps_.batch(B), x0 = x0_.batch(B),
+                 z = z_.batch(B), t = t_.batch(B);
     if (noise_nhwc) {
-      be_.upload(x_, noise_nhwc + static_cast<size_t>(first) * numel, m);
+      eng_.upload(x, noise_nhwc + static_cast<size_t>(first) * numel);
     } else {
       float* hz = hz_.data();
       const bool big = m > 32768;
@@ -84,60 +83,62 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       for (int b = 0; b < B; ++b)
         normal_fill(opt.seed, Stream::SampleInit, static_cast<uint64_t>(first + b) * numel, numel,
                     hz + b * numel);
-      be_.upload(x_, hz, m);
+      eng_.upload(x, hz);
     }
+    Tensor y;
     if (net_.class_cond) {
       for (int b = 0; b < B; ++b)
         hy_[b] = labels ? labels[first + b]
                         : static_cast<int32_t>(randint(opt.seed, Stream::SampleLabel,
                                                        static_cast<uint64_t>(first + b), net_.num_classes));
-      be_.upload_bytes(y_, hy_.data(), sizeof(int32_t) * B);
+      y = y_.batch(B);
+      eng_.upload(y, hy_.data());
     }
 
     for (int k = S - 1; k >= 0; --k) {
       const int t_orig = d.timestep_map[k];
       std::fill(ht_.begin(), ht_.begin() + B, static_cast<float>(t_orig));
-      be_.upload(t_, ht_.data(), B);
-      net_.denoise(x_, t_, y_, out_, B);
+      eng_.upload(t, ht_.data());
+      net_.denoise(x, t, y, out);
       // Model output is NHWC with [eps | variance value] along channels when sigma is learned.
-      if (net_.learn_sigma) be_.concat_bwd(out_, eps_, var_, B, H * H, C, C);
+      if (net_.learn_sigma) ops.run(ConcatBwd{out, eps, var_.batch(B)});
 
       if (ddim) {
         const Diffusion::DdimCoeffs c = d.ddim_coeffs(k, opt.eta);
         if (c.noise) {
           step_noise(opt.seed, t_orig, first, B, numel, hz_.data());
-          be_.upload(noise_, hz_.data(), m);
+          eng_.upload(z, hz_.data());
         }
-        d.ddim_step(be_, k, opt.eta, x_, eps_, x0_, c.noise ? noise_ : nullptr, m, opt.clip);
+        d.ddim_step(ops, k, opt.eta, x, eps, x0, c.noise ? z : Tensor{}, opt.clip);
       } else {
         const bool add_noise = d.ddpm_coeffs(k).noise;
         float scale = 0.0f;
+        Tensor noise;
         if (add_noise) {
           step_noise(opt.seed, t_orig, first, B, numel, hz_.data());
+          eng_.upload(z, hz_.data());
           if (net_.learn_sigma) {
-            // exp() of a per-element log variance has no Backend op: done on the host, which
-            // costs one download and one upload of the batch per step (small next to the model).
-            be_.download(hvar_.data(), var_, m);
-            d.learned_range_noise(k, hvar_.data(), hz_.data(), hnoise_.data(), m);
-            be_.upload(noise_, hnoise_.data(), m);
+            const Diffusion::LogRange r = d.learned_range_bounds(k);
+            noise = noise_.batch(B);
+            ops.run(LearnedRangeNoise{var_.batch(B), z, noise, r.min_log, r.max_log});
             scale = 1.0f;
           } else {
-            be_.upload(noise_, hz_.data(), m);
+            noise = z;
             scale = static_cast<float>(d.fixed_large_std(k));
           }
         }
-        d.ddpm_step(be_, k, x_, eps_, x0_, add_noise ? noise_ : nullptr, scale, m, opt.clip);
+        d.ddpm_step(ops, k, x, eps, x0, noise, scale, opt.clip);
       }
       if (progress) progress(++done, total);
     }
-    be_.download(out_nhwc + static_cast<size_t>(first) * numel, x_, m);
+    eng_.download(out_nhwc + static_cast<size_t>(first) * numel, x);
   }
 }
 
-void sample(Backend& be, const SamplerNet& net, const SampleOptions& opt, int n, const float* noise_nhwc,
+void sample(Engine& eng, const SamplerNet& net, const SampleOptions& opt, int n, const float* noise_nhwc,
             const int32_t* labels, float* out_nhwc, const std::function<void(int, int)>& progress) {
   if (n < 1) throw UserError("sample: -n must be >= 1, got " + std::to_string(n));
-  Sampler s(be, net, opt.batch_size > 0 ? std::min(opt.batch_size, n) : n);
+  Sampler s(eng, net, opt.batch_size > 0 ? std::min(opt.batch_size, n) : n);
   s.run(opt, n, noise_nhwc, labels, out_nhwc, progress);
 }
 

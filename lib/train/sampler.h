@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "backend.h"
 #include "diffusion.h"
+#include "engine.h"
 #include "model.h"
 
 namespace unet {
@@ -28,8 +28,8 @@ struct SampleOptions {
 };
 
 // What the sampler needs to know about the network, and the network itself as a function:
-// denoise(x, t, labels, out, B) with all pointers in backend memory, x [B,H,W,C], t [B] original
-// timesteps as floats, labels int32 [B] (nullptr when unconditional), out [B,H,W,C or 2C].
+// denoise(x, t, labels, out) with tensors in engine memory: x [B,H,W,C] f32, t [B] f32 original
+// timesteps, labels i32 [B] (absent when unconditional), out [B,H,W,C or 2C] f32.
 struct SamplerNet {
   int image_size = 0, channels = 0;
   bool learn_sigma = false;
@@ -37,15 +37,15 @@ struct SamplerNet {
   int num_classes = 0;
   int diffusion_steps = 0;
   std::string noise_schedule = "linear";
-  std::function<void(const float* x, const float* t, const int32_t* labels, float* out, int B)> denoise;
+  std::function<void(const Tensor& x, const Tensor& t, const Tensor& labels, const Tensor& out)> denoise;
 };
 
 // Sampler state: device and host buffers for batches of up to max_batch, allocated once
-// (Backend memory is never freed before the backend, so a trainer that samples every N steps
+// (engine memory is never freed before the engine, so a trainer that samples every N steps
 // keeps one Sampler instead of allocating per call).
 class Sampler {
  public:
-  Sampler(Backend& be, SamplerNet net, int max_batch);
+  Sampler(Engine& eng, SamplerNet net, int max_batch);
   int max_batch() const { return bmax_; }
   // Generates n images into out_nhwc (host, n*H*W*C floats): the value after the last step (in
   // [-1, 1] when clipping). noise_nhwc (host, n*H*W*C, NHWC) gives x_T, else it is drawn from the
@@ -56,17 +56,16 @@ class Sampler {
            const std::function<void(int, int)>& progress);
 
  private:
-  Backend& be_;
+  Engine& eng_;
   SamplerNet net_;
   int bmax_;
-  float *x_, *out_, *eps_, *var_, *x0_, *noise_, *t_;
-  int32_t* y_;
-  std::vector<float> hz_, hnoise_, hvar_, ht_;
+  Tensor x_, out_, eps_, var_, x0_, z_, noise_, t_, y_;
+  std::vector<float> hz_, ht_;
   std::vector<int32_t> hy_;
 };
 
 // One-shot: a Sampler for min(opt.batch_size or n, n) images per batch, run once.
-void sample(Backend& be, const SamplerNet& net, const SampleOptions& opt, int n, const float* noise_nhwc,
+void sample(Engine& eng, const SamplerNet& net, const SampleOptions& opt, int n, const float* noise_nhwc,
             const int32_t* labels, float* out_nhwc, const std::function<void(int, int)>& progress);
 
 // SamplerNet for a Model: Model::forward(train=false). The model must be planned for the batch.
@@ -81,8 +80,8 @@ inline SamplerNet sampler_net(Model& model) {
   net.num_classes = c.num_classes;
   net.diffusion_steps = c.diffusion_steps;
   net.noise_schedule = c.noise_schedule;
-  net.denoise = [&model](const float* x, const float* t, const int32_t* y, float* out, int B) {
-    model.forward(x, t, y, out, B, /*train=*/false);
+  net.denoise = [&model](const Tensor& x, const Tensor& t, const Tensor& y, const Tensor& out) {
+    model.forward(x, t, y, out, /*train=*/false);
   };
   return net;
 }
@@ -90,8 +89,9 @@ inline SamplerNet sampler_net(Model& model) {
 // The one-shot sampler with a Model: plans its activations for the batch first.
 inline void sample(Model& model, const SampleOptions& opt, int n, const float* noise_nhwc,
                    const int32_t* labels, float* out_nhwc, const std::function<void(int, int)>& progress) {
-  if (n >= 1) model.plan(opt.batch_size > 0 ? std::min(opt.batch_size, n) : n);
-  sample(model.backend(), sampler_net(model), opt, n, noise_nhwc, labels, out_nhwc, progress);
+  if (n >= 1 && !model.planned_batch())
+    model.plan(opt.batch_size > 0 ? std::min(opt.batch_size, n) : n, Mode::Sample);
+  sample(model.engine(), sampler_net(model), opt, n, noise_nhwc, labels, out_nhwc, progress);
 }
 
 }  // namespace unet

@@ -12,10 +12,12 @@
 #include "diffusion.h"
 #include "grid.h"
 #include "model.h"
+#include "optim.h"
 #include "params.h"
 #include "resume.h"
 #include "rng.h"
 #include "sampler.h"
+#include "train_step.h"
 #include "util.h"
 
 namespace unet {
@@ -39,12 +41,13 @@ std::string ckpt_name(int64_t step) {
 void atomic_copy(const std::string& src, const std::string& dst) { copy_file_atomic(src, dst); }
 }  // namespace
 
-TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool resume,
+TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
                   const TrainOptions& o) {
   namespace fs = std::filesystem;
   const ModelConfig& cfg = ck.cfg;
+  Device& dev = eng.device();
   const int B = o.batch_size;
-  const int R = cfg.image_size, Cin = cfg.in_channels, Cout = cfg.out_channels();
+  const int R = cfg.image_size, Cin = cfg.in_channels;
   const size_t n_img = (size_t)R * R * Cin;
   TrainResult res;
 
@@ -54,7 +57,7 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
   const uint64_t seed = o.seed;
 
   DataLoader loader(dataset, B, cfg.diffusion_steps, seed, o.flip, step, 3,
-                    [&be](size_t bytes) { return be.alloc_host(bytes); });
+                    [&dev](size_t bytes) { return dev.alloc_host(bytes); });
   const DatasetInfo& info = loader.info();
   if (info.image_size != R)
     throw UserError(dataset + ": images are " + std::to_string(info.image_size) + "x" +
@@ -70,47 +73,26 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     throw UserError(dataset + ": " + std::to_string(info.class_names.size()) +
                     " classes but the model has --num-classes " + std::to_string(cfg.num_classes));
 
-  Model model(cfg, be);
-  model.plan(B);
+  Model model(cfg, eng);
   const size_t P = model.arena_floats();
-  be.upload(model.params(), ck.model.data(), P);
-  float* m = be.alloc(P);
-  float* v = be.alloc(P);
-  float* ema = be.alloc(P);
-  if (resume && ck.has_optimizer) {
-    be.upload(m, ck.opt.m.data(), P);
-    be.upload(v, ck.opt.v.data(), P);
-  } else {
-    be.fill(m, 0.0f, P);
-    be.fill(v, 0.0f, P);
-  }
-  if (!ck.ema.empty())
-    be.upload(ema, ck.ema.data(), P);
-  else
-    be.copy(ema, model.params(), P);
+  OptimizerOptions oo;
+  oo.lr = o.lr, oo.weight_decay = o.weight_decay, oo.beta1 = kBeta1, oo.beta2 = kBeta2, oo.eps = kEps;
+  oo.ema_rate = o.ema_rate, oo.grad_clip = o.grad_clip, oo.warmup = o.lr_warmup;
+  Optimizer opt(eng, P, oo);
+  TrainStep ts(eng, model, opt, B);
+  eng.upload(model.params(), ck.model.data());
+  const bool have_opt = resume && ck.has_optimizer;
+  opt.load(have_opt ? ck.opt.m.data() : nullptr, have_opt ? ck.opt.v.data() : nullptr,
+           ck.ema.empty() ? nullptr : ck.ema.data(), step);
+  if (ck.ema.empty()) opt.init_ema(model.params());
 
   Diffusion diff(cfg.diffusion_steps, cfg.noise_schedule, cfg.learn_sigma);
-  // Device buffers, planned once.
-  float* x0 = be.alloc(B * n_img);
-  float* noise = be.alloc(B * n_img);
-  float* xt = be.alloc(B * n_img);
-  float* tt = be.alloc(B);
-  float* sab = be.alloc(2 * B);  // sqrt(abar_t) | sqrt(1-abar_t)
-  int32_t* labels = (int32_t*)be.alloc_bytes(sizeof(int32_t) * B);
-  float* out = be.alloc(B * (size_t)R * R * Cout);
-  float* dout = be.alloc(B * (size_t)R * R * Cout);
-  float *eps_part = nullptr, *var_part = nullptr, *deps = nullptr, *zeros = nullptr;
-  if (cfg.learn_sigma) {
-    eps_part = be.alloc(B * n_img), var_part = be.alloc(B * n_img), deps = be.alloc(B * n_img);
-    zeros = be.alloc(B * n_img);
-    be.fill(zeros, 0.0f, B * n_img);
-  }
-  float* scal = be.alloc(8);  // loss, loss_sum, sumsq, norm, norm_sum, scale
-  float *loss = scal, *loss_sum = scal + 1, *sumsq = scal + 2, *norm = scal + 3, *norm_sum = scal + 4,
-        *gscale = scal + 5;
-  be.fill(scal, 0.0f, 8);
-  float* host_coef = (float*)be.alloc_host(sizeof(float) * 2 * B);
-  int32_t* host_labels = (int32_t*)be.alloc_host(sizeof(int32_t) * B);
+  float* host_coef = (float*)dev.alloc_host(sizeof(float) * 2 * B);
+  int32_t* host_labels = (int32_t*)dev.alloc_host(sizeof(int32_t) * B);
+
+  if (!o.quiet)
+    std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d)\n", dev.bytes_held() / 1e9,
+                eng.name().c_str(), model.activation_bytes() / 1e9, B);
 
   if (!fs::exists(o.rundir)) fs::create_directories(o.rundir);
   const std::string metrics = o.rundir + "/metrics.csv";
@@ -118,10 +100,6 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
   std::ofstream csv(metrics, std::ios::app);
   if (!csv) throw UserError(metrics + ": cannot write");
   if (new_metrics) csv << "step,loss,grad_norm,lr,images_per_s,ms_per_step\n";
-
-  auto lr_at = [&](int64_t s) {
-    return o.lr_warmup > 0 ? o.lr * std::min(1.0, (double)(s + 1) / (double)o.lr_warmup) : o.lr;
-  };
 
   int64_t saved_at = -1;
   const ParamTable table = build_param_table(cfg);
@@ -132,10 +110,8 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
     Checkpoint c;
     c.cfg = cfg;
     c.model.resize(P), c.ema.resize(P), c.opt.m.resize(P), c.opt.v.resize(P);
-    be.download(c.model.data(), model.params(), P);
-    be.download(c.ema.data(), ema, P);
-    be.download(c.opt.m.data(), m, P);
-    be.download(c.opt.v.data(), v, P);
+    eng.download(c.model.data(), model.params());
+    opt.save(c.opt.m.data(), c.opt.v.data(), c.ema.data());
     // Never replace the last good checkpoint with a diverged state; say which tensor went bad.
     const std::pair<const std::vector<float>*, const char*> arenas[] = {
         {&c.model, "model"}, {&c.ema, "ema"}, {&c.opt.m, "optimizer/m"}, {&c.opt.v, "optimizer/v"}};
@@ -165,16 +141,16 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
   };
 
   std::unique_ptr<Sampler> preview;  // allocated once, at the first preview
-  float* kept = nullptr;             // the training weights while the preview uses the EMA
+  Tensor kept;                       // the training weights while the preview uses the EMA
   auto sample_grid = [&](int64_t at) {
     // EMA weights for the preview, then the training weights back (device copies, no host trip).
     const int n = std::min(16, B);
     if (!preview) {
-      preview = std::make_unique<Sampler>(be, sampler_net(model), n);
-      kept = be.alloc(P);
+      preview = std::make_unique<Sampler>(eng, sampler_net(model), n);
+      kept = eng.alloc(DType::F32, {(int64_t)P});
     }
-    be.copy(kept, model.params(), P);
-    be.copy(model.params(), ema, P);
+    eng.ops().run(Copy{model.params(), kept});
+    eng.ops().run(Copy{opt.ema(), model.params()});
     SampleOptions so;
     so.sampler = "ddim";
     so.steps = std::min(50, cfg.diffusion_steps);
@@ -185,7 +161,7 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
       lab[i] = (int32_t)(i % std::max<int64_t>(1, (int64_t)info.class_names.size()));
     std::vector<float> imgs((size_t)n * n_img);
     preview->run(so, n, nullptr, cfg.class_cond ? lab.data() : nullptr, imgs.data(), nullptr);
-    be.copy(model.params(), kept, P);
+    eng.ops().run(Copy{kept, model.params()});
     char name[48];
     std::snprintf(name, sizeof name, "/samples_%07lld.png", (long long)at);
     save_grid_png(o.rundir + name, imgs.data(), n, R, R, Cin);
@@ -193,36 +169,10 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
 
   // One training step on the device, from the uploaded batch to the EMA. With CUDA graphs
   // (GPU, no dropout: its per-step seed would be baked into the graph) it is captured once and
-  // replayed; the per-step AdamW scalars then come from `hyper` in device memory.
-  const bool use_graph = be.supports_graphs() && cfg.dropout == 0.0f && !std::getenv("UNET_NO_CUDA_GRAPH");
+  // replayed.
+  const bool use_graph = dev.supports_graphs() && cfg.dropout == 0.0f && !std::getenv("UNET_NO_CUDA_GRAPH");
   bool captured = false;
-  float* hyper = be.alloc(4);
-  float* host_hyper = (float*)be.alloc_host(sizeof(float) * 4);
-  auto enqueue_step = [&](float lr_f, float bc1_f, float bc2_f, uint64_t dropout_seed) {
-    be.q_sample(x0, noise, sab, sab + B, xt, B, n_img);
-    model.forward(xt, tt, labels, out, B, true, dropout_seed);
-    const size_t n = B * n_img;
-    if (cfg.learn_sigma) {
-      // SPEC §1: the loss is the ε-MSE; the variance channels get no gradient.
-      be.concat_bwd(out, eps_part, var_part, B, R * R, Cin, Cin);
-      be.mse_fwd_bwd(eps_part, noise, loss, deps, n);
-      be.concat_fwd(deps, zeros, dout, B, R * R, Cin, Cin);
-    } else {
-      be.mse_fwd_bwd(out, noise, loss, dout, n);
-    }
-    model.backward(dout, B);
-    be.sum_squares(model.grads(), sumsq, P);
-    be.clip_scale(sumsq, (float)o.grad_clip, norm, gscale);
-    if (use_graph)
-      be.adamw_dev(model.params(), model.grads(), m, v, P, hyper, (float)kBeta1, (float)kBeta2, (float)kEps,
-                   gscale);
-    else
-      be.adamw(model.params(), model.grads(), m, v, P, lr_f, (float)kBeta1, (float)kBeta2, (float)kEps,
-               (float)o.weight_decay, bc1_f, bc2_f, gscale);
-    be.ema(ema, model.params(), (float)o.ema_rate, P);
-    be.add(loss_sum, loss, loss_sum, 1);
-    be.add(norm_sum, norm, norm_sum, 1);
-  };
+  Ops& ops = eng.ops();
 
   const int64_t start = step;
   Progress prog("train", o.steps > 0 ? o.steps : step, "step");
@@ -241,43 +191,34 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
       host_coef[B + i] = (float)std::sqrt(1.0 - diff.alphas_cumprod[ti]);
       host_labels[i] = b->labels[i];
     }
-    be.upload(x0, b->x0.data(), B * n_img);
-    be.upload(noise, b->noise.data(), B * n_img);
-    be.upload(tt, b->t.data(), B);
-    be.upload(sab, host_coef, 2 * B);
-    be.upload_bytes(labels, host_labels, sizeof(int32_t) * B);
-    const int64_t t1 = step + 1;
-    const double bc1 = 1.0 - std::pow(kBeta1, (double)t1), bc2 = 1.0 - std::pow(kBeta2, (double)t1);
-    const float lr_f = (float)lr_at(step), wd_f = (float)o.weight_decay, bc1_f = (float)bc1,
-                bc2_f = (float)bc2;
-    if (use_graph) {
-      // The same float expressions CudaBackend::adamw evaluates on the host.
-      host_hyper[0] = 1.f - lr_f * wd_f, host_hyper[1] = lr_f / bc1_f, host_hyper[2] = std::sqrt(bc2_f);
-      be.upload(hyper, host_hyper, 3);
-    }
-    const uint64_t fence = be.fence();
+    eng.upload(ts.x0, b->x0.data());
+    eng.upload(ts.noise, b->noise.data());
+    eng.upload(ts.t, b->t.data());
+    eng.upload(ts.coef, host_coef);
+    if (cfg.class_cond) eng.upload(ts.labels, host_labels);
+    const uint64_t fence = dev.fence();
     if (!use_graph) {
-      enqueue_step(lr_f, bc1_f, bc2_f, hash64(seed, (uint64_t)Stream::Dropout, (uint64_t)step));
+      ts.enqueue(hash64(seed, (uint64_t)Stream::Dropout, (uint64_t)step));
     } else {
       if (!captured) {  // record once (nothing runs), then replay every step
-        be.graph_begin();
-        enqueue_step(0, 0, 0, 0);
-        be.graph_end();
+        dev.graph_begin();
+        ts.enqueue(0);
+        dev.graph_end();
         captured = true;
       }
-      be.graph_launch();
+      dev.graph_launch();
     }
     ++step;
     ++window_steps;
-    be.fence_wait(fence);  // this step's batch has been copied: the loader may refill its buffer
+    dev.fence_wait(fence);  // this step's batch has been copied: the loader may refill its buffer
 
     const bool last = o.steps > 0 && step >= o.steps;
     const bool log_now = (o.log_every > 0 && step % o.log_every == 0) || last;
     const bool save_now = (o.save_every > 0 && step % o.save_every == 0) || last;
     if (log_now || save_now) {
       float h[2];
-      be.download(&h[0], loss_sum, 1);
-      be.download(&h[1], norm_sum, 1);
+      eng.download(&h[0], ts.loss_sum);
+      eng.download(&h[1], opt.norm_sum());
       const double mean_loss = h[0] / window_steps, mean_norm = h[1] / window_steps;
       if (!std::isfinite(mean_loss))
         return diverged(std::string("the loss became ") + (std::isnan(mean_loss) ? "NaN" : "Inf") +
@@ -286,18 +227,18 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
       const double ms = 1000.0 * dt / window_steps, ips = B * window_steps / dt;
       if (first_window) res.first_loss = mean_loss, first_window = false;
       res.last_loss = mean_loss;
-      csv << step << ',' << mean_loss << ',' << mean_norm << ',' << lr_at(step - 1) << ',' << ips << ',' << ms
-          << '\n';
+      csv << step << ',' << mean_loss << ',' << mean_norm << ',' << opt.lr_at(step - 1) << ',' << ips << ','
+          << ms << '\n';
       csv.flush();
       if (!csv) throw UserError(metrics + ": cannot write (" + errno_text(errno) + ")");  // disk full
       if (!o.quiet) {
         if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
         std::printf("step %lld | loss %.5f | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step\n",
-                    (long long)step, mean_loss, mean_norm, lr_at(step - 1), ips, ms);
+                    (long long)step, mean_loss, mean_norm, opt.lr_at(step - 1), ips, ms);
         std::fflush(stdout);
       }
-      be.fill(loss_sum, 0.0f, 1);
-      be.fill(norm_sum, 0.0f, 1);
+      ops.run(Fill{ts.loss_sum, 0.f});
+      opt.reset_norm_sum();
       window_steps = 0;
       t_window = now_seconds();
       if (save_now && !save(step)) return diverged("the weights became non-finite: " + nonfinite);
@@ -309,7 +250,7 @@ TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool r
   if (!o.quiet) prog.finish();
   if (res.interrupted && step > start && saved_at != step) {
     float h = 0;
-    be.download(&h, loss_sum, 1);
+    eng.download(&h, ts.loss_sum);
     if (std::isfinite(h) && !save(step)) return diverged("the weights became non-finite: " + nonfinite);
   }
   res.step = step;

@@ -7,9 +7,9 @@
 #include <functional>
 #include <string>
 
-#include "backend.h"
 #include "checkpoint.h"
 #include "config.h"
+#include "engine.h"
 
 namespace unet {
 
@@ -47,7 +47,7 @@ std::atomic<bool>& stop_requested();
 
 // `ck` holds the starting point: model (and, on resume, ema/optimizer/state). `resume` says
 // whether ck.state/optimizer continue a previous run.
-TrainResult train(Backend& be, const std::string& dataset, Checkpoint ck, bool resume,
+TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
                   const TrainOptions& opt);
 
 }  // namespace unet

@@ -1,0 +1,272 @@
+// The CUDA engine: the device (memory, stream, fences, graphs, NVTX ranges), the context its
+// kernel variants run with, the cuBLAS GEMM wrapper, and the op table's registration.
+#include <nvtx3/nvToolsExt.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cuda_engine.cuh"
+#include "util.h"
+
+namespace unet {
+
+void cuda_fail(const char* what, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  throw std::runtime_error(std::string("CUDA error at ") + (base ? base + 1 : file) + ":" +
+                           std::to_string(line) + ": " + what);
+}
+
+namespace {
+
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+
+std::string no_device_reason() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && n > 0) return "";
+  cudaGetLastError();  // clear the sticky-free error so later calls start clean
+  if (e == cudaSuccess || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+    return "no CUDA device found";
+  return std::string("no CUDA device found (") + cudaGetErrorString(e) + ")";
+}
+
+cudaDataType cuda_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      throw std::logic_error("gemm: unsupported dtype");
+  }
+}
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(Precision p) {
+    try {
+      int dev = 0;
+      CUDA_CHECK(cudaGetDevice(&dev));
+      cudaDeviceProp prop;
+      CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+      ctx.device_name = prop.name;
+      ctx.prec = p;
+      CUDA_CHECK(cudaStreamCreate(&ctx.stream));
+      CUBLAS_CHECK(cublasCreate(&ctx.cublas));
+      // Order matters: cublasSetStream resets the workspace to cuBLAS's own pool.
+      CUBLAS_CHECK(cublasSetStream(ctx.cublas, ctx.stream));
+      CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspaceBytes));
+      CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, cublas_ws_, kCublasWorkspaceBytes));
+      CUBLAS_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_DEFAULT_MATH));  // TF32 only when asked per call
+      CUBLAS_CHECK(cublasSetAtomicsMode(ctx.cublas, CUBLAS_ATOMICS_NOT_ALLOWED));
+      CUDA_CHECK(cudaMalloc(&ctx.scratch, (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float)));
+      fixed_ = kCublasWorkspaceBytes + (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float);
+      for (auto& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    } catch (...) {
+      release();  // a throwing constructor runs no destructor
+      throw;
+    }
+  }
+  ~CudaDevice() override { release(); }
+
+  CudaCtx ctx;
+
+  bool is_cuda() const override { return true; }
+  std::string name() const override { return "cuda (" + ctx.device_name + ")"; }
+
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) bytes = 256;
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);  // 256-byte aligned
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw UserError("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB (" +
+                      std::to_string(bytes_held() >> 20) + " MiB already held)");
+    }
+    blocks_.push_back(p);
+    bytes_ += bytes;
+    return p;
+  }
+  void* alloc_host(size_t bytes) override {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
+    host_blocks_.push_back(p);
+    return p;
+  }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    // Pageable sources are staged by the driver before this returns; pinned ones (alloc_host)
+    // are truly asynchronous and the caller fences before reusing them.
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.stream));
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx.stream));
+    CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  }
+  void sync() override { CUDA_CHECK(cudaStreamSynchronize(ctx.stream)); }
+  size_t bytes_held() const override { return bytes_ + fixed_ + ctx.ws_bytes; }
+  size_t bytes_free() const override {
+    size_t f = 0, t = 0;
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return f;
+  }
+
+  uint64_t fence() override {
+    ++fence_id_;
+    CUDA_CHECK(cudaEventRecord(fences_[fence_id_ % kFences], ctx.stream));
+    return fence_id_;
+  }
+  void fence_wait(uint64_t id) override {
+    if (id == 0 || id > fence_id_) return;
+    // A slot re-recorded by a later fence is still correct to wait for (it comes after).
+    CUDA_CHECK(cudaEventSynchronize(fences_[id % kFences]));
+  }
+
+  bool supports_graphs() const override { return true; }
+  bool capturing() const override { return ctx.capturing; }
+  void graph_begin() override {
+    ctx.alloc_workspace();  // nothing may allocate inside the capture
+    // Thread-local mode: other threads (the data loader) may use the CUDA API meanwhile.
+    CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
+    ctx.capturing = true;
+  }
+  void graph_end() override {
+    ctx.capturing = false;
+    cudaGraph_t g = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
+    if (graph_) {
+      CUDA_CHECK(cudaGraphExecDestroy(graph_));
+      graph_ = nullptr;
+    }
+    CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));
+  }
+  void graph_launch() override {
+    if (!graph_) throw std::logic_error("graph_launch without a captured graph");
+    CUDA_CHECK(cudaGraphLaunch(graph_, ctx.stream));
+  }
+
+  void range_push(const char* name) override {
+    nvtxRangePushA(name);
+    Device::range_push(name);
+  }
+  void range_pop() override {
+    nvtxRangePop();
+    Device::range_pop();
+  }
+
+ private:
+  void release() {
+    // No throwing here: errors on teardown are ignored.
+    if (ctx.stream) cudaStreamSynchronize(ctx.stream);
+    if (graph_) cudaGraphExecDestroy(graph_), graph_ = nullptr;
+    for (auto& e : fences_)
+      if (e) cudaEventDestroy(e), e = nullptr;
+    for (void* p : blocks_) cudaFree(p);
+    blocks_.clear();
+    for (void* p : host_blocks_) cudaFreeHost(p);
+    host_blocks_.clear();
+    if (ctx.cublas) cublasDestroy(ctx.cublas), ctx.cublas = nullptr;
+    if (cublas_ws_) cudaFree(cublas_ws_), cublas_ws_ = nullptr;
+    if (ctx.ws) cudaFree(ctx.ws), ctx.ws = nullptr;
+    if (ctx.scratch) cudaFree(ctx.scratch), ctx.scratch = nullptr;
+    if (ctx.stream) cudaStreamDestroy(ctx.stream), ctx.stream = nullptr;
+  }
+  void* cublas_ws_ = nullptr;
+  size_t fixed_ = 0;
+  std::vector<void*> blocks_;
+  std::vector<void*> host_blocks_;
+  size_t bytes_ = 0;
+  static constexpr int kFences = 64;
+  cudaEvent_t fences_[kFences] = {};
+  uint64_t fence_id_ = 0;
+  cudaGraphExec_t graph_ = nullptr;
+};
+
+class CudaEngineOps final : public CudaOps {
+ public:
+  explicit CudaEngineOps(CudaCtx& ctx) : CudaOps(ctx) {
+    register_conv_cuda(*this);
+    register_linear_cuda(*this);
+    register_groupnorm_cuda(*this);
+    register_elementwise_cuda(*this);
+    register_resample_cuda(*this);
+    register_concat_cuda(*this);
+    register_embedding_cuda(*this);
+    register_attention_cuda(*this);
+    register_dropout_cuda(*this);
+    register_loss_cuda(*this);
+    register_diffusion_cuda(*this);
+    register_optimizer_cuda(*this);
+  }
+  void finalize() override { ctx_.alloc_workspace(); }
+};
+
+}  // namespace
+
+void CudaCtx::need_workspace(size_t bytes) {
+  if (bytes > ws_need) ws_need = bytes;
+  if (ws_need > ws_bytes && !capturing) alloc_workspace();
+  if (bytes > ws_bytes)
+    throw std::logic_error("CUDA workspace too small inside a graph capture (plan memory before capturing)");
+}
+
+void CudaCtx::alloc_workspace() {
+  if (ws_need <= ws_bytes) return;
+  if (capturing) throw std::logic_error("CUDA workspace cannot grow inside a graph capture");
+  CUDA_CHECK(cudaStreamSynchronize(stream));  // the old workspace may still be in use
+  if (ws) {
+    CUDA_CHECK(cudaFree(ws));
+    ws = nullptr, ws_bytes = 0;
+  }
+  if (cudaMalloc(&ws, ws_need) != cudaSuccess) {
+    cudaGetLastError();
+    ws = nullptr;
+    throw UserError("out of GPU memory allocating a " + std::to_string(ws_need >> 20) +
+                    " MiB kernel workspace");
+  }
+  ws_bytes = ws_need;
+}
+
+// cuBLAS is column-major; a row-major X[r,c] is the column-major X^T. So row-major
+// C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T: swap the operands and the
+// M/N roles, keep each operand's transpose flag.
+void CudaCtx::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Mat& A, const Mat& B, float beta,
+                   const Mat& C, int batch) {
+  if (M <= 0 || N <= 0 || batch <= 0) return;
+  if (A.t != B.t) throw std::logic_error("gemm: A and B must share a dtype");
+  const cublasComputeType_t ct =
+      A.t == DType::F32 && prec != Precision::FP32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1)
+    CUBLAS_CHECK(cublasGemmEx(cublas, opb, opa, N, M, K, &alpha, B.p, cuda_type(B.t), B.ld, A.p,
+                              cuda_type(A.t), A.ld, &beta, const_cast<void*>(C.p), cuda_type(C.t), C.ld, ct,
+                              CUBLAS_GEMM_DEFAULT));
+  else
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas, opb, opa, N, M, K, &alpha, B.p, cuda_type(B.t), B.ld,
+                                            B.stride, A.p, cuda_type(A.t), A.ld, A.stride, &beta,
+                                            const_cast<void*>(C.p), cuda_type(C.t), C.ld, C.stride, batch, ct,
+                                            CUBLAS_GEMM_DEFAULT));
+}
+
+bool cuda_available() { return no_device_reason().empty(); }
+
+std::unique_ptr<Engine> make_cuda_engine(Precision p, std::string* why_not) {
+  std::string why = no_device_reason();
+  if (!why.empty()) {
+    if (why_not) *why_not = why;
+    return nullptr;
+  }
+  try {
+    auto dev = std::make_unique<CudaDevice>(p);
+    auto ops = std::make_unique<CudaEngineOps>(dev->ctx);
+    return std::make_unique<Engine>(std::move(dev), std::move(ops), p);
+  } catch (const std::exception& e) {
+    if (why_not) *why_not = std::string("CUDA initialisation failed: ") + e.what();
+    return nullptr;
+  }
+}
+
+}  // namespace unet

@@ -1,0 +1,185 @@
+// The CUDA engine's shared pieces: the context every kernel variant runs with (stream, cuBLAS,
+// precision, workspace, reduction scratch), error checks, launch sizing, and the element access
+// helpers that let one kernel template serve f32 and bf16 storage (always computing in f32).
+//
+// Ground rules every variant follows:
+//  * one stream (ctx.stream) for everything, cuBLAS bound to it; no host synchronisation;
+//  * no cudaMalloc inside an op: the workspace is sized when memory is planned (prepare()),
+//    the reduction scratch and cuBLAS's workspace at construction;
+//  * deterministic: no atomics, every reduction in a fixed order that depends on shapes only.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "engine.h"
+
+namespace unet {
+
+[[noreturn]] void cuda_fail(const char* what, const char* file, int line);
+
+#define CUDA_CHECK(expr)                                                                                     \
+  do {                                                                                                       \
+    cudaError_t err_ = (expr);                                                                               \
+    if (err_ != cudaSuccess)                                                                                 \
+      ::unet::cuda_fail((std::string(#expr) + ": " + cudaGetErrorString(err_)).c_str(), __FILE__, __LINE__); \
+  } while (0)
+
+#define CUBLAS_CHECK(expr)                                                                          \
+  do {                                                                                              \
+    cublasStatus_t st_ = (expr);                                                                    \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                               \
+      ::unet::cuda_fail((std::string(#expr) + ": " + cublasGetStatusString(st_)).c_str(), __FILE__, \
+                        __LINE__);                                                                  \
+  } while (0)
+
+// After every kernel launch: catches bad launch configurations (and earlier asynchronous errors).
+#define KERNEL_CHECK() CUDA_CHECK(cudaGetLastError())
+
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed.
+inline unsigned grid_for(size_t n, int threads = kThreads) {
+  size_t b = (n + threads - 1) / threads;
+  const size_t cap = 132 * 16;  // ~16 blocks per SM on an H100 (132 SMs); loops cover the rest
+  if (b > cap) b = cap;
+  return (unsigned)(b ? b : 1);
+}
+
+using bf16 = __nv_bfloat16;
+
+// A GEMM operand: row-major storage with leading dimension ld (elements) and, for batched
+// products, a stride between matrices.
+struct Mat {
+  const void* p;
+  DType t;
+  int ld;
+  long long stride = 0;
+};
+
+struct CudaCtx {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  Precision prec = Precision::TF32;
+  std::string device_name;
+  // Op workspace: need_workspace() at plan time grows ws_need; finalize() allocates it.
+  void* ws = nullptr;
+  size_t ws_bytes = 0, ws_need = 0;
+  bool capturing = false;
+  // Reduction scratch: partial sums of the column reductions (kPartialFloats) followed by a
+  // small auxiliary area (kAuxFloats) for per-(sample, channel) intermediates.
+  static constexpr size_t kPartialFloats = size_t(3) << 20;  // 12 MiB
+  static constexpr size_t kAuxFloats = size_t(1) << 20;      // 4 MiB
+  float* scratch = nullptr;
+  float* partial() const { return scratch; }
+  float* aux() const { return scratch + kPartialFloats; }
+
+  void need_workspace(size_t bytes);  // grows now when not capturing a graph
+  void alloc_workspace();             // to ws_need (outside a capture)
+
+  // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C (op(A) = A^T reads A stored [K,M]),
+  // `batch` products at the operands' strides. A and B share a dtype; C is f32 or that dtype.
+  // Compute: f32 accumulate; f32 inputs use TF32 tensor cores unless the precision is fp32.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Mat& A, const Mat& B, float beta,
+            const Mat& C, int batch = 1);
+};
+
+using CudaOps = VariantOps<CudaCtx>;
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+// 4-element vector access: 16 bytes of f32, 8 of bf16.
+template <class T>
+inline bool vec4_ok(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T))) == 0;
+}
+
+// Typed device pointer of a tensor (T = float, bf16, int32_t), nullptr when absent.
+template <class T>
+T* dptr(const Tensor& t) {
+  return static_cast<T*>(t.data);
+}
+
+// Calls f(T{}) with T = float or bf16 for an activation dtype.
+template <class F>
+void with_act(DType t, F&& f) {
+  if (t == DType::BF16)
+    f(bf16{});
+  else if (t == DType::F32)
+    f(float{});
+  else
+    throw std::logic_error("expected an f32 or bf16 tensor");
+}
+
+// ---- element access: load as float, store from float ----
+__device__ __forceinline__ float ldf(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ldf(const bf16* p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void stf(float* p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void stf(bf16* p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+__device__ __forceinline__ float4 ld4(const float* p, size_t j) {
+  return reinterpret_cast<const float4*>(p)[j];
+}
+__device__ __forceinline__ float4 ld4(const bf16* p, size_t j) {
+  const uint2 u = reinterpret_cast<const uint2*>(p)[j];
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void st4(float* p, size_t j, float4 v) { reinterpret_cast<float4*>(p)[j] = v; }
+__device__ __forceinline__ void st4(bf16* p, size_t j, float4 v) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  uint2 u;
+  u.x = *reinterpret_cast<const uint32_t*>(&a);
+  u.y = *reinterpret_cast<const uint32_t*>(&b);
+  reinterpret_cast<uint2*>(p)[j] = u;
+}
+
+__device__ __forceinline__ float siluf_(float z) { return z / (1.0f + expf(-z)); }
+__device__ __forceinline__ float silu_gradf_(float z) {
+  const float s = 1.0f / (1.0f + expf(-z));
+  return s * (1.0f + z * (1.0f - s));
+}
+
+// ---- vectorised elementwise map ----
+// F provides  vec4(j): elements 4j..4j+3 (vector accesses),  scalar(i): element i.
+template <class F>
+__global__ void map_kernel(F f, size_t n4, size_t n) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (size_t j = tid; j < n4; j += stride) f.vec4(j);
+  for (size_t i = 4 * n4 + tid; i < n; i += stride) f.scalar(i);
+}
+
+template <class F>
+void launch_map(const F& f, size_t n, bool vec_ok, cudaStream_t s) {
+  if (!n) return;
+  const size_t n4 = vec_ok ? n / 4 : 0;
+  const size_t items = n4 > n - 4 * n4 ? n4 : n - 4 * n4;
+  map_kernel<<<grid_for(items), kThreads, 0, s>>>(f, n4, n);
+  KERNEL_CHECK();
+}
+
+// One registration per op family (kernels/<family>/*.cu).
+void register_conv_cuda(CudaOps& ops);
+void register_linear_cuda(CudaOps& ops);
+void register_groupnorm_cuda(CudaOps& ops);
+void register_elementwise_cuda(CudaOps& ops);
+void register_resample_cuda(CudaOps& ops);
+void register_concat_cuda(CudaOps& ops);
+void register_embedding_cuda(CudaOps& ops);
+void register_attention_cuda(CudaOps& ops);
+void register_dropout_cuda(CudaOps& ops);
+void register_loss_cuda(CudaOps& ops);
+void register_diffusion_cuda(CudaOps& ops);
+void register_optimizer_cuda(CudaOps& ops);
+
+// Shared epilogue pieces (kernels/linear/cublas.cu): y[r, c] += bias[c] over rows x C (y f32 or
+// bf16); db[c] = sum_r dy[r, c] (deterministic column reduction, dy f32 or bf16).
+void add_bias_rows(CudaCtx& ctx, const Tensor& y, const Tensor& bias, size_t rows, int C);
+void bias_grad(CudaCtx& ctx, const Tensor& dy, const Tensor& db, int rows, int C);
+
+}  // namespace unet

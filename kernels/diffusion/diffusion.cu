@@ -1,0 +1,112 @@
+// Diffusion variant "cuda": q_sample and the samplers' elementwise arithmetic (f32).
+#include "cuda_engine.cuh"
+
+namespace unet {
+
+namespace {
+
+struct QSampleF {
+  const float* x0;
+  const float* noise;
+  const float* sa;
+  const float* s1;
+  float* xt;
+  size_t n_per;
+  __device__ void vec4(size_t j) const {
+    const size_t b = 4 * j / n_per;
+    const float a = sa[b], c = s1[b];
+    const float4 u = ld4(x0, j), e = ld4(noise, j);
+    st4(xt, j, make_float4(a * u.x + c * e.x, a * u.y + c * e.y, a * u.z + c * e.z, a * u.w + c * e.w));
+  }
+  __device__ void scalar(size_t i) const {
+    const size_t b = i / n_per;
+    xt[i] = sa[b] * x0[i] + s1[b] * noise[i];
+  }
+};
+
+// y = a*x + b*y + c*z; an absent x or z counts as zero (same order as the reference).
+struct AxpbypczF {
+  float a, b, c;
+  const float* x;
+  float* y;
+  const float* z;
+  __device__ float one(float xv, float yv, float zv) const {
+    float s = b * yv;
+    if (x) s = a * xv + s;
+    if (z) s = s + c * zv;
+    return s;
+  }
+  __device__ void vec4(size_t j) const {
+    const float4 yv = ld4(y, j);
+    const float4 xv = x ? ld4(x, j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 zv = z ? ld4(z, j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    st4(y, j,
+        make_float4(one(xv.x, yv.x, zv.x), one(xv.y, yv.y, zv.y), one(xv.z, yv.z, zv.z),
+                    one(xv.w, yv.w, zv.w)));
+  }
+  __device__ void scalar(size_t i) const { y[i] = one(x ? x[i] : 0.f, y[i], z ? z[i] : 0.f); }
+};
+
+// Same NaN behaviour as std::min(std::max(v, lo), hi).
+struct ClampF {
+  float* x;
+  float lo, hi;
+  __device__ float one(float v) const {
+    v = (v < lo) ? lo : v;
+    return (hi < v) ? hi : v;
+  }
+  __device__ void vec4(size_t j) const {
+    const float4 u = ld4(x, j);
+    st4(x, j, make_float4(one(u.x), one(u.y), one(u.z), one(u.w)));
+  }
+  __device__ void scalar(size_t i) const { x[i] = one(x[i]); }
+};
+
+struct LearnedRangeF {
+  const float* v;
+  const float* z;
+  float* y;
+  float min_log, max_log;
+  __device__ float one(float vv, float zz) const {
+    const float frac = (vv + 1.0f) / 2.0f;
+    const float log_var = frac * max_log + (1.0f - frac) * min_log;
+    return expf(0.5f * log_var) * zz;
+  }
+  __device__ void vec4(size_t j) const {
+    const float4 a = ld4(v, j), b = ld4(z, j);
+    st4(y, j, make_float4(one(a.x, b.x), one(a.y, b.y), one(a.z, b.z), one(a.w, b.w)));
+  }
+  __device__ void scalar(size_t i) const { y[i] = one(v[i], z[i]); }
+};
+
+void qsample(const QSample& o, CudaCtx& ctx) {
+  const size_t n = o.x0.numel(), n_per = o.x0.per_sample();
+  const int B = (int)o.x0.dim[0];
+  launch_map(QSampleF{dptr<float>(o.x0), dptr<float>(o.noise), dptr<float>(o.coef), dptr<float>(o.coef) + B,
+                      dptr<float>(o.xt), n_per},
+             n, n_per % 4 == 0 && aligned16(o.x0.data) && aligned16(o.noise.data) && aligned16(o.xt.data),
+             ctx.stream);
+}
+void axpby(const Axpbypcz& o, CudaCtx& ctx) {
+  const float *x = dptr<float>(o.x), *z = dptr<float>(o.z);
+  launch_map(AxpbypczF{o.a, o.b, o.c, x, dptr<float>(o.y), z}, o.y.numel(),
+             aligned16(o.y.data) && (!x || aligned16(x)) && (!z || aligned16(z)), ctx.stream);
+}
+void clamp(const Clamp& o, CudaCtx& ctx) {
+  launch_map(ClampF{dptr<float>(o.x), o.lo, o.hi}, o.x.numel(), aligned16(o.x.data), ctx.stream);
+}
+void lrn(const LearnedRangeNoise& o, CudaCtx& ctx) {
+  launch_map(LearnedRangeF{dptr<float>(o.v), dptr<float>(o.z), dptr<float>(o.y), o.min_log, o.max_log},
+             o.y.numel(), aligned16(o.v.data) && aligned16(o.z.data) && aligned16(o.y.data), ctx.stream);
+}
+
+}  // namespace
+
+void register_diffusion_cuda(CudaOps& ops) {
+  ops.variants<QSample>().push_back({"cuda", nullptr, qsample, nullptr});
+  ops.variants<Axpbypcz>().push_back({"cuda", nullptr, axpby, nullptr});
+  ops.variants<Clamp>().push_back({"cuda", nullptr, clamp, nullptr});
+  ops.variants<LearnedRangeNoise>().push_back({"cuda", nullptr, lrn, nullptr});
+}
+
+}  // namespace unet

@@ -1,0 +1,72 @@
+// The CPU engine: host memory, synchronous ops, and one "ref" variant per op — the reference
+// loops of lib/ops/<family>.h in float (the tests also instantiate them in double).
+//
+// bf16 is emulated at the op seam: a bf16 tensor is widened to float before the op and its
+// outputs are rounded back (to nearest even, as CUDA does), so the CPU engine stores exactly
+// what the CUDA engine stores; only the order of float sums inside an op differs.
+#pragma once
+#include <deque>
+#include <vector>
+
+#include "engine.h"
+
+namespace unet {
+
+struct CpuCtx {
+  Precision prec = Precision::FP32;
+  void need_workspace(size_t) {}
+};
+using CpuOps = VariantOps<CpuCtx>;
+
+// Runs f32impl on op with every bf16 tensor replaced by a float copy; outputs rounded back.
+template <class Op>
+void cpu_run_emulated(const Op& op, void (*f32impl)(const Op&)) {
+  bool any = false;
+  for_each_tensor(op, [&](const char*, const Tensor& t, Role) { any |= t.dtype == DType::BF16; });
+  if (!any) return f32impl(op);
+  Op c = op;
+  std::deque<std::vector<float>> tmp;
+  struct Back {
+    uint16_t* dst;
+    const float* src;
+    size_t n;
+  };
+  std::vector<Back> back;
+  for_each_tensor(c, [&](const char*, Tensor& t, Role r) {
+    if (t.dtype != DType::BF16) return;
+    const size_t n = t.numel();
+    tmp.emplace_back(n);
+    float* f = tmp.back().data();
+    const uint16_t* src = static_cast<const uint16_t*>(t.data);
+    if (r != Role::Out)
+      for (size_t i = 0; i < n; ++i) f[i] = bf16_bits_to_float(src[i]);
+    if (r != Role::In) back.push_back({static_cast<uint16_t*>(t.data), f, n});
+    t.data = f;
+    t.dtype = DType::F32;
+  });
+  f32impl(c);
+  for (auto& b : back)
+    for (size_t i = 0; i < b.n; ++i) b.dst[i] = float_to_bf16_bits(b.src[i]);
+}
+
+// The reference variant of an op from its float implementation.
+template <class Op, void (*F)(const Op&)>
+Variant<Op, CpuCtx> cpu_ref() {
+  return {"ref", nullptr, [](const Op& o, CpuCtx&) { cpu_run_emulated(o, F); }, nullptr};
+}
+
+// One registration per op family (lib/ops/<family>.cpp), called by the CPU engine.
+void register_conv_cpu(CpuOps& ops);
+void register_linear_cpu(CpuOps& ops);
+void register_groupnorm_cpu(CpuOps& ops);
+void register_elementwise_cpu(CpuOps& ops);
+void register_resample_cpu(CpuOps& ops);
+void register_concat_cpu(CpuOps& ops);
+void register_embedding_cpu(CpuOps& ops);
+void register_attention_cpu(CpuOps& ops);
+void register_dropout_cpu(CpuOps& ops);
+void register_loss_cpu(CpuOps& ops);
+void register_diffusion_cpu(CpuOps& ops);
+void register_optimizer_cpu(CpuOps& ops);
+
+}  // namespace unet

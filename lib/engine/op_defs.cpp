@@ -1,0 +1,309 @@
+// check() and flops() of every op (op_defs.h).
+//
+// FLOP conventions (the profiler's compute axis): GEMM-shaped work counts 2 per multiply-add,
+// including the taps of a 3x3 convolution that fall on zero padding (an implicit GEMM does that
+// work too); memory-bound ops count a few FLOP per element (transcendentals as 1), which never
+// matter for the compute axis but keep totals honest.
+#include "op_defs.h"
+
+#include <stdexcept>
+
+namespace unet {
+
+namespace {
+
+template <class Op>
+void req(const Op& op, bool ok, const char* what) {
+  if (!ok) throw std::logic_error(describe(op) + ": " + what);
+}
+bool act(const Tensor& t) { return t.dtype == DType::F32 || t.dtype == DType::BF16; }
+bool f32(const Tensor& t) { return !t.defined() || t.dtype == DType::F32; }
+bool same_shape(const Tensor& a, const Tensor& b) {
+  if (a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; ++i)
+    if (a.dim[i] != b.dim[i]) return false;
+  return true;
+}
+bool nhwc(const Tensor& t) { return t.rank == 4 && act(t); }
+int64_t conv_out(int64_t n, int64_t k, int stride) { return (n + 2 * (k / 2) - k) / stride + 1; }
+
+// Shared by the three conv ops: x [B,H,W,Ci], w [Co,k,k,Ci], y [B,Ho,Wo,Co].
+template <class Op>
+void check_conv(const Op& op, const Tensor& x, const Tensor& w, const Tensor& y, int stride) {
+  req(op, nhwc(x) && nhwc(y), "x and y must be 4-D NHWC activations");
+  req(op, w.rank == 4 && w.dim[1] == w.dim[2] && (w.dim[1] == 1 || w.dim[1] == 3),
+      "w must be [Co,k,k,Ci], k 1 or 3");
+  req(op, stride == 1 || stride == 2, "stride must be 1 or 2");
+  req(op, w.dim[3] == x.dim[3] && w.dim[0] == y.dim[3], "channel counts differ");
+  req(op, x.dim[0] == y.dim[0], "batch differs");
+  req(op,
+      y.dim[1] == conv_out(x.dim[1], w.dim[1], stride) && y.dim[2] == conv_out(x.dim[2], w.dim[1], stride),
+      "output size does not match the convolution");
+}
+double conv_macs(const Tensor& x, const Tensor& w, const Tensor& y) {
+  (void)x;
+  return (double)y.numel() * (double)(w.dim[1] * w.dim[2] * w.dim[3]);
+}
+
+}  // namespace
+
+// ---- conv ----
+void ConvFwd::check() const {
+  check_conv(*this, x, w, y, stride);
+  req(*this, w.dtype == x.dtype, "w must have x's dtype");
+  req(*this, f32(bias) && f32(emb), "bias and emb are f32");
+  req(*this, !bias.defined() || bias.numel() == (size_t)y.dim[3], "bias must be [Co]");
+  req(*this, !emb.defined() || (emb.rank == 2 && emb.dim[0] == y.dim[0] && emb.dim[1] == y.dim[3]),
+      "emb must be [B,Co]");
+  req(*this, !res.defined() || (same_shape(res, y) && res.dtype == y.dtype), "res must match y");
+}
+double ConvFwd::flops() const {
+  const double n = (double)y.numel();
+  return 2.0 * conv_macs(x, w, y) + n * (bias.defined() + emb.defined() + res.defined());
+}
+void ConvBwdData::check() const {
+  check_conv(*this, dx, w, dy, stride);
+  req(*this, w.dtype == dy.dtype && dx.dtype == dy.dtype, "dy, w and dx must share a dtype");
+}
+double ConvBwdData::flops() const { return 2.0 * conv_macs(dx, w, dy); }
+void ConvBwdFilter::check() const {
+  req(*this, dw.defined() || db.defined() || demb.defined(), "nothing to compute");
+  req(*this, x.dtype == dy.dtype, "x and dy must share a dtype");
+  req(*this, f32(dw) && f32(db) && f32(demb), "dw, db and demb are f32");
+  if (dw.defined()) check_conv(*this, x, dw, dy, stride);
+  req(*this, !db.defined() || db.numel() == (size_t)dy.dim[3], "db must be [Co]");
+  req(*this, !demb.defined() || (demb.rank == 2 && demb.dim[0] == dy.dim[0] && demb.dim[1] == dy.dim[3]),
+      "demb must be [B,Co]");
+}
+double ConvBwdFilter::flops() const {
+  return (dw.defined() ? 2.0 * conv_macs(x, dw, dy) : 0.0) +
+         (double)dy.numel() * (db.defined() + demb.defined());
+}
+
+// ---- linear ----
+void LinearFwd::check() const {
+  req(*this, x.rank == 2 && w.rank == 2 && y.rank == 2, "x, w, y must be 2-D");
+  req(*this, x.dim[1] == w.dim[1] && y.dim[1] == w.dim[0] && x.dim[0] == y.dim[0], "shapes differ");
+  req(*this, act(x) && w.dtype == x.dtype && y.dtype == x.dtype && f32(b), "dtypes: x, w, y alike; b f32");
+  req(*this, !b.defined() || b.numel() == (size_t)w.dim[0], "b must be [O]");
+}
+double LinearFwd::flops() const {
+  return 2.0 * x.dim[0] * w.dim[0] * w.dim[1] + (b.defined() ? y.numel() : 0.0);
+}
+void LinearBwd::check() const {
+  req(*this, x.rank == 2 && w.rank == 2 && dy.rank == 2, "x, w, dy must be 2-D");
+  req(*this, x.dim[1] == w.dim[1] && dy.dim[1] == w.dim[0] && x.dim[0] == dy.dim[0], "shapes differ");
+  req(*this, !dx.defined() || (same_shape(dx, x) && dx.dtype == x.dtype), "dx must match x");
+  req(*this, !dw.defined() || (same_shape(dw, w) && f32(dw)), "dw must be f32 shaped like w");
+  req(*this, f32(db) && (!db.defined() || db.numel() == (size_t)w.dim[0]), "db must be f32 [O]");
+}
+double LinearBwd::flops() const {
+  const double mac = (double)x.dim[0] * w.dim[0] * w.dim[1];
+  return 2.0 * mac * (dx.defined() + dw.defined()) + (db.defined() ? (double)dy.numel() : 0.0);
+}
+
+// ---- groupnorm ----
+namespace {
+template <class Op>
+void check_gn(const Op& op, const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& ss,
+              const Tensor& mean, const Tensor& rstd) {
+  req(op, nhwc(x), "x must be 4-D NHWC");
+  const int64_t C = x.dim[3];
+  req(op, f32(gamma) && f32(beta) && gamma.numel() == (size_t)C && beta.numel() == (size_t)C,
+      "gamma/beta f32 [C]");
+  req(op, mean.rank == 2 && mean.dim[0] == x.dim[0] && mean.dim[1] > 0 && C % mean.dim[1] == 0 && f32(mean),
+      "mean must be f32 [B,G] with G dividing C");
+  req(op, same_shape(mean, rstd) && f32(rstd), "rstd must match mean");
+  req(op, !ss.defined() || (f32(ss) && ss.rank == 2 && ss.dim[0] == x.dim[0] && ss.dim[1] == 2 * C),
+      "ss must be f32 [B,2C]");
+}
+}  // namespace
+void GroupNormFwd::check() const {
+  check_gn(*this, x, gamma, beta, ss, mean, rstd);
+  req(*this, same_shape(x, y) && act(y), "y must match x's shape");
+}
+double GroupNormFwd::flops() const {
+  return (double)x.numel() * (7 + (ss.defined() ? 2 : 0) + (silu ? 4 : 0));
+}
+void GroupNormBwd::check() const {
+  check_gn(*this, x, gamma, beta, ss, mean, rstd);
+  req(*this, same_shape(dy, x) && act(dy), "dy must match x");
+  req(*this, !dx.defined() || (same_shape(dx, x) && act(dx)), "dx must match x");
+  req(*this, f32(dgamma) && f32(dbeta) && f32(dss), "parameter gradients are f32");
+  req(*this, !dss.defined() || ss.defined(), "dss needs ss");
+}
+double GroupNormBwd::flops() const {
+  return (double)x.numel() * (8 + (ss.defined() ? 4 : 0) + (silu ? 6 : 0));
+}
+
+// ---- elementwise ----
+void SiluFwd::check() const { req(*this, x.numel() == y.numel() && act(x) && act(y), "x and y must match"); }
+double SiluFwd::flops() const { return 4.0 * x.numel(); }
+void SiluBwd::check() const {
+  req(*this, x.numel() == dy.numel() && dx.numel() == x.numel() && act(x), "x, dy, dx must match");
+}
+double SiluBwd::flops() const { return 6.0 * x.numel(); }
+void Add::check() const {
+  req(*this, a.numel() == b.numel() && y.numel() == a.numel(), "a, b, y must have one size");
+  req(*this, a.dtype == b.dtype && y.dtype == a.dtype && act(a), "a, b, y must share an activation dtype");
+}
+double Add::flops() const { return (double)y.numel(); }
+void Cast::check() const {
+  req(*this, x.numel() == y.numel() && act(x) && act(y), "x and y must have one size");
+}
+double Cast::flops() const { return 0; }
+void Copy::check() const { req(*this, x.bytes() == y.bytes() && x.dtype == y.dtype, "x and y must match"); }
+double Copy::flops() const { return 0; }
+void Fill::check() const { req(*this, y.defined(), "y required"); }
+double Fill::flops() const { return 0; }
+
+// ---- resample ----
+void UpsampleFwd::check() const {
+  req(*this,
+      nhwc(x) && nhwc(y) && y.dim[0] == x.dim[0] && y.dim[1] == 2 * x.dim[1] && y.dim[2] == 2 * x.dim[2] &&
+          y.dim[3] == x.dim[3] && x.dtype == y.dtype,
+      "y must be x upsampled 2x");
+}
+double UpsampleFwd::flops() const { return 0; }
+void UpsampleBwd::check() const {
+  req(*this,
+      nhwc(dx) && nhwc(dy) && dy.dim[0] == dx.dim[0] && dy.dim[1] == 2 * dx.dim[1] &&
+          dy.dim[2] == 2 * dx.dim[2] && dy.dim[3] == dx.dim[3] && dx.dtype == dy.dtype,
+      "dy must be dx's size upsampled 2x");
+}
+double UpsampleBwd::flops() const { return (double)dy.numel(); }
+void AvgPoolFwd::check() const {
+  req(*this,
+      nhwc(x) && nhwc(y) && y.dim[0] == x.dim[0] && x.dim[1] == 2 * y.dim[1] && x.dim[2] == 2 * y.dim[2] &&
+          y.dim[3] == x.dim[3] && x.dtype == y.dtype,
+      "y must be x pooled 2x2");
+}
+double AvgPoolFwd::flops() const { return (double)x.numel(); }
+void AvgPoolBwd::check() const {
+  req(*this,
+      nhwc(dx) && nhwc(dy) && dy.dim[0] == dx.dim[0] && dx.dim[1] == 2 * dy.dim[1] &&
+          dx.dim[2] == 2 * dy.dim[2] && dy.dim[3] == dx.dim[3] && dx.dtype == dy.dtype,
+      "dx must be dy's size upsampled 2x");
+}
+double AvgPoolBwd::flops() const { return (double)dx.numel(); }
+
+// ---- concat ----
+void ConcatFwd::check() const {
+  req(*this, a.rows() == b.rows() && y.rows() == a.rows() && y.last() == a.last() + b.last(),
+      "shapes differ");
+  req(*this, a.dtype == b.dtype && y.dtype == a.dtype, "dtypes differ");
+}
+double ConcatFwd::flops() const { return 0; }
+void ConcatBwd::check() const {
+  req(*this, da.defined() || db.defined(), "nothing to compute");
+  const Tensor& o = da.defined() ? da : db;
+  req(*this, o.rows() == dy.rows() && o.dtype == dy.dtype, "shapes differ");
+  if (da.defined() && db.defined()) req(*this, dy.last() == da.last() + db.last(), "channels differ");
+}
+double ConcatBwd::flops() const { return 0; }
+
+// ---- embedding ----
+void TimestepEmbedding::check() const {
+  req(*this, f32(t) && f32(y) && y.rank == 2 && t.numel() == (size_t)y.dim[0] && y.dim[1] % 2 == 0,
+      "t [B] and y [B,dim] (dim even), f32");
+}
+double TimestepEmbedding::flops() const { return 3.0 * y.numel(); }
+void EmbeddingAdd::check() const {
+  req(*this, labels.dtype == DType::I32 && f32(table) && f32(y) && table.rank == 2 && y.rank == 2, "dtypes");
+  req(*this, labels.numel() == (size_t)y.dim[0] && table.dim[1] == y.dim[1], "shapes differ");
+}
+double EmbeddingAdd::flops() const { return (double)y.numel(); }
+void EmbeddingBwd::check() const {
+  req(*this, labels.dtype == DType::I32 && f32(dy) && f32(dtable) && dtable.rank == 2 && dy.rank == 2,
+      "dtypes");
+  req(*this, labels.numel() == (size_t)dy.dim[0] && dtable.dim[1] == dy.dim[1], "shapes differ");
+}
+double EmbeddingBwd::flops() const { return (double)dy.numel(); }
+
+// ---- attention ----
+namespace {
+template <class Op>
+void check_attn(const Op& op, const Tensor& qkv, const Tensor& out, const Tensor& lse) {
+  req(op, nhwc(qkv) && nhwc(out) && qkv.dtype == out.dtype, "qkv and out must be NHWC activations");
+  const int64_t T = qkv.dim[1] * qkv.dim[2], C = out.dim[3];
+  req(op, qkv.dim[3] == 3 * C && out.dim[0] == qkv.dim[0] && out.dim[1] * out.dim[2] == T, "shapes differ");
+  req(op,
+      f32(lse) && lse.rank == 3 && lse.dim[0] == qkv.dim[0] && lse.dim[2] == T && lse.dim[1] > 0 &&
+          C % lse.dim[1] == 0,
+      "lse must be f32 [B,heads,T]");
+}
+double attn_flops(const Tensor& qkv, const Tensor& lse, double gemms) {
+  const double T = (double)qkv.dim[1] * qkv.dim[2], B = (double)qkv.dim[0], C = qkv.dim[3] / 3.0;
+  return B * (gemms * T * T * C + 5.0 * lse.dim[1] * T * T);
+}
+}  // namespace
+void AttentionFwd::check() const { check_attn(*this, qkv, out, lse); }
+double AttentionFwd::flops() const { return attn_flops(qkv, lse, 4.0); }  // qk^T and wv: 2 T^2 d each
+void AttentionBwd::check() const {
+  check_attn(*this, qkv, out, lse);
+  req(*this, same_shape(dout, out) && dout.dtype == out.dtype, "dout must match out");
+  req(*this, same_shape(dqkv, qkv) && dqkv.dtype == qkv.dtype, "dqkv must match qkv");
+}
+// recomputed qk^T, then dV, dP, dQ, dK
+double AttentionBwd::flops() const { return attn_flops(qkv, lse, 10.0); }
+
+// ---- dropout ----
+void DropoutFwd::check() const {
+  req(*this, x.numel() == y.numel() && x.dtype == y.dtype && p >= 0 && p < 1, "x, y alike; 0 <= p < 1");
+}
+double DropoutFwd::flops() const { return 3.0 * x.numel(); }
+void DropoutBwd::check() const {
+  req(*this, dx.numel() == dy.numel() && dx.dtype == dy.dtype && p >= 0 && p < 1, "dx, dy alike; 0 <= p < 1");
+}
+double DropoutBwd::flops() const { return 3.0 * dy.numel(); }
+
+// ---- loss, diffusion ----
+void MseLoss::check() const {
+  req(*this, f32(pred) && f32(target) && pred.numel() == target.numel(), "pred and target f32 of one size");
+  req(*this, f32(loss) && f32(dpred) && (!dpred.defined() || dpred.numel() == pred.numel()),
+      "loss/dpred f32");
+}
+double MseLoss::flops() const { return 4.0 * pred.numel(); }
+void QSample::check() const {
+  req(*this, f32(x0) && f32(noise) && f32(xt) && f32(coef), "f32 only");
+  req(*this, x0.numel() == noise.numel() && xt.numel() == x0.numel() && coef.numel() == 2 * (size_t)x0.dim[0],
+      "coef must be [2B]");
+}
+double QSample::flops() const { return 3.0 * xt.numel(); }
+void Axpbypcz::check() const {
+  req(*this,
+      f32(x) && f32(y) && f32(z) && (!x.defined() || x.numel() == y.numel()) &&
+          (!z.defined() || z.numel() == y.numel()),
+      "f32 of one size");
+}
+double Axpbypcz::flops() const { return 5.0 * y.numel(); }
+void Clamp::check() const { req(*this, f32(x), "f32 only"); }
+double Clamp::flops() const { return 2.0 * x.numel(); }
+void LearnedRangeNoise::check() const {
+  req(*this, f32(v) && f32(z) && f32(y) && v.numel() == z.numel() && y.numel() == v.numel(),
+      "f32 of one size");
+}
+double LearnedRangeNoise::flops() const { return 8.0 * y.numel(); }
+
+// ---- optimizer ----
+void SumSquares::check() const { req(*this, f32(x) && f32(out) && out.numel() >= 1, "f32; out [1]"); }
+double SumSquares::flops() const { return 2.0 * x.numel(); }
+void ClipScale::check() const {
+  req(*this, f32(sumsq) && f32(norm) && f32(scale) && scale.defined(), "f32 scalars");
+}
+double ClipScale::flops() const { return 4; }
+void AdamWSchedule::check() const {
+  req(*this, step.dtype == DType::I32 && step.numel() == 1 && f32(hyper) && hyper.numel() >= 4,
+      "step i32 [1], hyper f32 [4]");
+}
+double AdamWSchedule::flops() const { return 16; }
+void AdamW::check() const {
+  req(*this, f32(p) && f32(g) && f32(m) && f32(v) && f32(hyper) && f32(scale), "f32 only");
+  req(*this, g.numel() == p.numel() && m.numel() == p.numel() && v.numel() == p.numel() && hyper.numel() >= 3,
+      "p, g, m, v of one size; hyper [3]");
+}
+double AdamW::flops() const { return 16.0 * p.numel(); }
+void Ema::check() const { req(*this, f32(ema) && f32(p) && ema.numel() == p.numel(), "f32 of one size"); }
+double Ema::flops() const { return 3.0 * p.numel(); }
+
+}  // namespace unet

@@ -1,0 +1,507 @@
+// The op list: every operation the engines implement, written once.
+//
+// Each op is a struct of typed tensor views and scalar parameters, with
+//  * kName / kFamily: its name ("conv_fwd") and op family ("conv"; variants and UNET_KERNELS
+//    are named per family);
+//  * fields(self, v): visits every tensor with its role (in, out, inout) and every scalar
+//    parameter. From it alone come the CPU engine's bf16 emulation, the planner's buffer
+//    lifetimes, the minimum-bytes count of the profiler, the variant chooser's signature and the
+//    generic op tests;
+//  * flops(): its arithmetic (GEMM-shaped work: 2 per multiply-add; memory-bound ops a few per
+//    element), and check(): shape/dtype consistency (throws std::logic_error).
+// UNET_OP_LIST names them all; the Ops interface (ops.h), the engines and the counting wrapper
+// are generated from it.
+//
+// Conventions: activations NHWC; optional tensors may be left absent (rank 0); backward ops
+// OVERWRITE their outputs, never accumulate. Reductions are deterministic in every engine.
+// dtypes: activations f32 or bf16 (the engine's activation type), weights of convs/linears the
+// same as their input, everything else (biases, norms' affine, statistics, embeddings, losses,
+// optimizer state, weight gradients) f32.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "tensor.h"
+
+namespace unet {
+
+#define UNET_OP(name, family)                    \
+  static constexpr const char* kName = name;     \
+  static constexpr const char* kFamily = family; \
+  double flops() const;                          \
+  void check() const;
+
+// ---------------------------------------------------------------- conv (kernel from w: 1 or 3)
+// y = conv(x, w) + bias[co] + emb[b, co] + res   (padding k/2; each addend optional).
+// The epilogue terms are the fusions the model uses: a ResBlock's timestep-embedding add (emb)
+// and residual add (res). y may be f32 while x/w are bf16 (the model's output layer).
+struct ConvFwd {
+  UNET_OP("conv_fwd", "conv")
+  Tensor x, w, bias, emb, res, y;
+  int stride = 1;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("w", s.w), v.in("bias", s.bias), v.in("emb", s.emb), v.in("res", s.res);
+    v.out("y", s.y), v.param("stride", s.stride);
+  }
+};
+// dx = conv_transpose(dy, w).
+struct ConvBwdData {
+  UNET_OP("conv_bwd_data", "conv")
+  Tensor dy, w, dx;
+  int stride = 1;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("dy", s.dy), v.in("w", s.w), v.out("dx", s.dx), v.param("stride", s.stride);
+  }
+};
+// dw = dy^T * patches(x) (f32), db[co] = sum dy, demb[b, co] = sum_hw dy (each optional).
+struct ConvBwdFilter {
+  UNET_OP("conv_bwd_filter", "conv")
+  Tensor x, dy, dw, db, demb;
+  int stride = 1;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("dy", s.dy), v.out("dw", s.dw), v.out("db", s.db), v.out("demb", s.demb);
+    v.param("stride", s.stride);
+  }
+};
+
+// ---------------------------------------------------------------- linear: x [N, I], w [O, I]
+struct LinearFwd {
+  UNET_OP("linear_fwd", "linear")
+  Tensor x, w, b, y;  // y [N, O] = x w^T + b
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("w", s.w), v.in("b", s.b), v.out("y", s.y);
+  }
+};
+struct LinearBwd {
+  UNET_OP("linear_bwd", "linear")
+  Tensor x, w, dy, dx, dw, db;  // dx = dy w, dw = dy^T x (f32), db = sum_n dy (f32)
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("w", s.w), v.in("dy", s.dy), v.out("dx", s.dx), v.out("dw", s.dw), v.out("db", s.db);
+  }
+};
+
+// ---------------------------------------------------------------- groupnorm, eps 1e-5
+// n = GN(x) (groups of C/G consecutive channels, G = mean.dim[1]), z = n*gamma + beta,
+// then optionally z = z*(1 + scale[b]) + shift[b] with ss [B, 2C] = (scale | shift), then
+// optionally y = SiLU(z). Saves mean/rstd [B, G] (f32).
+struct GroupNormFwd {
+  UNET_OP("groupnorm_fwd", "groupnorm")
+  Tensor x, gamma, beta, ss, y, mean, rstd;
+  bool silu = false;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.out("y", s.y);
+    v.out("mean", s.mean), v.out("rstd", s.rstd), v.param("silu", s.silu);
+  }
+};
+// Backward of GroupNormFwd from the saved statistics (recomputes n and z from x).
+struct GroupNormBwd {
+  UNET_OP("groupnorm_bwd", "groupnorm")
+  Tensor x, gamma, beta, ss, mean, rstd, dy, dx, dgamma, dbeta, dss;
+  bool silu = false;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.in("mean", s.mean);
+    v.in("rstd", s.rstd), v.in("dy", s.dy), v.out("dx", s.dx), v.out("dgamma", s.dgamma);
+    v.out("dbeta", s.dbeta), v.out("dss", s.dss), v.param("silu", s.silu);
+  }
+};
+
+// ---------------------------------------------------------------- elementwise
+struct SiluFwd {
+  UNET_OP("silu_fwd", "elementwise")
+  Tensor x, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.out("y", s.y);
+  }
+};
+struct SiluBwd {
+  UNET_OP("silu_bwd", "elementwise")
+  Tensor x, dy, dx;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("dy", s.dy), v.out("dx", s.dx);
+  }
+};
+// y = a + b (y may alias a or b).
+struct Add {
+  UNET_OP("add", "elementwise")
+  Tensor a, b, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("a", s.a), v.in("b", s.b), v.out("y", s.y);
+  }
+};
+// y = x converted to y's dtype (f32 <-> bf16, round to nearest even).
+struct Cast {
+  UNET_OP("cast", "elementwise")
+  Tensor x, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.out("y", s.y);
+  }
+};
+struct Copy {
+  UNET_OP("copy", "elementwise")
+  Tensor x, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.out("y", s.y);
+  }
+};
+struct Fill {
+  UNET_OP("fill", "elementwise")
+  Tensor y;
+  float value = 0;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.out("y", s.y), v.param("value", s.value);
+  }
+};
+
+// ---------------------------------------------------------------- resampling (NHWC)
+struct UpsampleFwd {  // nearest 2x: y [B, 2H, 2W, C]
+  UNET_OP("upsample_fwd", "resample")
+  Tensor x, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.out("y", s.y);
+  }
+};
+struct UpsampleBwd {
+  UNET_OP("upsample_bwd", "resample")
+  Tensor dy, dx;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("dy", s.dy), v.out("dx", s.dx);
+  }
+};
+struct AvgPoolFwd {  // 2x2 mean: y [B, H/2, W/2, C]
+  UNET_OP("avgpool_fwd", "resample")
+  Tensor x, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.out("y", s.y);
+  }
+};
+struct AvgPoolBwd {
+  UNET_OP("avgpool_bwd", "resample")
+  Tensor dy, dx;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("dy", s.dy), v.out("dx", s.dx);
+  }
+};
+
+// ---------------------------------------------------------------- channel concat (a first)
+struct ConcatFwd {
+  UNET_OP("concat_fwd", "concat")
+  Tensor a, b, y;  // [.., Ca] ++ [.., Cb] -> [.., Ca + Cb]
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("a", s.a), v.in("b", s.b), v.out("y", s.y);
+  }
+};
+struct ConcatBwd {  // splits dy's channels; also the model output's eps | variance split
+  UNET_OP("concat_bwd", "concat")
+  Tensor dy, da, db;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("dy", s.dy), v.out("da", s.da), v.out("db", s.db);
+  }
+};
+
+// ---------------------------------------------------------------- embeddings (f32)
+// y [B, dim] = [cos(t f_i), sin(t f_i)], f_i = exp(-ln(1e4) i / half); t [B] as floats.
+struct TimestepEmbedding {
+  UNET_OP("timestep_embedding", "embedding")
+  Tensor t, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("t", s.t), v.out("y", s.y);
+  }
+};
+// y [B, D] += table[labels[b]] (labels i32 [B], table [K, D]).
+struct EmbeddingAdd {
+  UNET_OP("embedding_add", "embedding")
+  Tensor labels, table, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("labels", s.labels), v.in("table", s.table), v.inout("y", s.y);
+  }
+};
+// dtable [K, D] = scatter-sum of dy rows by label (deterministic order).
+struct EmbeddingBwd {
+  UNET_OP("embedding_bwd", "embedding")
+  Tensor labels, dy, dtable;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("labels", s.labels), v.in("dy", s.dy), v.out("dtable", s.dtable);
+  }
+};
+
+// ---------------------------------------------------------------- attention
+// guided-diffusion's QKVAttention (legacy = QKVAttentionLegacy). qkv [B, T, 3C] (any 4-D NHWC
+// view with T = H*W), out [B, T, C], lse [B, heads, T] (f32): the log-sum-exp of each query's
+// scaled logits, saved instead of the [T, T] weights; backward recomputes the weights from it.
+struct AttentionFwd {
+  UNET_OP("attention_fwd", "attention")
+  Tensor qkv, out, lse;
+  bool legacy = false;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("qkv", s.qkv), v.out("out", s.out), v.out("lse", s.lse), v.param("legacy", s.legacy);
+  }
+};
+struct AttentionBwd {
+  UNET_OP("attention_bwd", "attention")
+  Tensor qkv, out, lse, dout, dqkv;
+  bool legacy = false;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("qkv", s.qkv), v.in("out", s.out), v.in("lse", s.lse), v.in("dout", s.dout), v.out("dqkv", s.dqkv);
+    v.param("legacy", s.legacy);
+  }
+};
+
+// ---------------------------------------------------------------- dropout
+// keep element i iff uniform01(seed, Dropout, i) >= p; kept values scaled by 1/(1-p).
+struct DropoutFwd {
+  UNET_OP("dropout_fwd", "dropout")
+  Tensor x, y;
+  float p = 0;
+  uint64_t seed = 0;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.out("y", s.y), v.param("p", s.p), v.param("seed", s.seed);
+  }
+};
+struct DropoutBwd {
+  UNET_OP("dropout_bwd", "dropout")
+  Tensor dy, dx;
+  float p = 0;
+  uint64_t seed = 0;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("dy", s.dy), v.out("dx", s.dx), v.param("p", s.p), v.param("seed", s.seed);
+  }
+};
+
+// ---------------------------------------------------------------- loss and diffusion (f32)
+// loss[0] = mean((pred - target)^2), dpred = 2 (pred - target) / n.
+struct MseLoss {
+  UNET_OP("mse_loss", "loss")
+  Tensor pred, target, loss, dpred;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("pred", s.pred), v.in("target", s.target), v.out("loss", s.loss), v.out("dpred", s.dpred);
+  }
+};
+// xt = coef[b] x0 + coef[B + b] noise (coef [2B] = sqrt(abar_t) | sqrt(1 - abar_t)).
+struct QSample {
+  UNET_OP("q_sample", "diffusion")
+  Tensor x0, noise, coef, xt;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x0", s.x0), v.in("noise", s.noise), v.in("coef", s.coef), v.out("xt", s.xt);
+  }
+};
+// y = a x + b y + c z (z optional).
+struct Axpbypcz {
+  UNET_OP("axpbypcz", "diffusion")
+  Tensor x, y, z;
+  float a = 0, b = 0, c = 0;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.inout("y", s.y), v.in("z", s.z), v.param("a", s.a), v.param("b", s.b);
+    v.param("c", s.c);
+  }
+};
+struct Clamp {
+  UNET_OP("clamp", "diffusion")
+  Tensor x;
+  float lo = -1, hi = 1;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.inout("x", s.x), v.param("lo", s.lo), v.param("hi", s.hi);
+  }
+};
+// Learned-range DDPM noise: y = z * exp(0.5 (f max_log + (1 - f) min_log)), f = (v + 1) / 2.
+struct LearnedRangeNoise {
+  UNET_OP("learned_range_noise", "diffusion")
+  Tensor v, z, y;
+  float min_log = 0, max_log = 0;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("v", s.v), v.in("z", s.z), v.out("y", s.y), v.param("min_log", s.min_log);
+    v.param("max_log", s.max_log);
+  }
+};
+
+// ---------------------------------------------------------------- optimizer (flat f32 arenas)
+struct SumSquares {  // out[0] = sum x^2 (fixed order)
+  UNET_OP("sum_squares", "optimizer")
+  Tensor x, out;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.out("out", s.out);
+  }
+};
+// norm[0] = sqrt(sumsq); scale[0] = min(1, clip / (norm + 1e-6)) if clip > 0 else 1.
+struct ClipScale {
+  UNET_OP("clip_scale", "optimizer")
+  Tensor sumsq, norm, scale;
+  float clip = 0;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("sumsq", s.sumsq), v.out("norm", s.norm), v.out("scale", s.scale), v.param("clip", s.clip);
+  }
+};
+// The per-step scalars of AdamW, computed where the optimizer runs (no host copy of this
+// arithmetic): step i32 [1] is the number of steps taken so far and is incremented;
+// hyper f32 [4] = {1 - lr_t wd, lr_t / (1 - beta1^t), sqrt(1 - beta2^t), lr_t} with t = step + 1
+// and lr_t = lr * min(1, t / warmup) (warmup 0 = none).
+struct AdamWSchedule {
+  UNET_OP("adamw_schedule", "optimizer")
+  Tensor step, hyper;
+  double lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999;
+  int64_t warmup = 0;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.inout("step", s.step), v.out("hyper", s.hyper), v.param("lr", s.lr),
+        v.param("weight_decay", s.weight_decay);
+    v.param("beta1", s.beta1), v.param("beta2", s.beta2), v.param("warmup", s.warmup);
+  }
+};
+// PyTorch AdamW (single-tensor path) with g = grad * scale[0]:
+//   p *= hyper[0]; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= hyper[1] m / (sqrt(v)/hyper[2] + eps).
+struct AdamW {
+  UNET_OP("adamw", "optimizer")
+  Tensor p, g, m, v, hyper, scale;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.inout("p", s.p), v.in("g", s.g), v.inout("m", s.m), v.inout("v", s.v), v.in("hyper", s.hyper);
+    v.in("scale", s.scale), v.param("beta1", s.beta1), v.param("beta2", s.beta2);
+    v.param("eps", s.eps);
+  }
+};
+struct Ema {  // ema = rate ema + (1 - rate) p
+  UNET_OP("ema", "optimizer")
+  Tensor ema, p;
+  float rate = 0;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.inout("ema", s.ema), v.in("p", s.p), v.param("rate", s.rate);
+  }
+};
+
+#undef UNET_OP
+
+#define UNET_OP_LIST(X)                                                                                   \
+  X(ConvFwd)                                                                                              \
+  X(ConvBwdData) X(ConvBwdFilter) X(LinearFwd) X(LinearBwd) X(GroupNormFwd) X(GroupNormBwd) X(SiluFwd)    \
+      X(SiluBwd) X(Add) X(Cast) X(Copy) X(Fill) X(UpsampleFwd) X(UpsampleBwd) X(AvgPoolFwd) X(AvgPoolBwd) \
+          X(ConcatFwd) X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd)  \
+              X(AttentionBwd) X(DropoutFwd) X(DropoutBwd) X(MseLoss) X(QSample) X(Axpbypcz) X(Clamp)      \
+                  X(LearnedRangeNoise) X(SumSquares) X(ClipScale) X(AdamWSchedule) X(AdamW) X(Ema)
+
+// ---- generic views of an op, from fields() ----
+enum class Role { In, Out, InOut };
+
+namespace detail {
+template <class TRef, class F>
+struct TensorVisitor {
+  F& f;
+  void in(const char* n, TRef t) {
+    if (t.defined()) f(n, t, Role::In);
+  }
+  void out(const char* n, TRef t) {
+    if (t.defined()) f(n, t, Role::Out);
+  }
+  void inout(const char* n, TRef t) {
+    if (t.defined()) f(n, t, Role::InOut);
+  }
+  template <class P>
+  void param(const char*, P&) {}
+};
+template <class F>
+struct ParamVisitor {
+  F& f;
+  template <class T>
+  void in(const char*, T&) {}
+  template <class T>
+  void out(const char*, T&) {}
+  template <class T>
+  void inout(const char*, T&) {}
+  template <class P>
+  void param(const char* n, P& p) {
+    f(n, p);
+  }
+};
+}  // namespace detail
+
+// f(name, tensor, role) for every PRESENT tensor of the op; the tensor is mutable when op is.
+template <class OpT, class F>
+void for_each_tensor(OpT& op, F&& f) {
+  using TRef = std::conditional_t<std::is_const_v<OpT>, const Tensor&, Tensor&>;
+  detail::TensorVisitor<TRef, F> v{f};
+  std::remove_const_t<OpT>::fields(op, v);
+}
+// f(name, value) for every scalar parameter (int, int64_t, bool, float, uint64_t).
+template <class OpT, class F>
+void for_each_param(OpT& op, F&& f) {
+  detail::ParamVisitor<F> v{f};
+  std::remove_const_t<OpT>::fields(op, v);
+}
+
+// "conv_fwd x=bf16[32,64,64,64] w=... stride=1", for messages. With key_only, the parts a
+// kernel variant's choice may depend on (tensor shapes and dtypes, integer and boolean
+// parameters), which key the chooser's cache.
+template <class Op>
+std::string describe(const Op& op, bool key_only = false) {
+  std::string s = Op::kName;
+  for_each_tensor(op,
+                  [&](const char* n, const Tensor& t, Role) { s += std::string(" ") + n + "=" + t.str(); });
+  for_each_param(op, [&](const char* n, const auto& p) {
+    using P = std::decay_t<decltype(p)>;
+    if constexpr (std::is_same_v<P, float> || std::is_same_v<P, double>) {
+      if (!key_only) s += std::string(" ") + n + "=" + std::to_string(p);
+    } else if constexpr (std::is_same_v<P, uint64_t>) {
+      if (!key_only) s += std::string(" ") + n + "=" + std::to_string(p);
+    } else {
+      s += std::string(" ") + n + "=" + std::to_string((long long)p);
+    }
+  });
+  return s;
+}
+
+// A 64-bit hash of what describe(op, true) shows (shapes, dtypes, integer and boolean
+// parameters): the chooser's cache key, cheap enough to compute on every op call.
+template <class Op>
+uint64_t op_key(const Op& op) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 1099511628211ull;
+  };
+  for_each_tensor(op, [&](const char* name, const Tensor& t, Role r) {
+    mix((uint64_t)(uintptr_t)name);  // which field (absent ones are not visited)
+    mix(((uint64_t)t.dtype << 8) | ((uint64_t)t.rank << 4) | (uint64_t)r);
+    for (int i = 0; i < t.rank; ++i) mix((uint64_t)t.dim[i]);
+  });
+  for_each_param(op, [&](const char*, const auto& p) {
+    using P = std::decay_t<decltype(p)>;
+    if constexpr (!std::is_floating_point_v<P> && !std::is_same_v<P, uint64_t>) mix((uint64_t)(int64_t)p);
+  });
+  return h;
+}
+
+}  // namespace unet

@@ -1,0 +1,51 @@
+// AdamW with gradient-norm clipping, learning-rate warmup and an EMA of the weights, over the
+// flat f32 parameter arena — one implementation for every engine, all of it device work:
+// the per-step scalars (bias corrections, warmup) come from a step counter in device memory
+// (op AdamWSchedule), so a step enqueues no host arithmetic and a captured graph replays it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "engine.h"
+
+namespace unet {
+
+struct OptimizerOptions {
+  double lr = 1e-4;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double ema_rate = 0.9999;
+  double grad_clip = 0.0;  // 0 = off
+  int64_t warmup = 0;      // linear warmup steps, 0 = none
+};
+
+class Optimizer {
+ public:
+  // State for n parameters: moments zero, EMA unset (init_ema or load before the first step).
+  Optimizer(Engine& eng, size_t n, const OptimizerOptions& o);
+  const OptimizerOptions& options() const { return o_; }
+
+  // Host state in (checkpoint load): moments and EMA of n floats each (m/v may be null: zeros),
+  // and the number of steps already taken.
+  void load(const float* m, const float* v, const float* ema, int64_t steps);
+  void init_ema(const Tensor& params);              // EMA = a copy of the weights
+  void save(float* m, float* v, float* ema) const;  // blocks
+
+  // Enqueues one update of params from grads: norm, clip scale, AdamW, EMA; adds the gradient
+  // norm to norm_sum(). No host synchronisation.
+  void step(const Tensor& params, const Tensor& grads);
+
+  Tensor ema() const { return ema_; }
+  Tensor norm_sum() const { return norm_sum_; }  // f32 [1], reset with reset_norm_sum()
+  void reset_norm_sum();
+  // The learning rate of step index s (0-based) — the schedule's value, for logs.
+  double lr_at(int64_t s) const;
+
+ private:
+  Engine& eng_;
+  size_t n_;
+  OptimizerOptions o_;
+  Tensor m_, v_, ema_, count_, hyper_, sumsq_, norm_, scale_, norm_sum_;
+};
+
+}  // namespace unet

@@ -1,0 +1,242 @@
+// conv family: lib/ops/conv.h (reference), lib/ops/conv.cpp (CPU engine), kernels/conv/ (CUDA).
+//  * the reference vs a direct 7-loop convolution in PyTorch layout, and vs finite differences;
+//  * the fused epilogue (bias, per-sample embedding, residual) and the embedding gradient;
+//  * the float engine vs the double template, absent outputs skipped;
+//  * every CUDA variant vs the CPU engine at odd small shapes and at every seed64 shape.
+#include "ops_common.h"
+
+using namespace opt;
+using namespace unet;
+
+namespace {
+
+struct ConvCase {
+  int B, H, W, Ci, Co, k, s;
+};
+std::ostream& operator<<(std::ostream& o, const ConvCase& c) {
+  return o << "B" << c.B << " " << c.H << "x" << c.W << " Ci" << c.Ci << " Co" << c.Co << " k" << c.k << " s"
+           << c.s;
+}
+class Conv : public ::testing::TestWithParam<ConvCase> {};
+
+int out_size(int n, int k, int s) { return (n + 2 * (k / 2) - k) / s + 1; }
+
+TEST_P(Conv, ForwardMatchesDirectConvolutionInTorchLayout) {
+  const ConvCase c = GetParam();
+  const int p = c.k / 2, Ho = out_size(c.H, c.k, c.s), Wo = out_size(c.W, c.k, c.s);
+  V xt = rnd((size_t)c.B * c.Ci * c.H * c.W), wt = rnd((size_t)c.Co * c.Ci * c.k * c.k), bias = rnd(c.Co);
+  // Direct 7-loop convolution, PyTorch indexing: x [B,Ci,H,W], w [Co,Ci,k,k], y [B,Co,Ho,Wo].
+  V yt((size_t)c.B * c.Co * Ho * Wo);
+  for (int b = 0; b < c.B; ++b)
+    for (int co = 0; co < c.Co; ++co)
+      for (int oy = 0; oy < Ho; ++oy)
+        for (int ox = 0; ox < Wo; ++ox) {
+          double s = bias[co];
+          for (int ci = 0; ci < c.Ci; ++ci)
+            for (int ky = 0; ky < c.k; ++ky)
+              for (int kx = 0; kx < c.k; ++kx) {
+                const int iy = oy * c.s - p + ky, ix = ox * c.s - p + kx;
+                if (iy < 0 || iy >= c.H || ix < 0 || ix >= c.W) continue;
+                s += wt[((co * c.Ci + ci) * c.k + ky) * c.k + kx] *
+                     xt[(((size_t)b * c.Ci + ci) * c.H + iy) * c.W + ix];
+              }
+          yt[(((size_t)b * c.Co + co) * Ho + oy) * Wo + ox] = s;
+        }
+  // Engine layouts: x NHWC, w [Co,k,k,Ci].
+  V x = nchw_to_nhwc(xt, c.B, c.Ci, c.H, c.W), y_expect = nchw_to_nhwc(yt, c.B, c.Co, Ho, Wo);
+  V w(wt.size());
+  for (int co = 0; co < c.Co; ++co)
+    for (int ci = 0; ci < c.Ci; ++ci)
+      for (int t = 0; t < c.k * c.k; ++t)
+        w[((size_t)co * c.k * c.k + t) * c.Ci + ci] = wt[((size_t)co * c.Ci + ci) * c.k * c.k + t];
+  V y = nans(y_expect.size());
+  ref::conv2d_fwd<double>(x.data(), w.data(), bias.data(), y.data(), c.B, c.H, c.W, c.Ci, c.Co, c.k, c.s);
+  EXPECT_LT(rel(y, y_expect), 1e-13);
+
+  Dev d;  // float engine, with and without bias
+  Tensor X = d.put(x, {c.B, c.H, c.W, c.Ci}), Wt = d.put(w, {c.Co, c.k, c.k, c.Ci});
+  Tensor Y = d.poisoned({c.B, Ho, Wo, c.Co});
+  d.run(ConvFwd{X, Wt, d.put(bias), {}, {}, Y, c.s});
+  EXPECT_LT(rel(d.get(Y), y_expect), kF32Tol);
+  V zero(c.Co, 0.0), y0_expect = nans(y.size());
+  ref::conv2d_fwd<double>(x.data(), w.data(), zero.data(), y0_expect.data(), c.B, c.H, c.W, c.Ci, c.Co, c.k,
+                          c.s);
+  Y = d.poisoned({c.B, Ho, Wo, c.Co});
+  d.run(ConvFwd{X, Wt, {}, {}, {}, Y, c.s});
+  EXPECT_LT(rel(d.get(Y), y0_expect), kF32Tol);
+}
+
+TEST_P(Conv, GradientsMatchFiniteDifferences) {
+  const ConvCase c = GetParam();
+  const int Ho = out_size(c.H, c.k, c.s), Wo = out_size(c.W, c.k, c.s);
+  const size_t nx = (size_t)c.B * c.H * c.W * c.Ci, nw = (size_t)c.Co * c.k * c.k * c.Ci,
+               ny = (size_t)c.B * Ho * Wo * c.Co;
+  V x = rnd(nx), w = rnd(nw), b = rnd(c.Co), dy = rnd(ny);
+  V dx = nans(nx), dw = nans(nw), db = nans(c.Co);
+  ref::conv2d_bwd<double>(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), c.B, c.H, c.W, c.Ci,
+                          c.Co, c.k, c.s);
+  V y(ny);
+  auto loss = [&] {
+    ref::conv2d_fwd<double>(x.data(), w.data(), b.data(), y.data(), c.B, c.H, c.W, c.Ci, c.Co, c.k, c.s);
+    return dot(y, dy);
+  };
+  gradcheck("dx", x, dx, loss);
+  gradcheck("dw", w, dw, loss);
+  gradcheck("db", b, db, loss);
+
+  // Float engine agrees: data gradient and filter gradient are separate ops; absent outputs skipped.
+  Dev d;
+  Tensor X = d.put(x, {c.B, c.H, c.W, c.Ci}), Wt = d.put(w, {c.Co, c.k, c.k, c.Ci}),
+         DY = d.put(dy, {c.B, Ho, Wo, c.Co});
+  Tensor DX = d.poisoned({c.B, c.H, c.W, c.Ci}), DW = d.poisoned({c.Co, c.k, c.k, c.Ci}),
+         DB = d.poisoned({c.Co});
+  d.run(ConvBwdData{DY, Wt, DX, c.s});
+  d.run(ConvBwdFilter{X, DY, DW, DB, {}, c.s});
+  EXPECT_LT(rel(d.get(DX), dx), kF32Tol);
+  EXPECT_LT(rel(d.get(DW), dw), kF32Tol);
+  EXPECT_LT(rel(d.get(DB), db), kF32Tol);
+  const F fdb = d.get(DB);
+  DB = d.poisoned({c.Co});
+  d.run(ConvBwdFilter{X, DY, {}, DB, {}, c.s});
+  EXPECT_EQ(d.get(DB), fdb);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Conv,
+                         ::testing::Values(ConvCase{2, 5, 6, 3, 4, 3, 1}, ConvCase{2, 5, 6, 3, 4, 3, 2},
+                                           ConvCase{2, 7, 7, 5, 6, 3, 2}, ConvCase{1, 6, 7, 5, 6, 1, 1},
+                                           ConvCase{2, 6, 5, 4, 3, 1, 2}, ConvCase{1, 1, 1, 2, 3, 3, 1},
+                                           // wide enough for the GEMM's full 4x16 register tiles
+                                           ConvCase{2, 9, 8, 20, 17, 3, 1}, ConvCase{1, 8, 9, 18, 33, 3, 2},
+                                           ConvCase{1, 8, 8, 35, 70, 1, 1}));
+
+// The epilogue: y = conv + bias + emb[b] + res, and demb = per-sample sums of dy (the gradient of
+// the embedding added in the epilogue), against the plain ops composed in double.
+TEST(ConvFused, EpilogueAndEmbeddingGradient) {
+  const int B = 3, H = 5, W = 4, Ci = 6, Co = 7;
+  V x = rnd((size_t)B * H * W * Ci), w = rnd((size_t)Co * 9 * Ci), bias = rnd(Co), emb = rnd((size_t)B * Co);
+  V res = rnd((size_t)B * H * W * Co), dy = rnd(res.size());
+  V want(res.size());
+  ref::conv2d_fwd<double>(x.data(), w.data(), bias.data(), want.data(), B, H, W, Ci, Co, 3, 1);
+  for (int b = 0; b < B; ++b)
+    for (int p = 0; p < H * W; ++p)
+      for (int c = 0; c < Co; ++c) {
+        const size_t i = ((size_t)b * H * W + p) * Co + c;
+        want[i] += emb[b * Co + c] + res[i];
+      }
+  Dev d;
+  Tensor Y = d.poisoned({B, H, W, Co});
+  d.run(ConvFwd{d.put(x, {B, H, W, Ci}), d.put(w, {Co, 3, 3, Ci}), d.put(bias), d.put(emb, {B, Co}),
+                d.put(res, {B, H, W, Co}), Y, 1});
+  EXPECT_LT(rel(d.get(Y), want), kF32Tol);
+  // demb: the gradient of sum(y * dy) w.r.t. emb.
+  V demb = nans(emb.size());
+  ref::add_bcast_bwd<double>(dy.data(), demb.data(), B, H * W, Co);
+  V y(res.size());
+  gradcheck("demb", emb, demb, [&] {
+    ref::conv2d_fwd<double>(x.data(), w.data(), bias.data(), y.data(), B, H, W, Ci, Co, 3, 1);
+    ref::conv_epilogue<double>(y.data(), emb.data(), res.data(), B, (size_t)H * W, Co);
+    return dot(y, dy);
+  });
+  Tensor DE = d.poisoned({B, Co});
+  d.run(ConvBwdFilter{d.put(x, {B, H, W, Ci}), d.put(dy, {B, H, W, Co}), {}, {}, DE, 1});
+  EXPECT_LT(rel(d.get(DE), demb), 1e-6);
+}
+
+// ---- CUDA variants vs the CPU engine ----
+
+ConvFwd fwd_op(const Alloc& A, DType act, int B, int H, int Ci, int Co, int k, int s, bool emb, bool res,
+               DType out = DType::F32, bool out_act = true) {
+  const int Ho = out_size(H, k, s);
+  const DType yt = out_act ? act : out;
+  return ConvFwd{A(act, {B, H, H, Ci}),
+                 A(act, {Co, k, k, Ci}),
+                 A(DType::F32, {Co}),
+                 emb ? A(DType::F32, {B, Co}) : Tensor{},
+                 res ? A(yt, {B, Ho, Ho, Co}) : Tensor{},
+                 A(yt, {B, Ho, Ho, Co}),
+                 s};
+}
+
+void check_conv(const std::string& what, int B, int H, int Ci, int Co, int k, int s, bool emb, bool res) {
+  const int Ho = out_size(H, k, s);
+  Tol tol;
+  check_variants<ConvFwd>(
+      what + " fwd", [&](const Alloc& A, DType act) { return fwd_op(A, act, B, H, Ci, Co, k, s, emb, res); },
+      tol);
+  check_variants<ConvBwdData>(
+      what + " dgrad",
+      [&](const Alloc& A, DType act) {
+        return ConvBwdData{A(act, {B, Ho, Ho, Co}), A(act, {Co, k, k, Ci}), A(act, {B, H, H, Ci}), s};
+      },
+      tol);
+  check_variants<ConvBwdFilter>(
+      what + " wgrad",
+      [&](const Alloc& A, DType act) {
+        return ConvBwdFilter{A(act, {B, H, H, Ci}),
+                             A(act, {B, Ho, Ho, Co}),
+                             A(DType::F32, {Co, k, k, Ci}),
+                             A(DType::F32, {Co}),
+                             emb ? A(DType::F32, {B, Co}) : Tensor{},
+                             s};
+      },
+      tol);
+}
+
+TEST(ConvVariants, SmallOddShapes) {
+  SKIP_WITHOUT_GPU();
+  check_conv("3x3 s1 odd", 2, 7, 5, 6, 3, 1, true, true);
+  check_conv("3x3 s2 odd", 3, 9, 3, 5, 3, 2, false, false);
+  check_conv("1x1", 2, 5, 12, 20, 1, 1, false, true);
+  check_conv("3x3 vec", 2, 8, 16, 32, 3, 1, true, false);
+  // The model's output layer: bf16 inputs, f32 output (no-op in f32 engines).
+  check_variants<ConvFwd>(
+      "out layer",
+      [](const Alloc& A, DType act) {
+        return fwd_op(A, act, 2, 8, 32, 3, 3, 1, false, false, DType::F32, false);
+      },
+      Tol{});
+}
+
+TEST(ConvVariants, EverySeed64ShapeAtBatch32) {
+  SKIP_WITHOUT_GPU();
+  std::set<std::string> seen;
+  each_seed64_layer([&](const Layer& l) {
+    auto once = [&](const std::string& key, auto f) {
+      if (seen.insert(key).second) f();
+    };
+    const int r = l.res;
+    switch (l.kind) {
+      case Layer::Conv:
+        once("c" + std::to_string(r) + "_" + std::to_string(l.cin),
+             [&] { check_conv(l.prefix, 32, r, l.cin, l.cout, 3, 1, false, false); });
+        break;
+      case Layer::Down:
+        once("d" + std::to_string(r) + "_" + std::to_string(l.cin),
+             [&] { check_conv(l.prefix, 32, r, l.cin, l.cout, 3, 2, false, false); });
+        break;
+      case Layer::Up:
+        once("u" + std::to_string(r) + "_" + std::to_string(l.cin),
+             [&] { check_conv(l.prefix, 32, 2 * r, l.cin, l.cout, 3, 1, false, false); });
+        break;
+      case Layer::Res: {
+        const std::string k =
+            "r" + std::to_string(r) + "_" + std::to_string(l.cin) + "_" + std::to_string(l.cout);
+        once(k, [&] {
+          check_conv(l.prefix + " conv1", 32, r, l.cin, l.cout, 3, 1, true, false);
+          check_conv(l.prefix + " conv2", 32, r, l.cout, l.cout, 3, 1, false, true);
+          if (l.cin != l.cout) check_conv(l.prefix + " skip", 32, r, l.cin, l.cout, 1, 1, false, false);
+        });
+        break;
+      }
+      case Layer::Attn:
+        once("a" + std::to_string(r) + "_" + std::to_string(l.cin), [&] {
+          check_conv(l.prefix + " qkv", 32, r, l.cin, 3 * l.cin, 1, 1, false, false);
+          check_conv(l.prefix + " proj", 32, r, l.cin, l.cin, 1, 1, false, true);
+        });
+        break;
+    }
+  });
+  EXPECT_GT(seen.size(), 8u);
+}
+
+}  // namespace

@@ -1,0 +1,240 @@
+// The engine seam itself: typed tensors, op validation and description, the variant chooser and
+// its overrides (UNET_KERNELS / --kernels), the counting wrapper, the CPU device, and the memory
+// planner (packing by lifetime, overlap checks, read-before-write detection).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "cpu_engine.h"
+#include "engine.h"
+#include "flops.h"
+#include "planner.h"
+#include "testutil.h"
+#include "util.h"
+
+using namespace unet;
+
+namespace {
+
+TEST(Tensor, ShapeViewsAndChecks) {
+  float buf[24];
+  Tensor t(buf, DType::F32, {2, 3, 4});
+  EXPECT_EQ(t.numel(), 24u);
+  EXPECT_EQ(t.bytes(), 96u);
+  EXPECT_EQ(t.last(), 4);
+  EXPECT_EQ(t.rows(), 6);
+  EXPECT_EQ(t.per_sample(), 12u);
+  EXPECT_EQ(t.batch(1).numel(), 12u);
+  EXPECT_EQ(t.view({6, 4}).dim[0], 6);
+  EXPECT_THROW(t.view({5, 4}), std::logic_error);
+  EXPECT_EQ(t.flat(4, 8).f32(), buf + 4);
+  EXPECT_THROW(t.bf16(), std::logic_error);
+  EXPECT_EQ(t.str(), "f32[2,3,4]");
+  EXPECT_FALSE(Tensor().defined());
+  EXPECT_EQ(Tensor().str(), "-");
+}
+
+TEST(Ops, CheckRejectsInconsistentShapesNamingTheOp) {
+  float a[64];
+  Tensor x(a, DType::F32, {1, 4, 4, 2}), w(a, DType::F32, {3, 3, 3, 2}), y(a, DType::F32, {1, 4, 4, 3});
+  EXPECT_NO_THROW((ConvFwd{x, w, {}, {}, {}, y, 1}.check()));
+  Tensor bad(a, DType::F32, {1, 4, 4, 5});
+  try {
+    ConvFwd{x, w, {}, {}, {}, bad, 1}.check();
+    FAIL() << "no throw";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("conv_fwd x=f32[1,4,4,2]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((ConvFwd{x, w, {}, {}, {}, Tensor(a, DType::F32, {1, 2, 2, 3}), 1}.check()), std::logic_error);
+  // Keys: same shapes and integer parameters = same key; data pointers and floats do not matter.
+  ConvFwd c1{x, w, {}, {}, {}, y, 1}, c2 = c1;
+  c2.x.data = a + 8;
+  EXPECT_EQ(op_key(c1), op_key(c2));
+  c2.bias = Tensor(a, DType::F32, {3});
+  EXPECT_NE(op_key(c1), op_key(c2));
+  EXPECT_NE(op_key(Fill{y, 1.f}), op_key(Fill{x, 1.f}));
+  EXPECT_EQ(op_key(Fill{y, 1.f}), op_key(Fill{y, 2.f}));
+}
+
+// Bytes are derived from the op's tensors: inputs read once, outputs written once.
+TEST(Ops, CostFromTheFieldList) {
+  float a[1];
+  Tensor x(a, DType::BF16, {2, 8, 8, 16}), w(a, DType::BF16, {32, 3, 3, 16}), b(a, DType::F32, {32});
+  Tensor y(a, DType::BF16, {2, 8, 8, 32});
+  const ConvFwd op{x, w, b, {}, {}, y, 1};
+  const flops::Cost c = flops::cost(op);
+  EXPECT_DOUBLE_EQ(c.flops, 2.0 * 2 * 64 * 32 * 9 * 16 + 2 * 64 * 32);
+  EXPECT_DOUBLE_EQ(c.bytes, 2.0 * (2 * 64 * 16 + 32 * 9 * 16 + 2 * 64 * 32) + 4 * 32);
+  Tensor e(a, DType::F32, {100});
+  EXPECT_DOUBLE_EQ(flops::cost(Ema{e, e, 0.5f}).bytes, 3 * 400.0);  // ema read and written, p read
+}
+
+// A variant table of two Fill variants: "narrow" only for f32, "wide" for everything.
+struct TwoVariants : VariantOps<CpuCtx> {
+  CpuCtx ctx;
+  std::vector<std::string> ran;
+  TwoVariants() : VariantOps<CpuCtx>(ctx) {
+    static TwoVariants* self;
+    self = this;
+    variants<Fill>().push_back({"narrow",
+                                [](const Fill& f, const CpuCtx&) { return f.y.dtype == DType::F32; },
+                                [](const Fill&, CpuCtx&) { self->ran.push_back("narrow"); }, nullptr});
+    variants<Fill>().push_back(
+        {"wide", nullptr, [](const Fill&, CpuCtx&) { self->ran.push_back("wide"); }, nullptr});
+  }
+};
+
+TEST(Variants, PriorityOverridesAndFallback) {
+  float a[4];
+  uint16_t h[4];
+  Tensor f(a, DType::F32, {4}), b(h, DType::BF16, {4});
+  {
+    TwoVariants v;
+    v.run(Fill{f, 0});
+    v.run(Fill{b, 0});
+    EXPECT_EQ(v.ran, (std::vector<std::string>{"narrow", "wide"}));  // priority = list order
+    EXPECT_EQ(v.variants_for(Fill{f, 0}), (std::vector<std::string>{"narrow", "wide"}));
+    EXPECT_EQ(v.variants_for(Fill{b, 0}), (std::vector<std::string>{"wide"}));
+    v.run_variant(Fill{f, 0}, "wide");
+    EXPECT_EQ(v.ran.back(), "wide");
+  }
+  set_kernel_overrides("elementwise=wide");
+  {
+    TwoVariants v;
+    v.run(Fill{f, 0});
+    EXPECT_EQ(v.variant(Fill{f, 0}), "wide");
+    EXPECT_EQ(v.ran, (std::vector<std::string>{"wide"}));
+  }
+  set_kernel_overrides("fill=narrow");  // an op name overrides its family's setting
+  {
+    TwoVariants v;
+    v.run(Fill{b, 0});  // narrow cannot run bf16: falls back (with a notice) to the default
+    EXPECT_EQ(v.ran, (std::vector<std::string>{"wide"}));
+    v.run(Fill{f, 0});
+    EXPECT_EQ(v.ran.back(), "narrow");
+  }
+  set_kernel_overrides("fill=nosuch");
+  {
+    TwoVariants v;
+    try {
+      v.run(Fill{f, 0});
+      FAIL() << "no throw";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("fill=nosuch does not exist"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("narrow, wide"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(set_kernel_overrides("conv"), UserError);
+  EXPECT_THROW(set_kernel_overrides("=x"), UserError);
+  set_kernel_overrides("");
+  EXPECT_TRUE(kernel_overrides().empty() || std::getenv("UNET_KERNELS"));
+}
+
+TEST(CpuEngine, MemoryAndNames) {
+  auto e = make_cpu_engine();
+  EXPECT_FALSE(e->is_cuda());
+  EXPECT_EQ(e->device().name(), "cpu");
+  EXPECT_EQ(e->act_dtype(), DType::F32);
+  EXPECT_EQ(make_cpu_engine(Precision::BF16)->act_dtype(), DType::BF16);
+  EXPECT_EQ(make_cpu_engine(Precision::TF32)->precision(), Precision::FP32);  // tf32 means fp32 here
+  const size_t before = e->device().bytes_held();
+  Tensor a = e->alloc(DType::F32, {1000}), b = e->alloc(DType::BF16, {3});
+  for (const Tensor& t : {a, b}) EXPECT_EQ((uintptr_t)t.data % 256, 0u);
+  EXPECT_GE(e->device().bytes_held() - before, 4006u);
+  EXPECT_GT(e->device().bytes_free(), 0u);
+  auto src = test::randn(1000, test::test_seed());
+  e->upload(a, src.data());
+  std::vector<float> back(1000);
+  e->download(back.data(), a);
+  EXPECT_EQ(back, src);
+}
+
+// ---- planner ----
+
+TEST(Planner, PacksByLifetimeWithoutOverlap) {
+  auto e = make_cpu_engine();
+  Planner p;
+  // a chain: b0 -> b1 -> b2 -> b3, each used by two consecutive ops, plus one buffer live throughout.
+  std::vector<Tensor> b;
+  for (int i = 0; i < 4; ++i) b.push_back(p.declare("b" + std::to_string(i), DType::F32, {1000}));
+  Tensor keep = p.declare("keep", DType::F32, {500});
+  Tensor unused = p.declare("unused", DType::F32, {7});
+  Ops& ops = p.tracer(e->ops());
+  ops.run(Fill{keep, 0});
+  ops.run(Fill{b[0], 0});
+  for (int i = 0; i < 3; ++i) ops.run(Copy{b[i], b[i + 1]});
+  ops.run(Add{b[3], b[3], b[3]});
+  ops.run(Copy{keep, keep});
+  p.pack();
+  EXPECT_NO_THROW(p.verify());
+  // Live at once: at most two chain buffers and `keep` (4000 + 4000 + 2000 bytes, aligned).
+  EXPECT_LE(p.arena_bytes(), 4096u + 4096u + 2048u);
+  EXPECT_LT(p.arena_bytes(), p.declared_bytes());
+  for (const auto& buf : p.buffers())
+    if (buf.name == "unused") {
+      EXPECT_EQ(buf.first, -1);
+    }
+  (void)unused;
+  // Bound: the same declarations now return arena addresses in the planned places.
+  std::vector<char> arena(p.arena_bytes());
+  p.bind(arena.data());
+  for (int i = 0; i < 4; ++i) {
+    Tensor t = p.declare("b" + std::to_string(i), DType::F32, {1000});
+    EXPECT_GE((char*)t.data, arena.data());
+    EXPECT_LE((char*)t.data + t.bytes(), arena.data() + arena.size());
+  }
+  EXPECT_THROW(p.declare("other", DType::F32, {500}), std::logic_error);  // not the planned sequence
+}
+
+TEST(Planner, RefusesReadsBeforeWrites) {
+  auto e = make_cpu_engine();
+  Planner p;
+  Tensor a = p.declare("a", DType::F32, {10}), b = p.declare("b", DType::F32, {10});
+  Ops& ops = p.tracer(e->ops());
+  try {
+    ops.run(Copy{a, b});
+    FAIL() << "no throw";
+  } catch (const std::logic_error& err) {
+    EXPECT_NE(std::string(err.what()).find("reads buffer a before anything writes it"), std::string::npos)
+        << err.what();
+  }
+}
+
+// Random interval sets: the packing never overlaps live buffers and never needs more than the
+// sum of all sizes; it needs at least the largest set of simultaneously live buffers.
+TEST(Planner, RandomLifetimesNeverOverlap) {
+  auto e = make_cpu_engine();
+  for (int trial = 0; trial < 20; ++trial) {
+    Planner p;
+    const auto r = test::randu(200, test::test_seed() + trial, 0, 1);
+    const int n = 40;
+    std::vector<Tensor> t;
+    for (int i = 0; i < n; ++i)
+      t.push_back(p.declare("t" + std::to_string(i), DType::F32, {1 + (int64_t)(r[i] * 5000)}));
+    Ops& ops = p.tracer(e->ops());
+    std::vector<int> first(n), last(n);
+    for (int i = 0; i < n; ++i) {
+      first[i] = (int)(r[n + i] * 60);
+      last[i] = first[i] + (int)(r[2 * n + i] * 30);
+    }
+    for (int k = 0; k < 100; ++k)
+      for (int i = 0; i < n; ++i) {
+        if (k == first[i]) ops.run(Fill{t[i], 0});
+        if (k > first[i] && k <= last[i]) ops.run(Copy{t[i], t[i]});
+      }
+    p.pack();
+    p.verify();
+    size_t peak_live = 0;
+    for (int k = 0; k < p.ops_traced(); ++k) {
+      size_t live = 0;
+      for (const auto& b : p.buffers())
+        if (b.first <= k && k <= b.last) live += b.bytes;
+      peak_live = std::max(peak_live, live);
+    }
+    EXPECT_GE(p.arena_bytes(), peak_live);
+    EXPECT_LE(p.arena_bytes(), p.declared_bytes());
+  }
+}
+
+}  // namespace

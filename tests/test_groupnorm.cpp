@@ -1,0 +1,188 @@
+// groupnorm family: lib/ops/groupnorm.h (reference), lib/ops/groupnorm.cpp (CPU),
+// kernels/groupnorm/ (CUDA). GroupNorm with optional scale-shift and SiLU, forward and backward.
+#include "ops_common.h"
+
+using namespace opt;
+using namespace unet;
+
+namespace {
+
+struct GnCase {
+  int B, HW, C, G;
+  bool silu;
+};
+class GroupNorm : public ::testing::TestWithParam<GnCase> {};
+
+TEST_P(GroupNorm, ForwardMatchesTwoPassFormula) {
+  const GnCase c = GetParam();
+  const int cg = c.C / c.G;
+  // Inputs with a large common offset: a one-pass E[x^2]-E[x]^2 in float would lose it.
+  V x = rnd((size_t)c.B * c.HW * c.C, 2.0, 5.0), gamma = rnd(c.C), beta = rnd(c.C);
+  V expect(x.size()), emean(c.B * c.G), erstd(c.B * c.G);
+  for (int b = 0; b < c.B; ++b)
+    for (int g = 0; g < c.G; ++g) {
+      double m = 0, v = 0;
+      for (int hw = 0; hw < c.HW; ++hw)
+        for (int ch = g * cg; ch < (g + 1) * cg; ++ch) m += x[((size_t)b * c.HW + hw) * c.C + ch];
+      m /= (double)c.HW * cg;
+      for (int hw = 0; hw < c.HW; ++hw)
+        for (int ch = g * cg; ch < (g + 1) * cg; ++ch)
+          v += std::pow(x[((size_t)b * c.HW + hw) * c.C + ch] - m, 2);
+      v /= (double)c.HW * cg;
+      emean[b * c.G + g] = m;
+      erstd[b * c.G + g] = 1 / std::sqrt(v + 1e-5);
+      for (int hw = 0; hw < c.HW; ++hw)
+        for (int ch = g * cg; ch < (g + 1) * cg; ++ch) {
+          const size_t i = ((size_t)b * c.HW + hw) * c.C + ch;
+          const double z = (x[i] - m) / std::sqrt(v + 1e-5) * gamma[ch] + beta[ch];
+          expect[i] = c.silu ? z / (1 + std::exp(-z)) : z;
+        }
+    }
+  V y = nans(x.size()), mean = nans(c.B * c.G), rstd = nans(c.B * c.G);
+  ref::groupnorm_fwd<double>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), c.B,
+                             c.HW, c.C, c.G, c.silu);
+  EXPECT_LT(rel(y, expect), 1e-12);
+  EXPECT_LT(rel(mean, emean), 1e-14);
+  EXPECT_LT(rel(rstd, erstd), 1e-14);
+  Dev d;
+  Tensor Y = d.poisoned({c.B, c.HW, 1, c.C}), M = d.poisoned({c.B, c.G}), R = d.poisoned({c.B, c.G});
+  d.run(GroupNormFwd{d.put(x, {c.B, c.HW, 1, c.C}), d.put(gamma), d.put(beta), {}, Y, M, R, c.silu});
+  EXPECT_LT(rel(d.get(Y), expect), 2e-6);
+  EXPECT_LT(rel(d.get(M), emean), 1e-7);
+  EXPECT_LT(rel(d.get(R), erstd), 1e-7);
+}
+
+TEST_P(GroupNorm, GradientsMatchFiniteDifferences) {
+  const GnCase c = GetParam();
+  const size_t n = (size_t)c.B * c.HW * c.C;
+  V x = rnd(n, -2, 2), gamma = rnd(c.C, 0.5, 1.5), beta = rnd(c.C), dy = rnd(n);
+  V y(n), mean(c.B * c.G), rstd(c.B * c.G);
+  ref::groupnorm_fwd<double>(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), c.B,
+                             c.HW, c.C, c.G, c.silu);
+  V dx = nans(n), dg = nans(c.C), dbt = nans(c.C);
+  ref::groupnorm_bwd<double>(x.data(), gamma.data(), beta.data(), mean.data(), rstd.data(), dy.data(),
+                             dx.data(), dg.data(), dbt.data(), c.B, c.HW, c.C, c.G, c.silu);
+  V m2(mean.size()), r2(mean.size());
+  auto loss = [&] {
+    ref::groupnorm_fwd<double>(x.data(), gamma.data(), beta.data(), y.data(), m2.data(), r2.data(), c.B, c.HW,
+                               c.C, c.G, c.silu);
+    return dot(y, dy);
+  };
+  gradcheck("dx", x, dx, loss);
+  gradcheck("dgamma", gamma, dg, loss);
+  gradcheck("dbeta", beta, dbt, loss);
+
+  Dev d;
+  Tensor X = d.put(x, {c.B, c.HW, 1, c.C}), Ga = d.put(gamma), Be = d.put(beta),
+         DY = d.put(dy, {c.B, c.HW, 1, c.C});
+  Tensor Y = d.poisoned({c.B, c.HW, 1, c.C}), M = d.poisoned({c.B, c.G}), R = d.poisoned({c.B, c.G});
+  d.run(GroupNormFwd{X, Ga, Be, {}, Y, M, R, c.silu});
+  Tensor DX = d.poisoned({c.B, c.HW, 1, c.C}), DG = d.poisoned({c.C}), DB = d.poisoned({c.C});
+  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, DG, DB, {}, c.silu});
+  EXPECT_LT(rel(d.get(DX), dx), kF32Tol);
+  EXPECT_LT(rel(d.get(DG), dg), kF32Tol);
+  EXPECT_LT(rel(d.get(DB), dbt), kF32Tol);
+  const F fdx = d.get(DX);
+  DX = d.poisoned({c.B, c.HW, 1, c.C});
+  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, {}, {}, {}, c.silu});
+  EXPECT_EQ(d.get(DX), fdx);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GroupNorm,
+                         ::testing::Values(GnCase{2, 6, 8, 4, false}, GnCase{2, 6, 8, 4, true},
+                                           GnCase{1, 9, 6, 1, true}, GnCase{3, 5, 12, 12, false},
+                                           GnCase{2, 16, 64, 32, true}));
+
+// With scale-shift (the ResBlock's second norm under use_scale_shift_norm): forward against the
+// formula, and every gradient (x, gamma, beta, ss) against finite differences.
+TEST(GroupNormScaleShift, ForwardAndGradients) {
+  for (bool silu : {true, false}) {
+    SCOPED_TRACE(silu);
+    const int B = 2, HW = 6, C = 8, G = 4;
+    const size_t n = (size_t)B * HW * C;
+    V x = rnd(n, -2, 2), gamma = rnd(C, 0.5, 1.5), beta = rnd(C), ss = rnd((size_t)B * 2 * C), dy = rnd(n);
+    V y = nans(n), mean(B * G), rstd(B * G), plain(n);
+    ref::groupnorm_ss_fwd<double>(x.data(), gamma.data(), beta.data(), ss.data(), y.data(), mean.data(),
+                                  rstd.data(), B, HW, C, G, silu);
+    ref::groupnorm_fwd<double>(x.data(), gamma.data(), beta.data(), plain.data(), mean.data(), rstd.data(), B,
+                               HW, C, G, false);
+    for (size_t i = 0; i < n; ++i) {
+      const int c = (int)(i % C), b = (int)(i / ((size_t)HW * C));
+      const double z = plain[i] * (1 + ss[(size_t)b * 2 * C + c]) + ss[(size_t)b * 2 * C + C + c];
+      ASSERT_NEAR(y[i], silu ? z / (1 + std::exp(-z)) : z, 1e-13);
+    }
+    V dx = nans(n), dg = nans(C), db = nans(C), dss = nans(ss.size());
+    ref::groupnorm_ss_bwd<double>(x.data(), gamma.data(), beta.data(), ss.data(), mean.data(), rstd.data(),
+                                  dy.data(), dx.data(), dg.data(), db.data(), dss.data(), B, HW, C, G, silu);
+    V m2(B * G), r2(B * G), y2(n);
+    auto loss = [&] {
+      ref::groupnorm_ss_fwd<double>(x.data(), gamma.data(), beta.data(), ss.data(), y2.data(), m2.data(),
+                                    r2.data(), B, HW, C, G, silu);
+      return dot(y2, dy);
+    };
+    gradcheck("dx", x, dx, loss);
+    gradcheck("dgamma", gamma, dg, loss);
+    gradcheck("dbeta", beta, db, loss);
+    gradcheck("dss", ss, dss, loss);
+  }
+}
+
+// ---- CUDA variants ----
+
+void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu) {
+  const int G = 32 <= C && C % 32 == 0 ? 32 : (C % 4 == 0 ? 4 : 1);
+  check_variants<GroupNormFwd>(
+      what + " fwd",
+      [&](const Alloc& A, DType act) {
+        return GroupNormFwd{A(act, {B, H, H, C}),  A(DType::F32, {C}),
+                            A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                            A(act, {B, H, H, C}),  A(DType::F32, {B, G}),
+                            A(DType::F32, {B, G}), silu};
+      },
+      Tol{});
+  // Backward from the statistics of a forward pass over the same x.
+  check_variants<GroupNormBwd>(
+      what + " bwd",
+      [&](const Alloc& A, DType act) {
+        return GroupNormBwd{A(act, {B, H, H, C}),
+                            A(DType::F32, {C}),
+                            A(DType::F32, {C}),
+                            ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                            A(DType::F32, {B, G}),
+                            A(DType::F32, {B, G}),
+                            A(act, {B, H, H, C}),
+                            A(act, {B, H, H, C}),
+                            A(DType::F32, {C}),
+                            A(DType::F32, {C}),
+                            ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                            silu};
+      },
+      Tol{},
+      [&](Engine& e, GroupNormBwd& o) {
+        Tensor y = e.alloc(o.x.dtype, {B, H, H, C});
+        e.ops().run(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu});
+      });
+}
+
+TEST(GroupNormVariants, SmallShapes) {
+  SKIP_WITHOUT_GPU();
+  check_gn("odd", 2, 5, 12, false, true);
+  check_gn("odd ss", 3, 3, 12, true, true);
+  check_gn("no silu", 2, 4, 64, false, false);
+  check_gn("ss no silu", 2, 4, 64, true, false);
+}
+
+TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
+  SKIP_WITHOUT_GPU();
+  std::set<std::pair<int, int>> seen;
+  each_seed64_layer([&](const Layer& l) {
+    if (l.kind != Layer::Res && l.kind != Layer::Attn) return;
+    for (auto rc : {std::pair{l.res, l.cin}, std::pair{l.res, l.cout}})
+      if (seen.insert(rc).second)
+        check_gn(l.prefix + " " + std::to_string(rc.first) + "x" + std::to_string(rc.second), 32, rc.first,
+                 rc.second, false, true);
+  });
+  check_gn("seed64 ss", 32, 32, 128, true, true);
+}
+
+}  // namespace

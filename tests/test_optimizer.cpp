@@ -1,0 +1,166 @@
+// optimizer family: gradient norm, clip scale, the AdamW schedule and update, EMA —
+// lib/ops/optimizer.h (reference), lib/ops/adamw_schedule.h (per-step scalars, shared with the
+// kernel), lib/ops/optimizer.cpp (CPU), kernels/optimizer/ (CUDA); and the trainer's Optimizer.
+#include "ops_common.h"
+#include "optim.h"
+
+using namespace opt;
+using namespace unet;
+
+namespace {
+
+TEST(Optimizer, SumSquaresAndClipScale) {
+  const size_t n = 100003;
+  V x = rnd(n);
+  double expect = 0;
+  for (double v : x) expect += v * v;
+  Dev d;
+  Tensor S = d.poisoned({1}), N = d.poisoned({1}), G = d.poisoned({1});
+  d.run(SumSquares{d.put(x), S});
+  EXPECT_NEAR(d.get(S)[0], expect, 1e-6 * expect);
+  Tensor s16 = d.put({16.0});
+  d.run(ClipScale{s16, N, G, 1.0f});
+  EXPECT_FLOAT_EQ(d.get(N)[0], 4.0f);
+  EXPECT_FLOAT_EQ(d.get(G)[0], 1.0f / (4.0f + 1e-6f));
+  d.run(ClipScale{s16, N, G, 10.0f});
+  EXPECT_EQ(d.get(G)[0], 1.0f);
+  d.run(ClipScale{s16, N, G, 0.0f});  // clipping off
+  EXPECT_EQ(d.get(G)[0], 1.0f);
+  EXPECT_FLOAT_EQ(d.get(N)[0], 4.0f);
+}
+
+TEST(Optimizer, AdamWTwoStepsMatchTorch) {
+  // torch.optim.AdamW([p], lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01) in float64,
+  // with p.grad = g * 0.5 (the grad_scale), two steps; values printed by PyTorch 1.13.
+  const V g1 = {0.2, -1.0, 0.0, 3.0}, g2 = {-0.4, 0.5, 1e-3, 3.0};
+  const V p1 = {0.39950000999999902, -0.19970000199999993, 1.998, -0.099999999333333339};
+  const V m1 = {0.0099999999999999985, -0.049999999999999989, 0, 0.14999999999999997};
+  const V v1 = {1.0000000000000011e-05, 0.00025000000000000022, 0, 0.002250000000000002};
+  const V p2 = {0.43571086037848888, -0.17286659870584631, 1.9215904217943287, -0.19989999866733266};
+  const V m2 = {-0.010999999999999998, -0.019999999999999997, 4.9999999999999989e-05, 0.28499999999999992};
+  const V v2 = {4.9990000000000055e-05, 0.0003122500000000003, 2.5000000000000027e-10, 0.0044977500000000035};
+  const double lr = 0.1, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01, gs = 0.5;
+  {  // double template with the step's scalars as the schedule defines them: exact up to rounding
+    V p = {0.5, -0.3, 2.0, 0.0}, m(4, 0.0), v(4, 0.0);
+    for (int t : {1, 2}) {
+      const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+      const V hyper = {1 - lr * wd, lr / bc1, std::sqrt(bc2)};
+      ref::adamw<double>(p.data(), (t == 1 ? g1 : g2).data(), m.data(), v.data(), 4, hyper.data(), b1, b2,
+                         eps, &gs);
+      const V &pe = t == 1 ? p1 : p2, &me = t == 1 ? m1 : m2, &ve = t == 1 ? v1 : v2;
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_NEAR(p[i], pe[i], 1e-12);
+        EXPECT_NEAR(m[i], me[i], 1e-15);
+        EXPECT_NEAR(v[i], ve[i], 1e-15);
+      }
+    }
+  }
+  // The float engine through the schedule op: the step counter advances on the device.
+  Dev d;
+  Tensor P = d.put({0.5, -0.3, 2.0, 0.0}), M = d.put(V(4, 0.0)), Vv = d.put(V(4, 0.0)), GS = d.put({gs});
+  Tensor step = d.eng->alloc(DType::I32, {1}), hyper = d.poisoned({4});
+  d.run(Fill{step, 0.f});
+  for (const V* g : {&g1, &g2}) {
+    d.run(AdamWSchedule{step, hyper, lr, wd, b1, b2, 0});
+    d.run(AdamW{P, d.put(*g), M, Vv, hyper, GS, 0.9f, 0.999f, 1e-8f});
+  }
+  int32_t steps = 0;
+  d.eng->download(&steps, step);
+  EXPECT_EQ(steps, 2);
+  EXPECT_FLOAT_EQ(d.get(hyper)[3], 0.1f);  // lr of the last step
+  // float: 1 - 0.999f is 0.00099998713..., so v carries ~1e-5 relative error
+  EXPECT_LT(rel(d.get(P), p2), kF32Tol);
+  EXPECT_LT(rel(d.get(M), m2), kF32Tol);
+  EXPECT_LT(rel(d.get(Vv), v2), 1e-4);
+}
+
+TEST(Optimizer, ScheduleWarmupAndHostView) {
+  float hyper[4];
+  for (int64_t t : {1, 5, 10, 11, 1000}) {
+    ref::adamw_hyper(t, 1e-3, 0.1, 0.9, 0.999, 10, hyper);
+    const double lr_t = 1e-3 * std::min(1.0, (double)t / 10);
+    EXPECT_FLOAT_EQ(hyper[3], (float)lr_t) << t;
+    EXPECT_FLOAT_EQ(hyper[0], 1.f - (float)lr_t * 0.1f) << t;
+    EXPECT_FLOAT_EQ(hyper[1], (float)lr_t / (float)(1 - std::pow(0.9, (double)t))) << t;
+  }
+  // The trainer's Optimizer reports the same schedule for logging.
+  auto e = make_cpu_engine();
+  OptimizerOptions o;
+  o.lr = 1e-3, o.warmup = 10;
+  Optimizer opt(*e, 8, o);
+  EXPECT_FLOAT_EQ((float)opt.lr_at(0), 1e-4f);
+  EXPECT_FLOAT_EQ((float)opt.lr_at(9), 1e-3f);
+  EXPECT_FLOAT_EQ((float)opt.lr_at(50), 1e-3f);
+}
+
+TEST(Optimizer, Ema) {
+  const size_t n = 77;
+  V e = rnd(n), p = rnd(n);
+  Dev d;
+  Tensor E = d.put(e);
+  d.run(Ema{E, d.put(p), 0.99f});
+  F fe = d.get(E);
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(fe[i], 0.99 * e[i] + 0.01 * p[i], 1e-6);
+}
+
+TEST(OptimizerVariants, AllOps) {
+  SKIP_WITHOUT_GPU();
+  const Tol f32{1e-6, 1e-6, 1e-6};
+  for (int64_t n : {7, 22080000}) {
+    const std::string w = std::to_string(n);
+    check_variants<SumSquares>(
+        "sum_squares " + w,
+        [n](const Alloc& A, DType) {
+          return SumSquares{A(DType::F32, {n}), A(DType::F32, {1})};
+        },
+        f32);
+    check_variants<AdamW>(
+        "adamw " + w,
+        [n](const Alloc& A, DType) {
+          return AdamW{A(DType::F32, {n}),
+                       A(DType::F32, {n}),
+                       A(DType::F32, {n}),
+                       A(DType::F32, {n}),
+                       A(DType::F32, {4}),
+                       A(DType::F32, {1}),
+                       0.9f,
+                       0.999f,
+                       1e-8f};
+        },
+        f32, [](Engine& e, AdamW& o) {  // moments >= 0 and a sane schedule
+          std::vector<float> v = test::to_host(e, o.v), h = {0.999f, 1e-3f, 0.3f, 1e-4f}, s = {0.7f};
+          for (float& x : v) x = x * x;
+          test::from_host(e, o.v, v);
+          e.upload(o.hyper, h.data());
+          e.upload(o.scale, s.data());
+        });
+    check_variants<Ema>(
+        "ema " + w,
+        [n](const Alloc& A, DType) {
+          return Ema{A(DType::F32, {n}), A(DType::F32, {n}), 0.999f};
+        },
+        f32);
+  }
+  check_variants<ClipScale>(
+      "clip",
+      [](const Alloc& A, DType) {
+        return ClipScale{A(DType::F32, {1}), A(DType::F32, {1}), A(DType::F32, {1}), 0.5f};
+      },
+      f32,
+      [](Engine& e, ClipScale& o) {
+        const float s = 9.0f;
+        e.upload(o.sumsq, &s);
+      });
+  check_variants<AdamWSchedule>(
+      "schedule",
+      [](const Alloc& A, DType) {
+        return AdamWSchedule{A(DType::I32, {1}), A(DType::F32, {4}), 2e-4, 0.05, 0.9, 0.999, 100};
+      },
+      f32,
+      [](Engine& e, AdamWSchedule& o) {
+        const int32_t s = 41;
+        e.upload(o.step, &s);
+      });
+}
+
+}  // namespace
