@@ -2,8 +2,8 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
-#include "engine.h"
 #include "config.h"
+#include "engine.h"
 
 namespace unet {
 void register_prepare(CLI::App& app);
@@ -11,6 +11,17 @@ void register_init(CLI::App& app);
 void register_train(CLI::App& app);
 void register_sample(CLI::App& app);
 void register_profile(CLI::App& app);
+
+// Flag validators that check the text before CLI11 converts it, so every bad value reads alike:
+// "--jobs: must be an integer from 1 to 1024, not 0" (no 309-digit bounds, no silent wrap of -1
+// into an unsigned seed, no nan/inf slipping through a `> 0` test).
+CLI::Validator int_range(int64_t lo, int64_t hi);
+// A finite number in [lo, hi] (hi = infinity: no upper bound); lo_open excludes lo itself.
+CLI::Validator real_range(double lo, double hi, bool lo_open = false);
+// Seeds: the documented range, 0 to 2^63-1 (stored as an int64 attribute in checkpoints).
+CLI::Validator seed_range();
+constexpr int64_t kMaxBatch = 65536;      // --batch-size of train and sample
+constexpr int64_t kMaxSamples = 1 << 20;  // sample -n
 
 // guided-diffusion's model flags (--image-size ... --noise-schedule), shared by init/train/
 // profile. Values given explicitly override the preset / base config in apply().
@@ -35,5 +46,9 @@ struct DeviceFlags {
   // Creates the engine, printing which one was chosen (to stderr). UserError when
   // --device cuda is asked for without a GPU.
   std::unique_ptr<Engine> make(bool quiet = false) const;
+  // The same, printing nothing: `note` receives "device <engine name>" (with the reason when no
+  // GPU was found), for the command's own summary line on stdout, so that stderr only ever
+  // carries warnings and errors.
+  std::unique_ptr<Engine> make(std::string* note) const;
 };
 }  // namespace unet

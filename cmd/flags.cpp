@@ -1,17 +1,64 @@
 // Shared flag groups: guided-diffusion model flags and --device/--precision.
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "commands.h"
 #include "util.h"
 
 namespace unet {
 
+namespace {
+std::string fmt_real(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+}  // namespace
+
+CLI::Validator int_range(int64_t lo, int64_t hi) {
+  const std::string want = "must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, want](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end || errno == ERANGE || std::isspace((unsigned char)s[0]) || v < lo || v > hi)
+          return want + ", not " + s;
+        return "";
+      },
+      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+CLI::Validator real_range(double lo, double hi, bool lo_open) {
+  std::string want = "must be a finite number ";
+  if (std::isinf(hi))
+    want += (lo_open ? "> " : ">= ") + fmt_real(lo);
+  else
+    want += (lo_open ? "in (" : "in [") + fmt_real(lo) + ", " + fmt_real(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, lo_open, want](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end || std::isspace((unsigned char)s[0]) || !std::isfinite(v) || v < lo ||
+            (lo_open && v == lo) || v > hi)
+          return want + ", not " + s;
+        return "";
+      },
+      "NUMBER");
+}
+
+CLI::Validator seed_range() { return int_range(0, INT64_MAX); }
+
 void ModelFlags::add(CLI::App* app, bool with_preset) {
   if (with_preset)
     preset_opt = app->add_option("--preset", preset, "model preset: seed64 (default), tiny32, imagenet64")
                      ->check(CLI::IsMember({"seed64", "tiny32", "imagenet64"}));
+  // Integers here only need to be integers; ModelConfig::validate() names the real bounds.
   auto opt_int = [&](const char* name, int ModelConfig::*field, const char* help) {
-    auto* o = app->add_option(name, v.*field, help)->group("Model");
+    auto* o = app->add_option(name, v.*field, help)->group("Model")->check(int_range(INT32_MIN, INT32_MAX));
     opts.push_back({o, [this, field](ModelConfig& c) { c.*field = v.*field; }});
   };
   auto opt_bool = [&](const char* name, bool ModelConfig::*field, const char* help) {
@@ -47,7 +94,9 @@ void ModelFlags::add(CLI::App* app, bool with_preset) {
   opt_bool("--learn-sigma", &ModelConfig::learn_sigma, "output the variance too (out channels x2)");
   opt_bool("--class-cond", &ModelConfig::class_cond, "class-conditional (label embedding)");
   opt_int("--num-classes", &ModelConfig::num_classes, "number of classes with --class-cond, default 1000");
-  auto* dr = app->add_option("--dropout", v.dropout, "dropout in ResBlocks, default 0.0")->group("Model");
+  auto* dr = app->add_option("--dropout", v.dropout, "dropout in ResBlocks, default 0.0")
+                 ->group("Model")
+                 ->check(real_range(0, 1));
   opts.push_back({dr, [this](ModelConfig& c) { c.dropout = v.dropout; }});
   opt_int("--diffusion-steps", &ModelConfig::diffusion_steps, "diffusion steps T, default 1000");
   auto* ns =
@@ -85,13 +134,21 @@ void DeviceFlags::add(CLI::App* app) {
 }
 
 std::unique_ptr<Engine> DeviceFlags::make(bool quiet) const {
+  std::string note;
+  auto eng = make(&note);
+  if (!quiet) std::fprintf(stderr, "unet: %s\n", note.c_str());
+  return eng;
+}
+
+std::unique_ptr<Engine> DeviceFlags::make(std::string* note) const {
   if (!kernels.empty()) set_kernel_overrides(kernels);
   std::unique_ptr<Engine> eng;
+  std::string no_gpu;
   if (device != "cpu") {
     std::string why;
     eng = make_cuda_engine(precision.empty() ? Precision::TF32 : parse_precision(precision), &why);
     if (!eng && device == "cuda") throw UserError("--device cuda: no usable GPU (" + why + ")");
-    if (!eng && !quiet) std::fprintf(stderr, "unet: no GPU (%s); using the CPU\n", why.c_str());
+    if (!eng) no_gpu = " (no GPU: " + why + ")";
   }
   if (!eng) {
     const Precision p = precision.empty() ? Precision::FP32 : parse_precision(precision);
@@ -99,7 +156,7 @@ std::unique_ptr<Engine> DeviceFlags::make(bool quiet) const {
       throw UserError("--precision tf32 needs a GPU; the CPU engine computes fp32 (or emulates bf16)");
     eng = make_cpu_engine(p);
   }
-  if (!quiet) std::fprintf(stderr, "unet: device %s\n", eng->name().c_str());
+  *note = "device " + eng->name() + no_gpu;
   return eng;
 }
 

@@ -26,12 +26,14 @@ void register_init(CLI::App& app) {
       "label_emb N(0,1), guided-diffusion's zero modules zero) and depend only on --seed.\n"
       "Example: unet init -o tiny.h5 --preset tiny32 --seed 1");
   sub->add_option("-o,--output", args->out, "checkpoint to write (.h5)")->required();
-  sub->add_option("--seed", args->seed, "random seed (default 0)");
+  sub->add_option("--seed", args->seed, "random seed, 0 to 2^63-1 (default 0)")->check(seed_range());
   args->flags.add(sub);
   sub->callback([args] {
     const ModelConfig cfg = args->flags.resolve();
     check_writable_dir_for(args->out);  // fail before the work, not after
     const ParamTable t = build_param_table(cfg);
+    // The same checks as loading: a checkpoint init writes can always be read back.
+    check_model_size(t, 2, "the model flags");  // the weights + the tensor being written
     Checkpoint ck;
     ck.cfg = cfg;
     ck.model = init_params(t, args->seed);

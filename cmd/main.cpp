@@ -1,10 +1,14 @@
 // unet: git-style dispatcher. Subcommands live one per file in cmd/.
+#include <csignal>
 #include <cstdio>
 
 #include "commands.h"
 #include "util.h"
 
 int main(int argc, char** argv) {
+  // Past a file-size limit (ulimit -f) a write should fail with EFBIG and be reported like a full
+  // disk, not kill the process (SIGXFSZ's default) and leave a temporary file behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"unet — train and sample guided-diffusion UNet models (C++/CUDA)", "unet"};
   app.set_version_flag("--version", std::string("unet ") + UNET_VERSION);
   app.require_subcommand(1);
@@ -18,6 +22,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help / --version
+  } catch (const CLI::ValidationError& e) {
+    std::fprintf(stderr, "unet: %s\n", e.what());  // names the flag and its allowed range
+    return 1;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::fprintf(stderr, "unet: %s (see 'unet --help')\n", e.what());

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -33,6 +34,7 @@ struct PrepareArgs {
   int jobs = 0;
   bool strict = false;
   int64_t limit = 0;
+  int64_t max_pixels = (int64_t)kDefaultMaxPixels;
 };
 
 struct Item {
@@ -71,7 +73,7 @@ std::string join(const std::string& dir, const std::string& rel) {
 
 // Every non-hidden regular file under `dir`, as paths relative to it, sorted by bytes. Symlinks
 // to files are followed, symlinks to directories are not (no cycles).
-std::vector<std::string> list_files(const std::string& dir, const fs::path& skip) {
+std::vector<std::string> list_files(const std::string& dir, const fs::path& skip, std::string* skipped) {
   std::vector<std::string> rel;
   std::error_code ec;
   fs::recursive_directory_iterator it(dir, fs::directory_options::none, ec), end;
@@ -85,7 +87,10 @@ std::vector<std::string> list_files(const std::string& dir, const fs::path& skip
     }
     std::error_code e2;
     if (!it->is_regular_file(e2)) continue;
-    if (!skip.empty() && fs::weakly_canonical(p, e2) == skip) continue;
+    if (!skip.empty() && fs::weakly_canonical(p, e2) == skip) {
+      *skipped = p.string();
+      continue;
+    }
     rel.push_back(fs::relative(p, dir, e2).generic_string());
     if (e2) rel.back() = p.lexically_relative(dir).generic_string();
   }
@@ -98,8 +103,8 @@ std::vector<std::string> list_files(const std::string& dir, const fs::path& skip
 // ahead of the consumer, which bounds memory whatever the number of files.
 class OrderedDecoder {
  public:
-  OrderedDecoder(const std::vector<Item>& items, int size, int jobs)
-      : items_(items), size_(size), results_(items.size()), ready_(items.size(), 0) {
+  OrderedDecoder(const std::vector<Item>& items, int size, int jobs, uint64_t max_pixels)
+      : items_(items), size_(size), max_pixels_(max_pixels), results_(items.size()), ready_(items.size(), 0) {
     window_ = std::max<size_t>(64, (size_t)jobs * 8);
     for (int j = 0; j < jobs; ++j) threads_.emplace_back([this] { work(); });
   }
@@ -142,7 +147,7 @@ class OrderedDecoder {
         r.error = it.path + ": " + it.problem;
       } else {
         try {
-          r.img = resize_center_crop(decode_image_file(it.path), size_);
+          r.img = resize_center_crop(decode_image_file(it.path, max_pixels_), size_);
         } catch (const UserError& e) {
           r.error = e.what();
         } catch (const std::exception& e) {
@@ -160,6 +165,7 @@ class OrderedDecoder {
 
   const std::vector<Item>& items_;
   int size_;
+  uint64_t max_pixels_;
   std::vector<Result> results_;
   std::vector<char> ready_;
   size_t next_ = 0, consumed_ = 0, window_ = 64;
@@ -170,9 +176,6 @@ class OrderedDecoder {
 };
 
 void run_prepare(const PrepareArgs& a) {
-  if (a.image_size < 1 || a.image_size > 4096)
-    throw UserError("--image-size must be between 1 and 4096 (got " + std::to_string(a.image_size) + ")");
-  if (a.limit < 0) throw UserError("--limit must be positive");
   int jobs = a.jobs > 0 ? a.jobs : (int)std::max(1u, std::thread::hardware_concurrency());
   for (const auto& d : a.dirs) {
     std::error_code ec;
@@ -188,8 +191,9 @@ void run_prepare(const PrepareArgs& a) {
   std::vector<Item> items;
   std::set<std::string> classes;
   std::vector<std::pair<size_t, std::string>> class_of;  // item index -> class name
+  std::string out_in_input;                              // the output's path when it lies among the inputs
   for (const auto& d : a.dirs) {
-    for (const auto& rel : list_files(d, out_canon)) {
+    for (const auto& rel : list_files(d, out_canon, &out_in_input)) {
       Item it;
       it.path = join(d, rel);
       size_t slash = rel.find('/');
@@ -204,6 +208,15 @@ void run_prepare(const PrepareArgs& a) {
       items.push_back(std::move(it));
     }
   }
+  // The output among the inputs: fine when it is an earlier output (HDF5), never an image.
+  if (!out_in_input.empty()) {
+    char sig[8] = {0};
+    std::FILE* f = std::fopen(out_in_input.c_str(), "rb");
+    const bool hdf5 = f && std::fread(sig, 1, 8, f) == 8 && std::memcmp(sig, "\x89HDF\r\n\x1a\n", 8) == 0;
+    if (f) std::fclose(f);
+    if (!hdf5)
+      throw UserError(a.out + ": is the input file " + out_in_input + "; refusing to overwrite an input");
+  }
   std::vector<std::string> class_names(classes.begin(), classes.end());
   {
     std::map<std::string, int64_t> index;
@@ -213,6 +226,9 @@ void run_prepare(const PrepareArgs& a) {
   std::string where =
       a.dirs.size() == 1 ? a.dirs[0] : a.dirs[0] + " (and " + std::to_string(a.dirs.size() - 1) + " more)";
   if (items.empty()) throw UserError(where + ": no files found (expected PNG or JPEG images)");
+  // -o onto one of the inputs (the same file, also through a hard link) would destroy it.
+  if (fs::exists(a.out, ec))
+    for (const Item& it : items) check_not_input(a.out, it.path, "input image");
 
   SignalGuard signals;
   DatasetWriter writer(a.out, a.image_size, subdirs, class_names);
@@ -222,7 +238,7 @@ void run_prepare(const PrepareArgs& a) {
   Progress progress("prepare", (long)want, "img");
   const bool tty = stderr_is_tty();
   {
-    OrderedDecoder dec(items, a.image_size, std::min<int>(jobs, (int)items.size()));
+    OrderedDecoder dec(items, a.image_size, std::min<int>(jobs, (int)items.size()), (uint64_t)a.max_pixels);
     for (size_t i = 0; i < items.size() && writer.count() < want; ++i) {
       if (g_interrupted) {
         if (tty) std::fprintf(stderr, "\n");
@@ -272,12 +288,18 @@ void register_prepare(CLI::App& app) {
       "Example: unet prepare photos/ -o data.h5 --image-size 64 --labels subdirs");
   sub->add_option("dirs", a->dirs, "image folders")->required()->type_name("DIR");
   sub->add_option("-o,--output", a->out, "dataset to write (.h5)")->required();
-  sub->add_option("--image-size", a->image_size, "output side length in pixels (default 64)");
+  sub->add_option("--image-size", a->image_size, "output side length in pixels, 1 to 4096 (default 64)")
+      ->check(int_range(1, 4096));
   sub->add_option("--labels", a->labels, "none | subdirs (class = first-level subfolder)")
       ->check(CLI::IsMember({"none", "subdirs"}));
-  sub->add_option("--jobs", a->jobs, "decoding threads (default: all cores)")->check(CLI::PositiveNumber);
+  sub->add_option("--jobs", a->jobs, "decoding threads, 1 to 1024 (default: all cores)")
+      ->check(int_range(1, 1024));
   sub->add_flag("--strict", a->strict, "stop at the first unreadable file");
-  sub->add_option("--limit", a->limit, "stop after N images")->check(CLI::PositiveNumber);
+  sub->add_option("--limit", a->limit, "stop after N images")->check(int_range(1, INT64_MAX));
+  sub->add_option("--max-pixels", a->max_pixels,
+                  "skip (or with --strict refuse) images of more than N pixels before decoding them "
+                  "(default 178956970, PIL's decompression-bomb limit)")
+      ->check(int_range(1, (int64_t)1 << 40));
   sub->callback([a] { run_prepare(*a); });
 }
 

@@ -1,4 +1,5 @@
 // unet sample CKPT.h5 — thin: load weights, read --noise, call lib/sampler, write PNG/HDF5.
+#include <cmath>
 #include <filesystem>
 
 #include "checkpoint.h"
@@ -7,6 +8,8 @@
 #include "h5.h"
 #include "layout.h"
 #include "model.h"
+#include "params.h"
+#include "preflight.h"
 #include "rng.h"
 #include "sampler.h"
 #include "util.h"
@@ -20,11 +23,11 @@ struct SampleArgs {
   std::string sampler = "ddpm";
   int steps = 0;
   float eta = 0;
-  int cls = -1;
+  int cls = 0;
   bool no_ema = false, no_clip = false;
   uint64_t seed = 0;
   DeviceFlags dev;
-  CLI::Option* n_opt = nullptr;
+  CLI::Option *n_opt = nullptr, *steps_opt = nullptr, *cls_opt = nullptr;
 };
 
 // Reads NOISE.h5 dataset `noise` float32 [N,C,H,W] (PyTorch layout) and returns NHWC.
@@ -36,33 +39,46 @@ std::vector<float> read_noise(const std::string& path, const ModelConfig& cfg, i
   if (s.size() != 4 || (int)s[1] != C || (int)s[2] != R || (int)s[3] != R)
     throw UserError(path + ": noise must be [N," + std::to_string(C) + "," + std::to_string(R) + "," +
                     std::to_string(R) + "] for this model");
+  if (s[0] < 1 || s[0] > (hsize_t)kMaxSamples)
+    throw UserError(path + ": noise holds " + std::to_string((unsigned long long)s[0]) + " images (1 to " +
+                    std::to_string(kMaxSamples) + " can be sampled)");
   *n = (int)s[0];
-  return nchw_to_nhwc(h5::read_f32(f, "noise").data(), *n, C, R, R);
+  std::vector<float> x = h5::read_f32(f, "noise");
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!std::isfinite(x[i]))
+      throw UserError(path + ": noise holds non-finite values (" + (std::isnan(x[i]) ? "NaN" : "Inf") +
+                      " at element " + std::to_string(i) + ")");
+  return nchw_to_nhwc(x.data(), *n, C, R, R);
 }
 
 void run(SampleArgs& a) {
   namespace fs = std::filesystem;
-  if (a.sampler != "ddpm" && a.sampler != "ddim") throw UserError("--sampler must be ddpm or ddim");
-  if (a.n < 1) throw UserError("-n must be positive");
-  if (a.batch_size < 0 || a.steps < 0) throw UserError("--batch-size and --steps must be positive");
-  if (!(a.eta >= 0)) throw UserError("--eta must be >= 0");
-  // Check outputs before the (long) sampling run, so a typo fails fast.
-  if (!a.out.empty()) check_writable_dir_for(a.out);
-  if (!a.h5.empty()) check_writable_dir_for(a.h5);
-  if (!a.png_dir.empty()) {
-    std::error_code ec;
-    fs::create_directories(a.png_dir, ec);
-    if (!fs::is_directory(a.png_dir)) throw UserError(a.png_dir + ": cannot create directory");
-  }
+  // Outputs first: never an input (also through links), never a special file, in a writable
+  // directory — so a typo fails now, not after the sampling.
+  auto check_out = [&](const std::string& p) {
+    check_writable_dir_for(p);
+    check_not_input(p, a.ckpt, "checkpoint");
+    check_not_input(p, a.noise, "--noise file");
+  };
+  if (!a.out.empty()) check_out(a.out);
+  if (!a.h5.empty()) check_out(a.h5);
+  if (!a.out.empty() && !a.h5.empty() && (a.out == a.h5 || same_file(a.out, a.h5)))
+    throw UserError(a.h5 + ": -o and --h5 name the same file");
+  std::error_code ec;
+  if (!a.png_dir.empty() && fs::exists(a.png_dir, ec) && !fs::is_directory(a.png_dir, ec))
+    throw UserError(a.png_dir + ": --png-dir exists and is not a directory");
+
   Checkpoint ck = load_checkpoint(a.ckpt);
   const ModelConfig& cfg = ck.cfg;
-  if (a.steps > cfg.diffusion_steps)
+  if (a.steps_opt->count() && a.steps > cfg.diffusion_steps)
     throw UserError("--steps " + std::to_string(a.steps) + " exceeds the model's " +
                     std::to_string(cfg.diffusion_steps) + " diffusion steps");
-  if (a.cls >= 0 && !cfg.class_cond) throw UserError("--class: " + a.ckpt + " is not class-conditional");
-  if (a.cls >= cfg.num_classes && cfg.class_cond)
+  const bool cls_given = a.cls_opt->count() > 0;
+  if (cls_given && !cfg.class_cond) throw UserError("--class: " + a.ckpt + " is not class-conditional");
+  if (cls_given && a.cls >= cfg.num_classes)
     throw UserError("--class " + std::to_string(a.cls) + " is out of range (the model has " +
-                    std::to_string(cfg.num_classes) + " classes)");
+                    std::to_string(cfg.num_classes) + " classes: 0 to " +
+                    std::to_string(cfg.num_classes - 1) + ")");
   std::vector<float> noise;
   int n = a.n;
   if (!a.noise.empty()) {
@@ -73,15 +89,29 @@ void run(SampleArgs& a) {
                       std::to_string(a.n));
     n = nn;
   }
+  const int R = cfg.image_size, C = cfg.in_channels;
+  check_memory(sample_host_bytes(cfg, build_param_table(cfg), n, !noise.empty(), !a.h5.empty()),
+               "sampling " + std::to_string(n) + " images of " + std::to_string(R) + "x" + std::to_string(R) +
+                   "x" + std::to_string(C) + (a.n_opt->count() ? " (-n)" : ""));
+  if (!a.png_dir.empty()) {
+    fs::create_directories(a.png_dir, ec);
+    if (!fs::is_directory(a.png_dir)) throw UserError(a.png_dir + ": cannot create directory");
+    for (int i = 0; i < n; ++i) {
+      char name[32];
+      std::snprintf(name, sizeof name, "/%06d.png", i);
+      check_out(a.png_dir + name);
+    }
+  }
   std::vector<int32_t> labels;
   if (cfg.class_cond) {
     labels.resize(n);
     for (int i = 0; i < n; ++i)
-      labels[i] = a.cls >= 0
-                      ? a.cls
-                      : (int32_t)(rng_bits(a.seed, Stream::SampleLabel, i) % (uint64_t)cfg.num_classes);
+      labels[i] =
+          cls_given ? a.cls : (int32_t)(rng_bits(a.seed, Stream::SampleLabel, i) % (uint64_t)cfg.num_classes);
   }
-  auto eng = a.dev.make();
+  // Everything checked: now the device, and the only informational line, on stdout.
+  std::string device;
+  auto eng = a.dev.make(&device);
   Model model(cfg, *eng);
   const bool use_ema = !a.no_ema && !ck.ema.empty();
   eng->upload(model.params(), use_ema ? ck.ema.data() : ck.model.data());
@@ -92,21 +122,22 @@ void run(SampleArgs& a) {
   so.clip = !a.no_clip;
   so.seed = a.seed;
   so.batch_size = a.batch_size ? std::min(a.batch_size, n) : std::min(n, 64);
-  const int R = cfg.image_size, C = cfg.in_channels;
-  std::fprintf(stderr, "unet sample: %d images, %s %d steps, %s weights\n", n, a.sampler.c_str(),
-               a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model");
+  std::printf("unet sample: %d images, %s %d steps, %s weights, %s\n", n, a.sampler.c_str(),
+              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", device.c_str());
+  std::fflush(stdout);
   std::vector<float> out((size_t)n * R * R * C);
   Progress prog("sample", n, "img");
   sample(model, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(),
          out.data(), [&](int done, int) { prog.update(done); });
   prog.finish();
-  std::fprintf(stderr, "unet sample: peak %s memory %.2f GB (activations %.2f GB planned for batch %d)\n",
-               eng->is_cuda() ? "GPU" : "host", eng->device().bytes_held() / 1e9,
-               model.activation_bytes() / 1e9, so.batch_size);
+  // stdout, like every informational line: stderr carries only warnings and errors.
+  std::printf("unet sample: peak %s memory %.2f GB (activations %.2f GB planned for batch %d)\n",
+              eng->is_cuda() ? "GPU" : "host", eng->device().bytes_held() / 1e9,
+              model.activation_bytes() / 1e9, so.batch_size);
   if (!a.h5.empty()) {
     AtomicFile af(a.h5);
     {
-      h5::File f = h5::File::create(af.tmp_path());
+      h5::File f = h5::File::create(af.tmp_path(), a.h5);
       h5::write_f32(f, "samples", nhwc_to_nchw(out.data(), n, C, R, R).data(),
                     {(hsize_t)n, (hsize_t)C, (hsize_t)R, (hsize_t)R});
       std::vector<uint8_t> u8 = to_uint8(out.data(), out.size());  // the model's channels, NHWC
@@ -121,6 +152,7 @@ void run(SampleArgs& a) {
       h5::set_attr(f, "/", "seed", (int64_t)a.seed);
       h5::set_attr(f, "/", "checkpoint", a.ckpt);
       h5::set_attr(f, "/", "weights", std::string(use_ema ? "ema" : "model"));
+      f.close();  // surfaces a failed flush (disk full) before the rename
     }
     af.commit();
     std::printf("wrote %s\n", a.h5.c_str());
@@ -140,18 +172,27 @@ void register_sample(CLI::App& app) {
   auto a = std::make_shared<SampleArgs>();
   auto* sub = app.add_subcommand("sample", "generate images from a checkpoint");
   sub->add_option("checkpoint", a->ckpt, "checkpoint (HDF5)")->required();
-  a->n_opt = sub->add_option("-n,--num-samples", a->n, "number of images (default 16, or N of --noise)");
-  sub->add_option("--batch-size", a->batch_size, "images per model call (default min(n, 64))");
+  a->n_opt = sub->add_option("-n,--num-samples", a->n, "number of images (default 16, or N of --noise)")
+                 ->check(int_range(1, kMaxSamples));
+  sub->add_option("--batch-size", a->batch_size, "images per model call (default min(n, 64))")
+      ->check(int_range(1, kMaxBatch));
   sub->add_option("--sampler", a->sampler, "ddpm (ancestral, default) or ddim")
       ->check(CLI::IsMember({"ddpm", "ddim"}));
-  sub->add_option("--steps", a->steps, "sampling steps: respaced DDPM or DDIM step count (default: all)");
-  sub->add_option("--eta", a->eta, "DDIM eta (default 0: deterministic)");
+  a->steps_opt =
+      sub->add_option("--steps", a->steps,
+                      "sampling steps, 1 to the model's diffusion steps: respaced DDPM or DDIM step count "
+                      "(default: all)")
+          ->check(int_range(1, kModelLimits.diffusion_steps));
+  sub->add_option("--eta", a->eta, "DDIM eta (default 0: deterministic)")->check(real_range(0, INFINITY));
   sub->add_option("--noise", a->noise, "x_T from dataset 'noise' float32 [N,C,H,W] of this HDF5 file");
-  sub->add_option("--class", a->cls,
-                  "class label for every image (class-conditional models; default random)");
+  a->cls_opt = sub->add_option("--class", a->cls,
+                               "class label 0..num_classes-1 for every image (class-conditional models; "
+                               "default random)")
+                   ->check(int_range(0, kModelLimits.num_classes - 1));
   sub->add_flag("--no-ema", a->no_ema, "use the raw weights instead of the EMA weights");
   sub->add_flag("--no-clip", a->no_clip, "do not clip the predicted x_0 to [-1, 1]");
-  sub->add_option("--seed", a->seed, "seed for x_T, step noise and labels (default 0)");
+  sub->add_option("--seed", a->seed, "seed for x_T, step noise and labels, 0 to 2^63-1 (default 0)")
+      ->check(seed_range());
   sub->add_option("-o,--output", a->out, "PNG grid (default samples.png; empty to skip)");
   sub->add_option("--h5", a->h5, "also write samples float32 [N,C,H,W] and images uint8 [N,H,W,C] here");
   sub->add_option("--png-dir", a->png_dir, "also write one PNG per image into this directory");

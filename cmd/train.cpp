@@ -2,11 +2,15 @@
 #include <csignal>
 #include <ctime>
 #include <filesystem>
+#include <regex>
+#include <set>
 
 #include "checkpoint.h"
 #include "commands.h"
 #include "init.h"
 #include "params.h"
+#include "preflight.h"
+#include "resume.h"
 #include "trainer.h"
 #include "util.h"
 
@@ -18,7 +22,13 @@ struct TrainArgs {
   bool no_flip = false;
   ModelFlags model;
   DeviceFlags dev;
+  CLI::App* app = nullptr;
 };
+
+// Flags whose explicit use on --resume overrides the checkpoint's setting (resume.h).
+const char* const kSettingFlags[] = {"--batch-size", "--seed",       "--lr",           "--lr-warmup",
+                                     "--ema-rate",   "--grad-clip",  "--weight-decay", "--no-flip",
+                                     "--steps",      "--save-every", "--log-every",    "--sample-every"};
 
 void on_signal(int) { stop_requested().store(true); }
 
@@ -29,6 +39,22 @@ std::string default_rundir() {
   return b;
 }
 
+// Names the trainer writes inside the run directory.
+bool is_run_output(const std::string& name) {
+  static const std::regex re(R"((latest\.h5|metrics\.csv|\.lock|ckpt_[0-9]+\.h5|samples_[0-9]+\.png))");
+  return std::regex_match(name, re);
+}
+
+// An input that lives in the run directory under an output's name would be overwritten.
+void check_input_not_in_outputs(const std::string& rundir, const std::string& in, const std::string& what) {
+  namespace fs = std::filesystem;
+  if (in.empty()) return;
+  const std::string name = fs::path(in).filename().string();
+  if (is_run_output(name) && same_file(in, rundir + "/" + name))
+    throw UserError(in + ": the " + what + " is inside the run directory " + rundir +
+                    " under a name the run writes; refusing to overwrite an input (choose another -o)");
+}
+
 void run(TrainArgs& a) {
   namespace fs = std::filesystem;
   TrainOptions o = a.opt;
@@ -37,56 +63,103 @@ void run(TrainArgs& a) {
   if ((!a.init.empty() || !a.resume.empty()) && a.model.any_given())
     throw UserError(
         "model flags cannot be combined with --init/--resume: the model comes from the checkpoint");
-  if (o.batch_size < 1) throw UserError("--batch-size must be positive");
-  if (!(o.lr > 0)) throw UserError("--lr must be positive");
-  if (o.weight_decay < 0) throw UserError("--weight-decay must be >= 0");
-  if (!(o.ema_rate >= 0 && o.ema_rate <= 1)) throw UserError("--ema-rate must be in [0, 1]");
-  if (o.steps < 0 || o.save_every < 0 || o.log_every < 0 || o.sample_every < 0 || o.lr_warmup < 0)
-    throw UserError("step counts must be >= 0");
-  if (o.grad_clip < 0) throw UserError("--grad-clip must be >= 0");
   if (!fs::exists(a.data)) throw UserError(a.data + ": no such file");
 
   Checkpoint ck;
+  std::vector<std::string> warnings;
   const bool resume = !a.resume.empty();
+  std::string model_src = "the model flags";
   if (resume) {
     ck = load_checkpoint(a.resume, /*need_optimizer=*/true);
     if (!ck.state.count("step"))
       throw UserError(a.resume + ": no training state (state/step); use --init to start from it");
+    std::set<std::string> given;
+    for (const char* f : kSettingFlags)
+      if (a.app->get_option(f)->count()) given.insert(f);
+    ResumeSettings rs = resolve_resume(ck, a.resume, o, given);
+    o = rs.opt;
+    warnings = rs.warnings;
     if (a.rundir.empty()) a.rundir = fs::path(a.resume).parent_path().string();
     if (a.rundir.empty()) a.rundir = ".";
-    if (o.steps > 0 && o.steps <= ck.state.at("step"))
+    if (given.count("--steps") && o.steps <= ck.state.at("step"))
       throw UserError("--steps " + std::to_string(o.steps) + " is not past the checkpoint's step " +
                       std::to_string(ck.state.at("step")) + " (--steps counts from the start of training)");
+    model_src = a.resume;
   } else if (!a.init.empty()) {
     ck = load_checkpoint(a.init);
     if (!ck.ema.empty()) ck.ema.clear();  // a fresh run's EMA starts from the weights it trains
+    model_src = a.init;
   } else {
     ck.cfg = a.model.resolve();
-    ck.model = init_params(build_param_table(ck.cfg), o.seed);
   }
+  const ParamTable t = build_param_table(ck.cfg);
   if (a.rundir.empty()) a.rundir = default_rundir();
   o.rundir = a.rundir;
+
+  // Outputs: a directory that is not an input nor holds one under an output's name.
+  std::error_code ec;
+  if (fs::exists(o.rundir, ec) && !fs::is_directory(o.rundir, ec))
+    throw UserError(o.rundir + ": exists and is not a directory (-o names the run directory)");
+  check_input_not_in_outputs(o.rundir, a.data, "dataset");
+  check_input_not_in_outputs(o.rundir, a.init, "--init checkpoint");
+  for (const char* name : {"/metrics.csv", "/latest.h5"}) {  // also through links planted there
+    check_not_input(o.rundir + name, a.data, "dataset");
+    check_not_input(o.rundir + name, a.init, "--init checkpoint");
+    if (std::string(name) != "/latest.h5") check_not_input(o.rundir + name, a.resume, "--resume checkpoint");
+  }
   if (!resume && fs::exists(o.rundir + "/latest.h5"))
     throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
                     "/latest.h5 or choose another -o");
-  std::error_code ec;
-  fs::create_directories(o.rundir, ec);
-  if (!fs::is_directory(o.rundir)) throw UserError(o.rundir + ": cannot create the run directory");
-  check_writable_dir_for(o.rundir + "/metrics.csv");
 
-  auto eng = a.dev.make();
+  // The dataset against the model (and, on resume, against the run's), then host memory.
+  TrainData data = check_train_data(a.data, ck.cfg, model_src);
+  if (resume) check_resume_dataset(ck, a.resume, a.data, data.info, data.fingerprint);
+  o.dataset_fingerprint = data.fingerprint;
+  const int ckpt_arenas = 1 + (ck.ema.empty() ? 0 : 1) + (ck.has_optimizer ? 2 : 0);
+  check_memory(train_host_bytes(t, ckpt_arenas, o.batch_size, data.info),
+               "training (batch " + std::to_string(o.batch_size) + ", " + std::to_string(t.count / 1000000) +
+                   " M parameters, " + std::to_string(data.info.count) + " images)");
+  if (!resume && a.init.empty()) {
+    check_model_size(t, 1, "the model flags");
+    ck.model = init_params(t, o.seed);
+  }
+
+  // The run directory: checked writable, created, locked against a second trainer.
+  if (fs::is_directory(o.rundir, ec)) {
+    check_writable_dir_for(o.rundir + "/metrics.csv");
+    check_writable_dir_for(o.rundir + "/latest.h5");
+  }
+  fs::create_directories(o.rundir, ec);
+  if (!fs::is_directory(o.rundir, ec)) throw UserError(o.rundir + ": cannot create the run directory");
+  DirLock lock(o.rundir, "unet train");
+  if (!resume && fs::exists(o.rundir + "/latest.h5"))  // written by a trainer that just finished
+    throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
+                    "/latest.h5 or choose another -o");
+  check_writable_dir_for(o.rundir + "/metrics.csv");
+  check_writable_dir_for(o.rundir + "/latest.h5");
+  remove_stale_temps(o.rundir);
+
+  // Everything checked: now the device, and the only informational output, on stdout.
+  std::string device;
+  auto eng = a.dev.make(&device);
+  for (const std::string& w : warnings) std::fprintf(stderr, "unet: warning: %s\n", w.c_str());
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  const ParamTable t = build_param_table(ck.cfg);
-  std::printf("unet train: %.2f M parameters, batch %d, %s step %lld%s -> %s\n", t.count / 1e6, o.batch_size,
-              resume ? "resuming at" : "starting at", resume ? (long long)ck.state.at("step") : 0LL,
+  std::printf("unet train: %.2f M parameters, batch %d, %s, %s step %lld%s -> %s\n", t.count / 1e6,
+              o.batch_size, device.c_str(), resume ? "resuming at" : "starting at",
+              resume ? (long long)ck.state.at("step") : 0LL,
               o.steps ? (" until step " + std::to_string(o.steps)).c_str() : " (until interrupted)",
               o.rundir.c_str());
   std::fflush(stdout);
   TrainResult r = train(*eng, a.data, std::move(ck), resume, o);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
-  if (r.diverged) throw UserError("training stopped: the loss is not finite (see above)");
+  if (r.diverged) {
+    const std::string good = !r.last_checkpoint.empty() ? r.last_checkpoint
+                             : resume                   ? a.resume + " (resumed from)"
+                                                        : "none (no checkpoint was saved)";
+    throw UserError(r.stop_reason + "; training stopped. Last good checkpoint: " + good);
+  }
   if (r.interrupted)
     std::printf("interrupted at step %lld", (long long)r.step);
   else
@@ -102,29 +175,51 @@ void run(TrainArgs& a) {
 void register_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   auto* sub = app.add_subcommand("train", "train a model on a dataset made by `unet prepare`");
+  a->app = sub;
+  sub->footer(
+      "--resume takes every training setting from the checkpoint: batch size, seed, lr and warmup, EMA "
+      "rate,\n"
+      "grad clip, weight decay, flips, schedule sampler, the save/log/sample intervals and the --steps "
+      "target;\n"
+      "a flag given explicitly overrides one (with a warning when that changes the continuation). It also\n"
+      "checks that DATA is the dataset the run was trained on.");
   sub->add_option("data", a->data, "dataset (HDF5 from unet prepare)")->required();
   sub->add_option("--init", a->init, "start from this checkpoint's weights (fresh optimizer)");
-  sub->add_option("--resume", a->resume,
-                  "continue this checkpoint's run exactly (weights, EMA, optimizer, data order, RNG)");
+  sub->add_option(
+      "--resume", a->resume,
+      "continue this checkpoint's run exactly (weights, EMA, optimizer, data order, RNG, settings)");
   sub->add_option("-o,--output", a->rundir,
                   "run directory (default runs/<date>-<time>, or the --resume checkpoint's directory)");
   auto& o = a->opt;
-  sub->add_option("--batch-size", o.batch_size, "images per step (default 32)");
-  sub->add_option("--lr", o.lr, "AdamW learning rate (default 1e-4)");
-  sub->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (default 0)");
-  sub->add_option("--ema-rate", o.ema_rate, "EMA decay of the weights (default 0.9999)");
+  sub->add_option("--batch-size", o.batch_size, "images per step (default 32)")
+      ->check(int_range(1, kMaxBatch));
+  sub->add_option("--lr", o.lr, "AdamW learning rate (default 1e-4)")->check(real_range(0, INFINITY, true));
+  sub->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (default 0)")
+      ->check(real_range(0, INFINITY));
+  sub->add_option("--ema-rate", o.ema_rate, "EMA decay of the weights (default 0.9999)")
+      ->check(real_range(0, 1));
   sub->add_option("--steps", o.steps,
-                  "stop at this global step, counting steps before a resume (default: until Ctrl-C)");
+                  "stop at this global step, counting steps before a resume (default: until Ctrl-C)")
+      ->check(int_range(1, INT64_MAX));
   sub->add_option("--save-every", o.save_every,
-                  "checkpoint every N steps (default 10000; always at the end)");
-  sub->add_option("--log-every", o.log_every, "log loss/grad norm/speed every N steps (default 10)");
+                  "checkpoint every N steps (default 10000; 0 = only at the end; always at the end)")
+      ->check(int_range(0, INT64_MAX));
+  sub->add_option("--log-every", o.log_every,
+                  "log loss/grad norm/speed every N steps (default 10; 0 = at the end)")
+      ->check(int_range(0, INT64_MAX));
   sub->add_option("--sample-every", o.sample_every,
-                  "write a sample grid (EMA, DDIM 50) every N steps (default never)");
-  sub->add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (default off)");
-  sub->add_option("--lr-warmup", o.lr_warmup, "linear learning-rate warmup over N steps (default 0)");
-  sub->add_flag("--no-flip", a->no_flip, "disable random horizontal flips");
-  sub->add_option("--seed", o.seed,
-                  "seed of data order, noise, timesteps, flips, dropout and fresh init (default 0)");
+                  "write a sample grid (EMA, DDIM 50) every N steps (default 0 = never)")
+      ->check(int_range(0, INT64_MAX));
+  sub->add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (default 0 = off)")
+      ->check(real_range(0, INFINITY));
+  sub->add_option("--lr-warmup", o.lr_warmup, "linear learning-rate warmup over N steps (default 0)")
+      ->check(int_range(0, INT64_MAX));
+  sub->add_flag("--no-flip", a->no_flip,
+                "disable random horizontal flips (--no-flip=false turns them back on)");
+  sub->add_option(
+         "--seed", o.seed,
+         "seed of data order, noise, timesteps, flips, dropout and fresh init, 0 to 2^63-1 (default 0)")
+      ->check(seed_range());
   a->model.add(sub);
   a->dev.add(sub);
   sub->callback([a] { run(*a); });

@@ -1,8 +1,10 @@
-// Errors, atomic output files, small helpers shared by every command.
+// Errors, atomic output files, output/input safety checks, small helpers shared by every command.
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace unet {
 
@@ -11,9 +13,16 @@ struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// strerror(err) as a string ("No space left on device").
+std::string errno_text(int err);
+
 // Writes go to "<final>.tmp-<pid>" and are renamed into place by commit(); if the object is
 // destroyed without commit() (error, exception, signal path) the temporary is removed, so a
-// failed run never leaves a truncated file nor damages an existing one.
+// failed run never leaves a truncated file nor damages an existing one. The constructor refuses
+// an existing final path that is not a regular file (a FIFO or device is never replaced by a
+// file), writes through a symlink to its target (the link stays), and removes temporaries that a
+// killed process left next to it. commit() fsyncs before the rename, so a late I/O error (EIO,
+// a full disk on a filesystem with delayed allocation) is reported instead of lost.
 class AtomicFile {
  public:
   explicit AtomicFile(std::string final_path);
@@ -21,16 +30,53 @@ class AtomicFile {
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   const std::string& tmp_path() const { return tmp_; }
-  const std::string& path() const { return final_; }
-  void commit();  // throws UserError if the rename fails
+  const std::string& path() const { return final_; }  // as the user named it (for messages)
+  void commit();                                      // throws UserError naming path() and the cause
 
  private:
-  std::string final_, tmp_;
+  std::string final_, target_, tmp_;
   bool done_ = false;
 };
 
-// Checks that the directory of `path` exists and is writable; throws UserError naming it.
+// Checks that `path` can be written as a regular file: its directory exists and is writable, and
+// when it exists it is a regular file (or a link to one), not a directory, FIFO, device or
+// socket. Throws UserError naming the path.
 void check_writable_dir_for(const std::string& path);
+
+// True when both paths name the same existing file (same device and inode, so hard links and
+// symlinks count as the same file).
+bool same_file(const std::string& a, const std::string& b);
+// Throws "<out>: is the same file as <what> <in>; refusing to overwrite an input" when writing
+// `out` would replace the input `in`. Missing files never match.
+void check_not_input(const std::string& out, const std::string& in, const std::string& what);
+
+// Removes "<name>.tmp-<pid>" files in `dir` whose process is gone (left by a killed run).
+void remove_stale_temps(const std::string& dir);
+
+// Copies src to dst through AtomicFile (dst is never half-written); errors name dst and the cause.
+void copy_file_atomic(const std::string& src, const std::string& dst);
+
+// An advisory lock on DIR/.lock (flock), held until destruction or process exit: a second process
+// asking for the same directory gets UserError("<dir>: in use by <holder> (pid N)").
+class DirLock {
+ public:
+  DirLock(const std::string& dir, const std::string& holder);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Host memory this process can still allocate: the smallest of MemAvailable, the cgroup limit
+// and ulimit -v / -d headroom. `limit` (optional) says which one bounds it. 0 when unknown.
+uint64_t available_memory(std::string* limit = nullptr);
+// "41 GB", "950 MB", "12 KB".
+std::string format_bytes(double bytes);
+// Throws UserError("<what> needs 41 GB of memory, 23 GB available") when `need` exceeds what is
+// available. Estimates are lower bounds, so a run that fits is never refused.
+void check_memory(double need, const std::string& what);
 
 bool stdout_is_tty();
 bool stderr_is_tty();

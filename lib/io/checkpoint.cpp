@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -154,7 +155,7 @@ ModelConfig read_config(h5::File& f, const std::string& obj) {
   c.dropout = (float)a.f64("dropout");
   c.diffusion_steps = a.i32("diffusion_steps");
   c.noise_schedule = a.str("noise_schedule");
-  std::string err = c.validate();
+  std::string err = c.validate(/*attr_names=*/true);
   if (!err.empty()) throw UserError(f.path() + ": invalid model configuration: " + err);
   return c;
 }
@@ -214,7 +215,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   }
   AtomicFile out(path);  // checks the directory; removes the temporary unless committed
   {
-    h5::File f = h5::File::create(out.tmp_path());
+    h5::File f = h5::File::create(out.tmp_path(), path);
     write_config(f, ck.cfg);
     write_param_group(f, "model", t, ck.model);
     if (!ck.ema.empty()) write_param_group(f, "ema", t, ck.ema);
@@ -228,13 +229,33 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
       h5::set_attr(f, "optimizer", "eps", ck.opt.eps);
       h5::set_attr(f, "optimizer", "weight_decay", ck.opt.weight_decay);
     }
-    if (!ck.state.empty()) {
+    if (!ck.state.empty() || !ck.state_f64.empty() || !ck.state_str.empty()) {
       h5::create_group(f, "state");
       for (auto& [k, v] : ck.state) h5::set_attr(f, "state", k, v);
+      for (auto& [k, v] : ck.state_f64) h5::set_attr(f, "state", k, v);
+      for (auto& [k, v] : ck.state_str) h5::set_attr(f, "state", k, v);
     }
     f.close();  // surfaces flush errors (disk full) before the rename
   }
   out.commit();
+}
+
+std::string nonfinite_tensor(const ParamTable& t, const std::vector<float>& arena, const std::string& group) {
+  for (auto& p : t.params)
+    for (size_t i = 0; i < p.numel && p.offset + i < arena.size(); ++i) {
+      const float v = arena[p.offset + i];
+      if (!std::isfinite(v)) return group + "/" + p.name + (std::isnan(v) ? " (NaN)" : " (Inf)");
+    }
+  return "";
+}
+
+void check_model_size(const ParamTable& t, int copies, const std::string& what) {
+  // Kernels index one arena with 32-bit offsets in places; 2^31 floats is also 8 GB per copy.
+  if (t.total > (size_t)INT32_MAX)
+    throw UserError(what + ": the model has " + std::to_string(t.count / 1000000) +
+                    " M parameters; at most 2147 M are supported");
+  check_memory((double)t.total * sizeof(float) * copies,
+               what + ": the model (" + std::to_string(t.count / 1000000) + " M parameters)");
 }
 
 Checkpoint load_checkpoint(const std::string& path, bool need_optimizer) {
@@ -244,8 +265,21 @@ Checkpoint load_checkpoint(const std::string& path, bool need_optimizer) {
   const ParamTable t = build_param_table(ck.cfg);
   if (!h5::is_group(f, "model"))
     throw UserError(path + ": no 'model' group (not a complete unet checkpoint)");
+  const bool has_ema = h5::exists(f, "ema");
+  // model (+ ema) (+ m, v), plus the largest tensor in flight: refuse before allocating any.
+  check_model_size(t, 1 + has_ema + (need_optimizer ? 2 : 0) + 1, path);
+  auto finite = [&](const std::vector<float>& arena, const char* group) {
+    const std::string bad = nonfinite_tensor(t, arena, group);
+    if (!bad.empty())
+      throw UserError(path + ": " + bad.substr(0, bad.find(' ')) + " holds non-finite values" +
+                      bad.substr(bad.find(' ')) + "; the checkpoint is unusable");
+  };
   ck.model = read_param_group(f, "model", t);
-  if (h5::exists(f, "ema")) ck.ema = read_param_group(f, "ema", t);
+  finite(ck.model, "model");
+  if (has_ema) {
+    ck.ema = read_param_group(f, "ema", t);
+    finite(ck.ema, "ema");
+  }
   if (need_optimizer) {
     if (!h5::is_group(f, "optimizer"))
       throw UserError(path + ": has no optimizer state (it cannot be resumed)");
@@ -257,11 +291,21 @@ Checkpoint load_checkpoint(const std::string& path, bool need_optimizer) {
     ck.opt.eps = a.f64("eps");
     ck.opt.weight_decay = a.f64("weight_decay");
     ck.opt.m = read_param_group(f, "optimizer/m", t);
+    finite(ck.opt.m, "optimizer/m");
     ck.opt.v = read_param_group(f, "optimizer/v", t);
+    finite(ck.opt.v, "optimizer/v");
     ck.has_optimizer = true;
   }
   if (h5::is_group(f, "state"))
-    for (auto& name : h5::list_attrs(f, "state")) ck.state[name] = h5::get_attr_i64(f, "state", name);
+    for (auto& name : h5::list_attrs(f, "state")) {
+      const h5::DType dt = h5::attr_dtype(f, "state", name);
+      if (dt == h5::DType::F32 || dt == h5::DType::F64)
+        ck.state_f64[name] = h5::get_attr_f64(f, "state", name);
+      else if (dt == h5::DType::Str)
+        ck.state_str[name] = h5::get_attr_str(f, "state", name);
+      else
+        ck.state[name] = h5::get_attr_i64(f, "state", name);
+    }
   return ck;
 }
 

@@ -33,7 +33,11 @@ struct Checkpoint {
   std::vector<float> ema;    // empty = absent
   bool has_optimizer = false;
   OptimizerState opt;
-  std::map<std::string, int64_t> state;  // attributes of group "state" (exact resume: step, seed, ...)
+  // Attributes of group "state" by type: what exact resume needs (step, seed, batch_size, ...)
+  // and the run's training settings (lr, ema_rate, ...; see resume.h).
+  std::map<std::string, int64_t> state;
+  std::map<std::string, double> state_f64;
+  std::map<std::string, std::string> state_str;
 };
 
 // Writes through AtomicFile (temporary name, then rename): a failure leaves no file and never
@@ -43,9 +47,18 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck);
 
 // Reads and validates a checkpoint. The optimizer group is read only when need_optimizer (then
 // its absence is a UserError); has_optimizer tells whether it was read. Every problem (not HDF5,
-// wrong format, missing/invalid config attribute, missing/extra/misshapen/non-float tensor) is a
-// UserError with one line naming the file and the tensor or attribute.
+// wrong format, missing/invalid/out-of-range config attribute, missing/extra/misshapen/non-float
+// tensor, a NaN or Inf in any tensor, more memory than the host has) is a UserError with one line
+// naming the file and the tensor or attribute. Memory is checked before any tensor is read.
 Checkpoint load_checkpoint(const std::string& path, bool need_optimizer = false);
+
+// The first tensor of `arena` (engine layout of t) holding a NaN or Inf, as "<group>/<name>"
+// followed by " (NaN)" or " (Inf)"; "" when every value is finite.
+std::string nonfinite_tensor(const ParamTable& t, const std::vector<float>& arena, const std::string& group);
+
+// Refuses a model too large for the engine (more than 2^31 - 1 floats in one arena) or for the
+// host (`copies` arenas of it in memory): UserError "<what>: ...".
+void check_model_size(const ParamTable& t, int copies, const std::string& what);
 
 // The model configuration from a checkpoint's root attributes (validated), without reading tensors.
 ModelConfig read_checkpoint_config(const std::string& path);

@@ -24,7 +24,7 @@ DatasetWriter::DatasetWriter(const std::string& path, int image_size, bool label
       class_names_(std::move(class_names)),
       chunk_images_(chunk_images_for(image_size)) {
   if (image_size <= 0) throw UserError(path + ": image size must be positive");
-  file_ = h5::File::create(atomic_.tmp_path());
+  file_ = h5::File::create(atomic_.tmp_path(), path);
   const hsize_t s = (hsize_t)image_size;
   h5::create_extendible(file_, "images", h5::DType::U8, {s, s, 3}, chunk_images_, kGzip);
   h5::set_attr(file_, "/", "format", "unet-dataset");
@@ -150,8 +150,31 @@ std::vector<int64_t> DatasetReader::read_labels() const {
   for (size_t i = 0; i < v.size(); ++i)
     if (v[i] < 0 || (nc > 0 && v[i] >= nc))
       throw UserError(path_ + ": corrupt dataset (label " + std::to_string(v[i]) + " at index " +
-                      std::to_string(i) + " outside [0, " + std::to_string(nc) + "))");
+                      std::to_string(i) +
+                      (nc > 0 ? " outside [0, " + std::to_string(nc) + "))" : std::string(" is negative)")));
   return v;
+}
+
+uint64_t DatasetReader::fingerprint() const {
+  // FNV-1a: simple, stable across platforms and versions (the value is stored in checkpoints).
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* p, size_t n) {
+    const uint8_t* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  const int64_t head[3] = {info_.count, info_.image_size, info_.has_labels ? 1 : 0};
+  mix(head, sizeof head);
+  const std::vector<int64_t> labels = read_labels();
+  mix(labels.data(), labels.size() * sizeof(int64_t));
+  const int64_t k = std::min<int64_t>(16, info_.count);
+  std::vector<uint8_t> img((size_t)info_.image_size * info_.image_size * 3);
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t i = k > 1 ? j * (info_.count - 1) / (k - 1) : 0;
+    read_images(i, 1, img.data());
+    mix(&i, sizeof i);
+    mix(img.data(), img.size());
+  }
+  return h;
 }
 
 }  // namespace unet

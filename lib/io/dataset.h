@@ -59,6 +59,9 @@ class DatasetReader {
   void read_images(int64_t start, int64_t n, uint8_t* out) const;
   // All labels (empty without labels); each checked to lie in [0, number of classes).
   std::vector<int64_t> read_labels() const;
+  // A fingerprint of the content, for checking that a resumed run trains on the same data: a
+  // 64-bit hash of count, image size, every label and up to 16 images spread over the file.
+  uint64_t fingerprint() const;
 
  private:
   std::string path_;

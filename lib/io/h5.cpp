@@ -24,6 +24,10 @@ struct Lock {
   std::lock_guard<std::recursive_mutex> g;
   Lock() : g(mutex()) {
     static bool once = [] {
+      // A file whose close failed (disk full) stays registered with a half-freed object, and the
+      // library's atexit shutdown then crashes on it (H5_term_library -> H5F__close_cb). Every
+      // file is closed explicitly (RAII), so the shutdown has nothing else to do: skip it.
+      H5dont_atexit();
       H5open();
       H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
       return true;
@@ -35,6 +39,38 @@ struct Lock {
 std::string where(const File& f, const std::string& path) { return f.path() + ": " + path; }
 [[noreturn]] void fail(const File& f, const std::string& path, const std::string& what) {
   throw UserError(where(f, path) + ": " + what);
+}
+
+// The operating system's reason for the failure HDF5 just reported, from its error stack: the
+// sec2 driver records "errno = 28, error message = 'No space left on device'".
+std::string os_cause() {
+  std::string cause;
+  auto cb = [](unsigned, const H5E_error2_t* e, void* op) -> herr_t {
+    auto* out = static_cast<std::string*>(op);
+    const char* d = e->desc ? std::strstr(e->desc, "error message = '") : nullptr;
+    if (d && out->empty()) {
+      d += std::strlen("error message = '");
+      const char* q = std::strchr(d, '\'');
+      *out = q ? std::string(d, q) : std::string(d);
+    }
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, cb, &cause);
+  return cause;
+}
+std::string io_cause() {
+  std::string c = os_cause();
+  return c.empty() ? "disk full or I/O error" : c;
+}
+
+// A write that failed: the file and the cause, no internal dataset path (the user cannot act on it).
+[[noreturn]] void write_fail(const File& f) {
+  throw UserError(f.path() + ": cannot write (" + io_cause() + ")");
+}
+// Creating an object fails for an I/O reason (metadata written out) or a structural one.
+[[noreturn]] void create_fail(const File& f, const std::string& path, const std::string& what) {
+  if (!os_cause().empty()) write_fail(f);
+  fail(f, path, what);
 }
 
 const char* obj_name(const std::string& p) { return p.empty() ? "/" : p.c_str(); }
@@ -262,18 +298,19 @@ Handle make_fapl() {
 }
 }  // namespace
 
-File File::create(const std::string& path) {
+File File::create(const std::string& path, const std::string& display) {
   Lock l;
+  const std::string& name = display.empty() ? path : display;
   check_writable_dir_for(path);
   Handle fapl = make_fapl();
   hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
   if (id < 0) {
     if (access(path.c_str(), F_OK) == 0 && access(path.c_str(), W_OK) != 0)
-      throw UserError(path + ": cannot create (permission denied)");
-    throw UserError(path + ": cannot create HDF5 file");
+      throw UserError(name + ": cannot create (permission denied)");
+    throw UserError(name + ": cannot create HDF5 file (" + io_cause() + ")");
   }
   File f;
-  f.path_ = path;
+  f.path_ = name;
   f.h_ = Handle(id, H5Fclose);
   return f;
 }
@@ -307,10 +344,12 @@ File::~File() { h_.reset(); }
 void File::close() {
   Lock l;
   if (!h_.valid()) return;
-  bool ok = H5Fflush(h_.get(), H5F_SCOPE_LOCAL) >= 0;
-  // Release first so a failing close is not retried by the destructor.
-  ok = (H5Fclose(h_.release()) >= 0) && ok;
-  if (!ok) throw UserError(path_ + ": cannot write (flush failed; disk full?)");
+  std::string cause;
+  if (H5Fflush(h_.get(), H5F_SCOPE_LOCAL) < 0) cause = io_cause();
+  // Release first so a failing close is not retried by the destructor (the object is freed even
+  // when H5Fclose fails; closing it again would touch freed memory).
+  if (H5Fclose(h_.release()) < 0 && cause.empty()) cause = io_cause();
+  if (!cause.empty()) throw UserError(path_ + ": cannot write (" + cause + ")");
 }
 
 // ---- queries ---------------------------------------------------------------------------------
@@ -426,9 +465,8 @@ void write(File& f, const std::string& path, DType t, const void* data, const st
   Handle lcpl = lcpl_intermediate();
   Handle d(H5Dcreate2(f.id(), path.c_str(), file_type(t), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
            H5Dclose);
-  if (!d.valid()) fail(f, path, "cannot create dataset");
-  if (n > 0 && H5Dwrite(d.get(), mem_type(t), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-    fail(f, path, "cannot write dataset (disk full?)");
+  if (!d.valid()) create_fail(f, path, "cannot create dataset");
+  if (n > 0 && H5Dwrite(d.get(), mem_type(t), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) write_fail(f);
 }
 
 void create_extendible(File& f, const std::string& path, DType t, const std::vector<hsize_t>& row_shape,
@@ -451,7 +489,7 @@ void create_extendible(File& f, const std::string& path, DType t, const std::vec
   Handle lcpl = lcpl_intermediate();
   Handle d(H5Dcreate2(f.id(), path.c_str(), file_type(t), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
            H5Dclose);
-  if (!d.valid()) fail(f, path, "cannot create dataset");
+  if (!d.valid()) create_fail(f, path, "cannot create dataset");
 }
 
 void append_rows(File& f, const std::string& path, DType t, const void* data, hsize_t nrows) {
@@ -468,12 +506,11 @@ void append_rows(File& f, const std::string& path, DType t, const void* data, hs
   start[0] = dims[0];
   count[0] = nrows;
   dims[0] += nrows;
-  if (H5Dset_extent(d.get(), dims.data()) < 0) fail(f, path, "cannot extend dataset");
+  if (H5Dset_extent(d.get(), dims.data()) < 0) write_fail(f);
   Handle fs(H5Dget_space(d.get()), H5Sclose);
   H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
   Handle ms(H5Screate_simple((int)count.size(), count.data(), nullptr), H5Sclose);
-  if (H5Dwrite(d.get(), mem_type(t), ms.get(), fs.get(), H5P_DEFAULT, data) < 0)
-    fail(f, path, "cannot write dataset (disk full?)");
+  if (H5Dwrite(d.get(), mem_type(t), ms.get(), fs.get(), H5P_DEFAULT, data) < 0) write_fail(f);
 }
 
 // ---- datasets: read --------------------------------------------------------------------------
@@ -527,6 +564,11 @@ template <class T>
 std::vector<T> read_all(File& f, const std::string& path, DType t) {
   Lock l;
   std::vector<hsize_t> s = shape(f, path);
+  double bytes = sizeof(T);
+  for (hsize_t d : s) bytes *= (double)d;
+  // A dataset's shape is the file's claim (a chunked dataset of any shape fits in a tiny file):
+  // check it against memory before allocating.
+  check_memory(bytes, where(f, path) + " (shape " + shape_str(s) + ")");
   size_t n = 1;
   for (hsize_t d : s) n *= d;
   std::vector<T> v(n);
@@ -539,6 +581,7 @@ std::vector<T> read_some(File& f, const std::string& path, DType t, hsize_t star
   std::vector<hsize_t> s = shape(f, path);
   size_t row = 1;
   for (size_t i = 1; i < s.size(); ++i) row *= s[i];
+  check_memory((double)sizeof(T) * (double)row * (double)count, where(f, path) + " (rows)");
   std::vector<T> v;
   if (!s.empty() && start <= s[0] && count <= s[0] - start) v.resize(count * row);
   read_rows(f, path, t, start, count, v.data());
@@ -577,11 +620,19 @@ void write_attr(File& f, const std::string& obj, const std::string& name, hid_t 
     attr_fail(f, obj, name, "cannot replace");
   Handle space = make_space(shp);
   Handle a(H5Acreate2(o.get(), name.c_str(), ftype, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!a.valid()) attr_fail(f, obj, name, "cannot create");
+  if (!a.valid()) {
+    if (!os_cause().empty()) write_fail(f);
+    attr_fail(f, obj, name, "cannot create");
+  }
   size_t n = 1;
   for (hsize_t d : shp) n *= d;
-  if (n > 0 && H5Awrite(a.get(), mtype, data) < 0) attr_fail(f, obj, name, "cannot write");
+  if (n > 0 && H5Awrite(a.get(), mtype, data) < 0) {
+    if (!os_cause().empty()) write_fail(f);
+    attr_fail(f, obj, name, "cannot write");
+  }
 }
+
+constexpr size_t kMaxAttrElements = 1u << 22;
 
 struct OpenAttr {
   Handle obj, attr, type, space;
@@ -602,6 +653,11 @@ OpenAttr open_attr(File& f, const std::string& obj, const std::string& name) {
   r.dt = classify(r.type.get());
   hssize_t np = H5Sget_simple_extent_npoints(r.space.get());
   if (np < 0) attr_fail(f, obj, name, "cannot read (corrupt?)");
+  // Attributes are small by nature; a huge one is corrupt or hostile and must not be allocated.
+  if (np > (hssize_t)kMaxAttrElements)
+    attr_fail(f, obj, name,
+              "has " + std::to_string((long long)np) + " values (at most " +
+                  std::to_string(kMaxAttrElements) + ")");
   r.n = (size_t)np;
   return r;
 }
@@ -742,6 +798,12 @@ std::vector<double> get_attr_f64v(File& f, const std::string& o, const std::stri
 }
 std::vector<std::string> get_attr_strv(File& f, const std::string& o, const std::string& n) {
   return read_str_attr(f, o, n);
+}
+
+DType attr_dtype(File& f, const std::string& obj, const std::string& name) {
+  Lock l;
+  OpenAttr a = open_attr(f, obj, name);
+  return a.cls == H5T_ENUM ? DType::I8 : a.dt;
 }
 
 std::vector<std::string> list_attrs(File& f, const std::string& obj) {

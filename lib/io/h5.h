@@ -53,8 +53,9 @@ const char* dtype_name(DType t);  // "float32", "uint8", ...
 class File {
  public:
   File() = default;
-  // Creates (truncating) a file. Callers normally pass AtomicFile::tmp_path().
-  static File create(const std::string& path);
+  // Creates (truncating) a file. Callers normally pass AtomicFile::tmp_path() and the final name
+  // as `display`, which every error message then names instead of the temporary.
+  static File create(const std::string& path, const std::string& display = "");
   // Opens an existing file. Throws UserError: "<path>: no such file", "<path>: not an HDF5 file",
   // "<path>: cannot open (permission denied)", "<path>: is a directory", ...
   static File open(const std::string& path, bool writable = false);
@@ -62,10 +63,11 @@ class File {
   File& operator=(File&&) noexcept = default;
   ~File();
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return path_; }  // the display name
   hid_t id() const { return h_.get(); }
   bool is_open() const { return h_.valid(); }
-  // Flushes and closes; throws UserError when the flush fails (disk full, ...). Idempotent.
+  // Flushes and closes; throws UserError "<path>: cannot write (<OS reason>)" when the flush
+  // fails (disk full, I/O error). Idempotent.
   void close();
 
  private:
@@ -161,5 +163,7 @@ std::vector<int64_t> get_attr_i64v(File& f, const std::string& obj_path, const s
 std::vector<double> get_attr_f64v(File& f, const std::string& obj_path, const std::string& name);
 std::vector<std::string> get_attr_strv(File& f, const std::string& obj_path, const std::string& name);
 std::vector<std::string> list_attrs(File& f, const std::string& obj_path);  // sorted
+// The element type of an attribute (an h5py bool enum reads as I8). UserError when missing.
+DType attr_dtype(File& f, const std::string& obj_path, const std::string& name);
 
 }  // namespace unet::h5

@@ -19,10 +19,6 @@ namespace unet {
 
 namespace {
 
-// Same bound as PIL's DecompressionBombError (2 * MAX_IMAGE_PIXELS): refuse rather than try to
-// allocate gigabytes for one hostile header.
-constexpr uint64_t kMaxPixels = 2ull * 89478485ull;
-
 [[noreturn]] void bad(const std::string& name, const std::string& why) { throw UserError(name + ": " + why); }
 
 // Composites RGBA/gray-alpha over black: c' = round(c * a / 255).
@@ -38,7 +34,13 @@ struct PngCtx {
   std::vector<uint8_t> buf;
   std::vector<png_bytep> rows;
   int w = 0, h = 0, channels = 0;
+  uint64_t max_pixels = kDefaultMaxPixels;
 };
+
+std::string too_large(uint64_t w, uint64_t h, uint64_t max) {
+  return std::to_string(w) + "x" + std::to_string(h) + " = " + std::to_string(w * h) +
+         " pixels, above the limit of " + std::to_string(max) + " (prepare --max-pixels)";
+}
 
 void png_error_fn(png_structp png, png_const_charp msg) {
   auto* c = static_cast<PngCtx*>(png_get_error_ptr(png));
@@ -73,7 +75,8 @@ bool png_decode(PngCtx* c) {
   png_uint_32 w = 0, h = 0;
   int depth = 0, ctype = 0;
   png_get_IHDR(png, info, &w, &h, &depth, &ctype, nullptr, nullptr, nullptr);
-  if (w == 0 || h == 0 || (uint64_t)w * h > kMaxPixels) png_error(png, "image too large or empty");
+  if (w == 0 || h == 0) png_error(png, "empty image");
+  if ((uint64_t)w * h > c->max_pixels) png_error(png, too_large(w, h, c->max_pixels).c_str());
   if (depth == 16) png_set_strip_16(png);  // keep the high byte, as PIL's "RGB;16B" unpacker
   if (ctype == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
   if (ctype == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
@@ -97,8 +100,9 @@ bool png_decode(PngCtx* c) {
   return true;
 }
 
-Image decode_png(const uint8_t* data, size_t size, const std::string& name) {
+Image decode_png(const uint8_t* data, size_t size, const std::string& name, uint64_t max_pixels) {
   PngCtx c;
+  c.max_pixels = max_pixels;
   c.data = data;
   c.size = size;
   if (!png_decode(&c)) bad(name, std::string("corrupt PNG (") + c.msg + ")");
@@ -148,6 +152,7 @@ struct JpegCtx {
   std::vector<uint8_t> buf;
   int w = 0, h = 0, channels = 0;
   bool adobe = false;
+  uint64_t max_pixels = kDefaultMaxPixels;
 };
 
 bool jpeg_decode(JpegCtx* c, const uint8_t* data, size_t size) {
@@ -164,9 +169,12 @@ bool jpeg_decode(JpegCtx* c, const uint8_t* data, size_t size) {
   jpeg_mem_src(&c->cinfo, data, (unsigned long)size);
   jpeg_read_header(&c->cinfo, TRUE);
   j_decompress_ptr ci = &c->cinfo;
-  if ((uint64_t)ci->image_width * ci->image_height > kMaxPixels || ci->image_width == 0 ||
+  if ((uint64_t)ci->image_width * ci->image_height > c->max_pixels || ci->image_width == 0 ||
       ci->image_height == 0) {
-    std::snprintf(c->err.msg, sizeof c->err.msg, "image too large or empty");
+    std::snprintf(c->err.msg, sizeof c->err.msg, "%s",
+                  ci->image_width == 0 || ci->image_height == 0
+                      ? "empty image"
+                      : too_large(ci->image_width, ci->image_height, c->max_pixels).c_str());
     jpeg_destroy_decompress(ci);
     return false;
   }
@@ -206,8 +214,9 @@ bool jpeg_decode(JpegCtx* c, const uint8_t* data, size_t size) {
   return true;
 }
 
-Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name) {
+Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name, uint64_t max_pixels) {
   auto c = std::make_unique<JpegCtx>();
+  c->max_pixels = max_pixels;
   if (!jpeg_decode(c.get(), data, size)) bad(name, std::string("corrupt JPEG (") + c->err.msg + ")");
   Image im;
   im.w = c->w;
@@ -243,20 +252,28 @@ std::string sniff_image_format(const uint8_t* d, size_t n) {
   return "";
 }
 
-Image decode_image(const uint8_t* data, size_t size, const std::string& name) {
+Image decode_image(const uint8_t* data, size_t size, const std::string& name, uint64_t max_pixels) {
   std::string fmt = sniff_image_format(data, size);
-  if (fmt == "png") return decode_png(data, size, name);
-  if (fmt == "jpeg") return decode_jpeg(data, size, name);
+  if (fmt == "png") return decode_png(data, size, name, max_pixels);
+  if (fmt == "jpeg") return decode_jpeg(data, size, name, max_pixels);
   if (size == 0) bad(name, "empty file");
   bad(name, "not a PNG or JPEG image");
 }
 
-Image decode_image_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+Image decode_image_file(const std::string& path, uint64_t max_pixels) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) bad(path, "cannot read");
-  std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) bad(path, "read error");
-  return decode_image(data.data(), data.size(), path);
+  // No image within the pixel limit is larger than 8 bytes a pixel (16-bit RGBA) plus headers:
+  // refuse a bigger file before reading it into memory.
+  const std::streamoff size = in.tellg();
+  if (size < 0) bad(path, "cannot read");
+  if ((uint64_t)size > max_pixels * 8 + (1u << 20))
+    bad(path, std::to_string(size) + " bytes, too large for an image within the limit of " +
+                  std::to_string(max_pixels) + " pixels (prepare --max-pixels)");
+  in.seekg(0);
+  std::vector<uint8_t> data((size_t)size);
+  if (size > 0 && !in.read(reinterpret_cast<char*>(data.data()), size)) bad(path, "read error");
+  return decode_image(data.data(), data.size(), path, max_pixels);
 }
 
 // ---- resampling, as Pillow's libImaging/Resample.c ---------------------------------------
@@ -419,7 +436,24 @@ Image resize_center_crop(const Image& img, int size) {
 namespace {
 struct PngWriteCtx {
   char msg[256] = {0};
+  FILE* fp = nullptr;
+  int err = 0;  // errno of a failed write (disk full, file too large)
 };
+// libpng's stdio writer reports a short write as "Write Error"; keep the reason instead.
+void png_write_fn(png_structp png, png_bytep data, png_size_t len) {
+  auto* c = static_cast<PngWriteCtx*>(png_get_io_ptr(png));
+  if (std::fwrite(data, 1, len, c->fp) != len) {
+    c->err = errno ? errno : EIO;
+    png_error(png, std::strerror(c->err));
+  }
+}
+void png_flush_fn(png_structp png) {
+  auto* c = static_cast<PngWriteCtx*>(png_get_io_ptr(png));
+  if (std::fflush(c->fp) != 0) {
+    c->err = errno ? errno : EIO;
+    png_error(png, std::strerror(c->err));
+  }
+}
 void png_write_error_fn(png_structp png, png_const_charp msg) {
   auto* c = static_cast<PngWriteCtx*>(png_get_error_ptr(png));
   std::snprintf(c->msg, sizeof c->msg, "%s", msg ? msg : "PNG error");
@@ -434,7 +468,8 @@ bool png_write_file(FILE* fp, int w, int h, PngWriteCtx* c, std::vector<png_byte
     png_destroy_write_struct(&png, info ? &info : nullptr);
     return false;
   }
-  png_init_io(png, fp);
+  c->fp = fp;
+  png_set_write_fn(png, c, png_write_fn, png_flush_fn);
   png_set_IHDR(png, info, w, h, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
                PNG_FILTER_TYPE_DEFAULT);
   png_write_info(png, info);
@@ -454,11 +489,14 @@ void write_png(const std::string& path, const uint8_t* rgb, int w, int h) {
   std::vector<png_bytep> rows(h);
   for (int y = 0; y < h; ++y) rows[y] = const_cast<png_bytep>(rgb + (size_t)y * w * 3);
   bool ok = png_write_file(fp, w, h, &c, &rows);
-  ok = (std::fflush(fp) == 0) && ok;
-  ok = (std::fclose(fp) == 0) && ok;
+  if (ok && std::fflush(fp) != 0) ok = false, c.err = errno;
+  if (std::fclose(fp) != 0 && ok) ok = false, c.err = errno;
   if (!ok)
-    throw UserError(path + ": cannot write PNG" +
-                    (c.msg[0] ? std::string(" (") + c.msg + ")" : " (disk full?)"));
+    throw UserError(path + ": cannot write (" +
+                    (c.err      ? std::strerror(c.err)
+                     : c.msg[0] ? c.msg
+                                : "disk full or I/O error") +
+                    ")");
   af.commit();
 }
 

@@ -25,10 +25,16 @@ struct Image {
   std::vector<uint8_t> rgb;  // h * w * 3, row-major HWC
 };
 
-// Decodes a PNG or JPEG file (see the conventions above). Throws UserError naming the file.
-Image decode_image_file(const std::string& path);
+// Images above this many pixels are refused before their pixels are allocated: PIL's bound
+// (2 * Image.MAX_IMAGE_PIXELS, where it raises DecompressionBombError). prepare --max-pixels.
+constexpr uint64_t kDefaultMaxPixels = 2ull * 89478485ull;
+
+// Decodes a PNG or JPEG file (see the conventions above). Throws UserError naming the file;
+// an image of more than max_pixels pixels (or a file too large to be one) is refused.
+Image decode_image_file(const std::string& path, uint64_t max_pixels = kDefaultMaxPixels);
 // The same from memory; `name` is used in error messages.
-Image decode_image(const uint8_t* data, size_t size, const std::string& name);
+Image decode_image(const uint8_t* data, size_t size, const std::string& name,
+                   uint64_t max_pixels = kDefaultMaxPixels);
 // "png", "jpeg" or "" from the first bytes of a file (at least 8 bytes are looked at).
 std::string sniff_image_format(const uint8_t* data, size_t size);
 

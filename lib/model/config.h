@@ -30,11 +30,27 @@ struct ModelConfig {
   int time_embed_dim() const { return 4 * num_channels; }
   // Heads of an attention block with `ch` channels (guided-diffusion's rule).
   int heads_for(int ch) const { return num_head_channels == -1 ? num_heads : ch / num_head_channels; }
-  // Returns "" when valid, else a one-line description of the problem.
-  std::string validate() const;
+  // Returns "" when valid, else a one-line description of the problem, naming the value by its
+  // flag (--num-res-blocks) or, with attr_names, by its checkpoint attribute (num_res_blocks).
+  // Every size is bounded (ModelLimits) before anything is computed from it.
+  std::string validate(bool attr_names = false) const;
   // guided-diffusion style description, e.g. "image_size=64 num_channels=64 ...".
   std::string describe() const;
 };
+
+// Upper bounds of validate(): far beyond any published guided-diffusion model (the largest,
+// 512x512, has 7 levels, 256 channels x mult 4, 2 res blocks, 1000 classes, 4000 steps).
+struct ModelLimits {
+  int image_size = 4096;
+  int in_channels = 64;
+  int num_channels = 4096;
+  int channels = 16384;  // num_channels x any channel_mult entry
+  int levels = 12;       // entries of channel_mult (and of attention_resolutions)
+  int num_res_blocks = 64;
+  int num_classes = 1000000;
+  int diffusion_steps = 100000;
+};
+inline constexpr ModelLimits kModelLimits{};
 
 // Presets: "seed64" (default), "tiny32", "imagenet64". Throws UserError on unknown name.
 ModelConfig preset(const std::string& name);

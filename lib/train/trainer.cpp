@@ -1,5 +1,6 @@
 #include "trainer.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,8 @@
 #include "grid.h"
 #include "model.h"
 #include "optim.h"
+#include "params.h"
+#include "resume.h"
 #include "rng.h"
 #include "sampler.h"
 #include "train_step.h"
@@ -33,12 +36,9 @@ std::string ckpt_name(int64_t step) {
   return b;
 }
 
-// Copies src to dst atomically (temp + rename): latest.h5 is never half-written.
-void atomic_copy(const std::string& src, const std::string& dst) {
-  AtomicFile out(dst);
-  std::filesystem::copy_file(src, out.tmp_path(), std::filesystem::copy_options::overwrite_existing);
-  out.commit();
-}
+// Copies src to dst atomically (temp + rename): latest.h5 is never half-written; a failed copy
+// (disk full) is a UserError naming dst and the cause.
+void atomic_copy(const std::string& src, const std::string& dst) { copy_file_atomic(src, dst); }
 }  // namespace
 
 TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
@@ -52,10 +52,9 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   TrainResult res;
 
   int64_t step = resume ? ck.state.at("step") : 0;
-  const uint64_t seed = resume && ck.state.count("seed") ? (uint64_t)ck.state.at("seed") : o.seed;
-  if (resume && ck.state.count("batch_size") && ck.state.at("batch_size") != B)
-    throw UserError("--resume: the checkpoint was trained with --batch-size " +
-                    std::to_string(ck.state.at("batch_size")) + "; exact resume needs the same batch size");
+  // On resume the caller has already taken seed, batch size, lr, ... from the checkpoint unless
+  // a flag overrode them (resolve_resume), so `o` is authoritative here.
+  const uint64_t seed = o.seed;
 
   DataLoader loader(dataset, B, cfg.diffusion_steps, seed, o.flip, step, 3,
                     [&dev](size_t bytes) { return dev.alloc_host(bytes); });
@@ -103,6 +102,8 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   if (new_metrics) csv << "step,loss,grad_norm,lr,images_per_s,ms_per_step\n";
 
   int64_t saved_at = -1;
+  const ParamTable table = build_param_table(cfg);
+  std::string nonfinite;  // the tensor that stopped a save
   // Returns false (and saves nothing) when the weights are no longer finite: a checkpoint must
   // never replace the last good one with a diverged state.
   auto save = [&](int64_t at) -> bool {
@@ -111,17 +112,19 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     c.model.resize(P), c.ema.resize(P), c.opt.m.resize(P), c.opt.v.resize(P);
     eng.download(c.model.data(), model.params());
     opt.save(c.opt.m.data(), c.opt.v.data(), c.ema.data());
-    for (float w : c.model)
-      if (!std::isfinite(w)) return false;
+    // Never replace the last good checkpoint with a diverged state; say which tensor went bad.
+    const std::pair<const std::vector<float>*, const char*> arenas[] = {
+        {&c.model, "model"}, {&c.ema, "ema"}, {&c.opt.m, "optimizer/m"}, {&c.opt.v, "optimizer/v"}};
+    for (auto [arena, group] : arenas) {
+      nonfinite = nonfinite_tensor(table, *arena, group);
+      if (!nonfinite.empty()) return false;
+    }
     c.has_optimizer = true;
     c.opt.step = at;
     c.opt.lr = o.lr, c.opt.beta1 = kBeta1, c.opt.beta2 = kBeta2, c.opt.eps = kEps,
     c.opt.weight_decay = o.weight_decay;
-    c.state = {{"step", at},
-               {"seed", (int64_t)seed},
-               {"batch_size", B},
-               {"flip", o.flip ? 1 : 0},
-               {"dataset_count", info.count}};
+    store_train_settings(o, info, c);  // batch size, seed, lr, warmup, EMA, clip, flips, dataset, ...
+    c.state["step"] = at;
     const std::string path = o.rundir + "/" + ckpt_name(at);
     save_checkpoint(path, c);
     atomic_copy(path, o.rundir + "/latest.h5");
@@ -129,10 +132,9 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     saved_at = at;
     return true;
   };
-  auto diverged = [&](const char* what) {
-    std::fprintf(stderr, "%sunet: %s at step %lld; stopping. Last good checkpoint: %s\n",
-                 stderr_is_tty() ? "\n" : "", what, (long long)step,
-                 res.last_checkpoint.empty() ? "(none saved in this run)" : res.last_checkpoint.c_str());
+  auto diverged = [&](const std::string& what) {
+    if (!o.quiet && stderr_is_tty()) std::fprintf(stderr, "\n");  // end the progress line
+    res.stop_reason = what + " at step " + std::to_string(step);
     res.diverged = true;
     res.step = step;
     return res;
@@ -219,7 +221,8 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       eng.download(&h[1], opt.norm_sum());
       const double mean_loss = h[0] / window_steps, mean_norm = h[1] / window_steps;
       if (!std::isfinite(mean_loss))
-        return diverged(std::isnan(mean_loss) ? "the loss became NaN" : "the loss became Inf");
+        return diverged(std::string("the loss became ") + (std::isnan(mean_loss) ? "NaN" : "Inf") +
+                        (std::isfinite(mean_norm) ? "" : " (and the gradient norm non-finite)"));
       const double dt = now_seconds() - t_window;
       const double ms = 1000.0 * dt / window_steps, ips = B * window_steps / dt;
       if (first_window) res.first_loss = mean_loss, first_window = false;
@@ -227,6 +230,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       csv << step << ',' << mean_loss << ',' << mean_norm << ',' << opt.lr_at(step - 1) << ',' << ips << ','
           << ms << '\n';
       csv.flush();
+      if (!csv) throw UserError(metrics + ": cannot write (" + errno_text(errno) + ")");  // disk full
       if (!o.quiet) {
         if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
         std::printf("step %lld | loss %.5f | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step\n",
@@ -237,7 +241,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       opt.reset_norm_sum();
       window_steps = 0;
       t_window = now_seconds();
-      if (save_now && !save(step)) return diverged("the weights became NaN/Inf");
+      if (save_now && !save(step)) return diverged("the weights became non-finite: " + nonfinite);
     }
     if (o.sample_every > 0 && step % o.sample_every == 0) sample_grid(step);
     if (!o.quiet)
@@ -247,7 +251,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   if (res.interrupted && step > start && saved_at != step) {
     float h = 0;
     eng.download(&h, ts.loss_sum);
-    if (std::isfinite(h) && !save(step)) return diverged("the weights became NaN/Inf");
+    if (std::isfinite(h) && !save(step)) return diverged("the weights became non-finite: " + nonfinite);
   }
   res.step = step;
   return res;

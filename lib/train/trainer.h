@@ -26,6 +26,8 @@ struct TrainOptions {
   int64_t lr_warmup = 0;
   bool flip = true;
   uint64_t seed = 0;
+  std::string schedule_sampler = "uniform";  // recorded for resume; the only sampler so far
+  uint64_t dataset_fingerprint = 0;          // DatasetReader::fingerprint(), recorded for resume
   std::string rundir;
   bool quiet = false;  // no progress line (tests)
 };
@@ -35,7 +37,8 @@ struct TrainResult {
   double last_loss = 0;      // mean loss of the last logged window
   double first_loss = 0;     // mean loss of the first logged window
   bool interrupted = false;  // SIGINT/SIGTERM
-  bool diverged = false;     // NaN/Inf loss
+  bool diverged = false;     // NaN/Inf loss or weights
+  std::string stop_reason;   // with diverged: what became non-finite, at which step
   std::string last_checkpoint;
 };
 

@@ -1,0 +1,56 @@
+#include "preflight.h"
+
+#include "util.h"
+
+namespace unet {
+
+TrainData check_train_data(const std::string& path, const ModelConfig& cfg, const std::string& model_src) {
+  DatasetReader r(path);
+  TrainData d;
+  d.info = r.info();
+  const DatasetInfo& info = d.info;
+  if (info.count < 1) throw UserError(path + ": the dataset has no images");
+  if (info.image_size != cfg.image_size)
+    throw UserError(path + ": images are " + std::to_string(info.image_size) + "x" +
+                    std::to_string(info.image_size) + " but the model's image size is " +
+                    std::to_string(cfg.image_size) + " (" + model_src + ")");
+  if (cfg.in_channels != 3)
+    throw UserError(path + ": datasets are RGB but the model has " + std::to_string(cfg.in_channels) +
+                    " input channels (" + model_src + ")");
+  // The whole image array is read into memory by the data loader.
+  check_memory((double)info.count * info.image_size * info.image_size * 3,
+               path + " (" + std::to_string(info.count) + " images)");
+  if (cfg.class_cond) {
+    if (!info.has_labels)
+      throw UserError(
+          path + ": the model is class-conditional but the dataset has no labels (prepare --labels subdirs)");
+    if ((int64_t)info.class_names.size() > cfg.num_classes)
+      throw UserError(path + ": " + std::to_string(info.class_names.size()) + " classes but the model has " +
+                      std::to_string(cfg.num_classes) + " (" + model_src + ")");
+    const std::vector<int64_t> labels = r.read_labels();
+    for (size_t i = 0; i < labels.size(); ++i)
+      if (labels[i] < 0 || labels[i] >= cfg.num_classes)
+        throw UserError(path + ": label " + std::to_string(labels[i]) + " of image " + std::to_string(i) +
+                        " is outside the model's " + std::to_string(cfg.num_classes) + " classes (" +
+                        model_src + ")");
+  }
+  d.fingerprint = r.fingerprint();
+  return d;
+}
+
+double train_host_bytes(const ParamTable& t, int ckpt_arenas, int batch, const DatasetInfo& data) {
+  const double arena = (double)t.total * sizeof(float);
+  const double image = (double)data.image_size * data.image_size * 3;
+  const double prefetched = 4.0 * batch * image * sizeof(float) * 2;  // 4 slots of x0 + noise
+  return arena * (ckpt_arenas + 4) + (double)data.count * image + prefetched;
+}
+
+double sample_host_bytes(const ModelConfig& cfg, const ParamTable& t, int64_t n, bool noise, bool h5) {
+  const double images = (double)n * cfg.image_size * cfg.image_size * cfg.in_channels * sizeof(float);
+  double copies = 1.0 + 0.5;  // the samples + the 8-bit RGB grid made from them
+  if (noise) copies += 2;     // the file's NCHW array and its NHWC copy
+  if (h5) copies += 1.25;     // NCHW float copy + 8-bit images
+  return (double)t.total * sizeof(float) * 2 + images * copies;
+}
+
+}  // namespace unet

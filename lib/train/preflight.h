@@ -1,0 +1,32 @@
+// Checks that `unet train` and `unet sample` run before any long work, before the device is
+// initialised and before anything is written: the dataset against the model, and the host
+// memory a run needs against what the machine (or ulimit / cgroup) allows. Device memory is the
+// memory planner's business, not this file's.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "config.h"
+#include "dataset.h"
+#include "params.h"
+
+namespace unet {
+
+struct TrainData {
+  DatasetInfo info;
+  uint64_t fingerprint = 0;  // DatasetReader::fingerprint()
+};
+
+// Opens the dataset and checks it against the model: image size, RGB, labels for a
+// class-conditional model, and every label inside the model's classes. `model_src` names where
+// the model comes from in messages ("init.h5", "the model flags"). UserError naming the dataset.
+TrainData check_train_data(const std::string& path, const ModelConfig& cfg, const std::string& model_src);
+
+// Lower bounds of the host memory (bytes) of the big buffers of a run, from its configuration:
+// train: the starting checkpoint (`ckpt_arenas` arenas of the model), the copy every save makes
+// (model, EMA, AdamW moments), the dataset (held in RAM) and the prefetched batches;
+// sample: the checkpoint's weights, the images in float, and the copies the outputs are made from.
+double train_host_bytes(const ParamTable& t, int ckpt_arenas, int batch, const DatasetInfo& data);
+double sample_host_bytes(const ModelConfig& cfg, const ParamTable& t, int64_t n, bool noise, bool h5);
+
+}  // namespace unet

@@ -1,0 +1,51 @@
+// Resuming a run: every training setting is recorded in the checkpoint's `state` group at each
+// save, and `unet train --resume` takes them from there unless a flag overrides one explicitly.
+//
+//   state/<key>          flag                  exact?  (overriding an "exact" setting changes
+//   batch_size           --batch-size          yes      the continuation, so it is warned about)
+//   seed                 --seed                yes
+//   lr                   --lr                  yes
+//   lr_warmup            --lr-warmup           yes
+//   ema_rate             --ema-rate            yes
+//   grad_clip            --grad-clip           yes
+//   weight_decay         --weight-decay        yes
+//   flip                 --no-flip             yes
+//   schedule_sampler     (uniform)             yes
+//   steps                --steps               no (restored while still ahead of the step)
+//   save_every, log_every, sample_every        no
+//   dataset_count, dataset_image_size, dataset_fingerprint: the dataset trained on
+#pragma once
+#include <set>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "dataset.h"
+#include "trainer.h"
+
+namespace unet {
+
+// Writes o's settings (and the dataset's identity) into c's state maps; the trainer's save calls
+// it next to the step and the data-order position.
+void store_train_settings(const TrainOptions& o, const DatasetInfo& data, Checkpoint& c);
+
+struct ResumeSettings {
+  TrainOptions opt;                   // the options to train with
+  std::vector<std::string> warnings;  // at most one line each, without the "unet: warning: " prefix
+};
+
+// `given` holds the command line's values (defaults where a flag was not given); `explicit_flags`
+// the names of the flags that were given ("--lr", "--no-flip", ...). Settings come from the
+// checkpoint unless given explicitly; an explicit value that differs from a recorded exact
+// setting gives one warning line naming every such flag. A checkpoint written before settings
+// were recorded falls back to the flags (and the optimizer's lr/weight_decay) with one warning.
+// Throws UserError for a setting this build cannot continue (an unknown schedule sampler).
+ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path, const TrainOptions& given,
+                              const std::set<std::string>& explicit_flags);
+
+// Refuses (UserError naming `data_path`) a dataset other than the one the checkpoint was trained
+// on: different count, image size or fingerprint.
+void check_resume_dataset(const Checkpoint& ck, const std::string& ckpt_path, const std::string& data_path,
+                          const DatasetInfo& info, uint64_t fingerprint);
+
+}  // namespace unet

@@ -1,0 +1,438 @@
+"""Reliability suite (issue 14): every class of fault a user can run into ends in exit 1 with one
+line on stderr naming the file or flag, and leaves every pre-existing file as it was.
+
+  1. disk full / I/O errors  (RLIMIT_FSIZE; a real ENOSPC on a small tmpfs when user namespaces allow)
+  2. absurd sizes            (flags, checkpoint attributes, dataset shapes; under RLIMIT_AS)
+  3. labels outside the model's classes
+  4. outputs that would replace inputs or special files (same file, links, FIFOs, sockets)
+  5. non-finite and out-of-range numbers (flags, NaN checkpoints, NaN noise)
+  6. two trainers on one run directory
+  7. resume restores every setting: resume without flags == uninterrupted run, bitwise
+  8. stale temporaries, the NaN stop message, --max-pixels
+CPU only; a tiny 8x8 model keeps the whole suite to well under a minute on two cores."""
+
+import hashlib
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import h5py
+    import numpy as np
+except ImportError as e:  # pragma: no cover
+    print(f"skipping: {e}")
+    sys.exit(77)
+
+SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
+BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
+TMP = tempfile.mkdtemp(prefix="unet-rel-")
+MODEL = ["--image-size", "8", "--num-channels", "32", "--channel-mult", "1,1", "--num-res-blocks", "1",
+         "--attention-resolutions", "none"]
+CPU = ["--device", "cpu"]
+failures = []
+
+
+def check(cond, msg):
+    print(("ok:   " if cond else "FAIL: ") + msg, flush=True)
+    if not cond:
+        failures.append(msg)
+
+
+def P(*names):
+    return os.path.join(TMP, *names)
+
+
+def limits(fsize=None, vmem=None):
+    def pre():
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if vmem is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (vmem, vmem))
+    return pre
+
+
+def unet(*args, fsize=None, vmem=None, timeout=120):
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, cwd=TMP, timeout=timeout,
+                          preexec_fn=limits(fsize, vmem))
+
+
+_hashes = {}
+
+
+def content_hash(p, st):
+    key = (p, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # rehash only what was touched
+    if key not in _hashes:
+        _hashes[key] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return _hashes[key]
+
+
+def tree():
+    """Every file under TMP (links as links, FIFOs/sockets by kind) -> content hash."""
+    out = {}
+    for root, dirs, files in os.walk(TMP):
+        for n in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            p = os.path.join(root, n)
+            st = os.lstat(p)
+            if os.path.islink(p):
+                out[p] = "link:" + os.readlink(p)
+            elif not os.path.isfile(p):
+                out[p] = f"special:{st.st_mode:o}"
+            else:
+                out[p] = content_hash(p, st)
+    return out
+
+
+def refused(args, needles, what, fsize=None, vmem=None, unchanged=True):
+    """args must fail with exit 1, exactly one stderr line containing every needle, no temporary
+    name in it, and (unchanged) every file under TMP exactly as before (no leftovers either)."""
+    before = tree() if unchanged else None
+    r = unet(*args, fsize=fsize, vmem=vmem)
+    lines = r.stderr.splitlines()
+    ok = r.returncode == 1 and len(lines) == 1 and lines[0].startswith("unet: ") and ".tmp-" not in r.stderr
+    ok = ok and all(n in r.stderr for n in needles)
+    changed = []
+    if unchanged:
+        after = tree()
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    check(ok and not changed, f"{what}: rc {r.returncode}, {lines[:3]}" + (f", changed {changed}" if changed else ""))
+    return r
+
+
+def tensors(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def same_tensors(a, b):
+    ta, tb = tensors(a), tensors(b)
+    return ta.keys() == tb.keys() and all(np.array_equal(ta[k], tb[k]) for k in ta)
+
+
+def dead_pid():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def setup():
+    r = unet("prepare", os.path.join(SRC, "testdata", "images"), "-o", P("d.h5"), "--image-size", "8", "--labels",
+             "subdirs")
+    check(r.returncode == 0, "prepare the 8x8 dataset")
+    r = unet("init", "-o", P("i.h5"), *MODEL, "--class-cond", "--num-classes", "3", "--seed", "2")
+    check(r.returncode == 0, "init the 8x8 class-conditional model")
+    r = unet("train", P("d.h5"), "--init", P("i.h5"), "-o", P("base"), "--steps", "2", "--batch-size", "2", *CPU)
+    check(r.returncode == 0 and r.stderr == "", f"a 2-step run, nothing on stderr ({r.stderr.strip()[:200]})")
+
+
+def disk_full():
+    shutil.copy(P("i.h5"), P("exists.h5"))
+    for lim in (0, 40_000, 400_000):
+        refused(["init", "-o", P("exists.h5"), "--preset", "tiny32"], ["exists.h5", "File too large"],
+                f"init over an existing checkpoint past ulimit -f {lim}", fsize=lim)
+    refused(["init", "-o", P("new.h5"), *MODEL], ["new.h5", "File too large"], "init past ulimit -f", fsize=20_000)
+    shutil.copy(P("d.h5"), P("d_old.h5"))
+    refused(["prepare", os.path.join(SRC, "testdata", "images"), "-o", P("d_old.h5"), "--image-size", "64"],
+            ["d_old.h5", "File too large"], "prepare over an existing dataset past ulimit -f", fsize=30_000)
+    refused(["sample", P("i.h5"), "-n", "2", "--steps", "2", "--h5", P("s.h5"), "-o", "", *CPU],
+            ["s.h5", "File too large"], "sample --h5 past ulimit -f", fsize=2_000)
+    refused(["sample", P("i.h5"), "-n", "2", "--steps", "2", "-o", P("s.png"), *CPU],
+            ["s.png", "File too large"], "sample -o past ulimit -f", fsize=100)
+    # A checkpoint save during training: the run's earlier checkpoints stay as they were.
+    shutil.copytree(P("base"), P("full"))
+    keep = {n: open(P("full", n), "rb").read() for n in ("latest.h5", "ckpt_0000002.h5")}
+    r = unet("train", P("d.h5"), "--resume", P("full", "latest.h5"), "--steps", "4", *CPU, fsize=1_000_000)
+    lines = r.stderr.splitlines()
+    check(r.returncode == 1 and len(lines) == 1 and "ckpt_0000004.h5: cannot write (File too large)" in lines[0],
+          f"train: a checkpoint save past ulimit -f is one line, exit 1: {lines}")
+    check(all(open(P("full", n), "rb").read() == b for n, b in keep.items()) and
+          not [n for n in os.listdir(P("full")) if ".tmp-" in n or n == "ckpt_0000004.h5"],
+          "train: latest.h5 and the earlier checkpoint intact, no temporary left")
+    # metrics.csv cannot grow: the first log line fails, nothing else is touched.
+    shutil.copytree(P("base"), P("fullcsv"))
+    with open(P("fullcsv", "metrics.csv"), "a") as f:
+        f.write("#" * 100_000 + "\n")
+    keep = open(P("fullcsv", "latest.h5"), "rb").read()
+    r = unet("train", P("d.h5"), "--resume", P("fullcsv", "latest.h5"), "--steps", "4", "--log-every", "1", *CPU,
+             fsize=100_000)
+    lines = r.stderr.splitlines()
+    check(r.returncode == 1 and len(lines) == 1 and "metrics.csv: cannot write (File too large)" in lines[0] and
+          open(P("fullcsv", "latest.h5"), "rb").read() == keep, f"train: metrics.csv past ulimit -f: {lines}")
+    # Real ENOSPC on a tiny tmpfs (needs unprivileged user namespaces; skipped where unavailable).
+    mnt = P("mnt")
+    os.makedirs(mnt)
+    probe = shutil.which("unshare") and subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {mnt}"], capture_output=True, timeout=30)
+    if not probe or probe.returncode != 0:
+        print("skip: no user namespaces for a tmpfs; ENOSPC cases not run")
+        return
+
+    def in_tmpfs(size, *args):
+        cmd = f"mount -t tmpfs -o size={size} tmpfs {mnt} && exec \"$0\" \"$@\""
+        return subprocess.run(["unshare", "-rm", "sh", "-c", cmd, BINARY, *args], capture_output=True, text=True,
+                              cwd=TMP, timeout=120)
+    r = in_tmpfs("64k", "init", "-o", os.path.join(mnt, "x.h5"), "--preset", "tiny32")
+    check(r.returncode == 1 and r.stderr.count("\n") == 1 and "x.h5: cannot write (No space left on device)"
+          in r.stderr, f"init on a full tmpfs: {r.stderr.strip()}")
+    # Room for one checkpoint but not for its copy to latest.h5.
+    size = os.path.getsize(P("base", "latest.h5"))
+    r = in_tmpfs(str(size + size // 2), "train", P("d.h5"), "--init", P("i.h5"), "-o", os.path.join(mnt, "run"),
+                 "--steps", "2", "--batch-size", "2", *CPU)
+    check(r.returncode == 1 and r.stderr.count("\n") == 1 and "latest.h5: cannot write (No space left on device)"
+          in r.stderr, f"the copy to latest.h5 on a full tmpfs: {r.stderr.strip()}")
+
+
+def absurd_sizes():
+    gb = 1 << 30
+    for flag, value in [("--num-res-blocks", "1000000"), ("--num-classes", str(2**31 - 1)),
+                        ("--diffusion-steps", "1000000000"), ("--num-channels", str(2**30)),
+                        ("--image-size", "8192"), ("--num-channels", "4096"), ("--channel-mult", "1," * 40 + "1")]:
+        refused(["init", "-o", P("big.h5"), "--class-cond", flag, value], [flag if flag != "--num-channels" or
+                value != "4096" else "parameters"], f"init {flag} {value[:20]}", vmem=2 * gb)
+    # The same values as checkpoint attributes: refused at load, naming the file and attribute.
+    for attr, value in [("num_res_blocks", 10**6), ("num_classes", 2**31 - 1), ("diffusion_steps", 10**9),
+                        ("num_channels", 2**30), ("image_size", 8192)]:
+        bad = P(f"attr_{attr}.h5")
+        shutil.copy(P("i.h5"), bad)
+        with h5py.File(bad, "a") as f:
+            f.attrs[attr] = np.int64(value)
+        refused(["sample", bad, "-n", "1", *CPU], [bad, attr], f"checkpoint attribute {attr}={value}", vmem=2 * gb)
+        refused(["train", P("d.h5"), "--resume", bad, *CPU], [bad, attr], f"resume from {attr}={value}", vmem=2 * gb)
+    with h5py.File(P("attr_list.h5"), "w") as f:
+        pass
+    shutil.copy(P("i.h5"), P("attr_list.h5"))
+    with h5py.File(P("attr_list.h5"), "a") as f:
+        f.attrs["channel_mult"] = np.ones(100_000, np.int64)
+    refused(["sample", P("attr_list.h5"), *CPU], ["attr_list.h5", "channel_mult"], "channel_mult of 100000 levels")
+    refused(["train", P("d.h5"), "--batch-size", "1000000000"], ["--batch-size", "65536"], "train --batch-size 1e9")
+    refused(["sample", P("i.h5"), "-n", "1000000000"], ["--num-samples", "1048576"], "sample -n 1e9")
+    # Within the flag bounds but beyond memory (ulimit -v): refused with the amount, not bad_alloc.
+    refused(["sample", P("i.h5"), "-n", "1048576", "--h5", P("many.h5"), *CPU], ["of memory", "ulimit -v"],
+            "sample -n 1048576 under ulimit -v 1.5 GB", vmem=3 * gb // 2)
+    # Shapes a file claims (chunked datasets cost nothing on disk).
+    with h5py.File(P("bignoise.h5"), "w") as f:
+        f.create_dataset("noise", shape=(2**21, 3, 8, 8), dtype="f4", chunks=(1, 3, 8, 8))
+    refused(["sample", P("i.h5"), "--noise", P("bignoise.h5"), *CPU], ["bignoise.h5", "2097152"],
+            "a --noise file claiming 2^21 images", vmem=2 * gb)
+    with h5py.File(P("bigdata.h5"), "w") as f:
+        f.attrs.update({"format": "unet-dataset", "version": 1, "image_size": 8, "count": 10**9})
+        f.create_dataset("images", shape=(10**9, 8, 8, 3), dtype="u1", chunks=(64, 8, 8, 3))
+    refused(["train", P("bigdata.h5"), *MODEL, "-o", P("bigrun"), *CPU], ["bigdata.h5", "of memory"],
+            "a dataset claiming 10^9 images", vmem=2 * gb)
+
+
+def labels():
+    r = unet("init", "-o", P("i2.h5"), *MODEL, "--class-cond", "--num-classes", "2")
+    check(r.returncode == 0, "init a 2-class model")
+    refused(["train", P("d.h5"), "--init", P("i2.h5"), "-o", P("lab1"), *CPU], ["d.h5", "3 classes", "i2.h5"],
+            "3-class dataset, 2-class model")
+    for name, lab in [("lab_big.h5", 5), ("lab_neg.h5", -1)]:
+        shutil.copy(P("d.h5"), P(name))
+        with h5py.File(P(name), "a") as f:
+            del f["labels"].attrs["class_names"]
+            f["labels"][7] = lab
+        refused(["train", P(name), "--init", P("i.h5"), "-o", P("lab2"), *CPU], [name, "label " + str(lab)],
+                f"a label {lab} in a dataset without class names")
+    refused(["train", P("d.h5"), "--init", P("i.h5"), "--resume", P("base", "latest.h5")], ["exclusive"],
+            "--init with --resume")
+
+
+def clobber():
+    imgs = P("imgs")
+    shutil.copytree(os.path.join(SRC, "testdata", "images"), imgs)
+    first = os.path.join(imgs, "circles", sorted(os.listdir(os.path.join(imgs, "circles")))[0])
+    refused(["prepare", imgs, "-o", first], [first], "prepare -o onto an input image")
+    os.symlink(first, P("link.png"))
+    refused(["prepare", imgs, "-o", P("link.png")], ["link.png"], "prepare -o through a symlink to an input")
+    os.link(first, P("hard.png"))
+    refused(["prepare", imgs, "-o", P("hard.png")], ["hard.png"], "prepare -o onto a hard link of an input")
+    os.symlink(P("i.h5"), P("ck_link.h5"))
+    for args, needle, what in [
+            (["-o", P("i.h5")], "i.h5", "sample -o onto the checkpoint"),
+            (["--h5", P("i.h5")], "i.h5", "sample --h5 onto the checkpoint"),
+            (["-o", P("ck_link.h5")], "ck_link.h5", "sample -o onto a link to the checkpoint"),
+            (["--h5", P("d.h5"), "--noise", P("d.h5")], "d.h5", "sample --h5 onto the --noise file"),
+            (["-o", P("x.h5"), "--h5", P("x.h5")], "x.h5", "sample -o and --h5 the same file"),
+            (["-o", P("nodir", "s.png")], "nodir", "sample -o into a missing directory")]:
+        refused(["sample", P("i.h5"), "-n", "1", *args, *CPU], [needle], what)
+    refused(["train", P("d.h5"), "-o", P("d.h5"), *MODEL, *CPU], ["d.h5"], "train -o onto the dataset")
+    os.makedirs(P("trap"))
+    os.symlink(P("d.h5"), P("trap", "metrics.csv"))
+    refused(["train", P("d.h5"), "-o", P("trap"), *MODEL, *CPU], ["metrics.csv", "d.h5"],
+            "train with RUNDIR/metrics.csv a link to the dataset")
+    # Special files are never replaced (and never block: a FIFO without a reader would).
+    os.mkfifo(P("fifo"))
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(P("sock"))
+    for out, kind in [(P("fifo"), "FIFO"), (P("sock"), "socket")]:
+        refused(["init", "-o", out, *MODEL], [out, kind], f"init -o onto a {kind}")
+        refused(["prepare", imgs, "-o", out], [out, kind], f"prepare -o onto a {kind}")
+        refused(["sample", P("i.h5"), "-n", "1", "-o", out, *CPU], [out, kind], f"sample -o onto a {kind}")
+        refused(["sample", P("i.h5"), "-n", "1", "--h5", out, *CPU], [out, kind], f"sample --h5 onto a {kind}")
+    os.makedirs(P("fiforun"))
+    os.mkfifo(P("fiforun", "metrics.csv"))
+    refused(["train", P("d.h5"), "-o", P("fiforun"), *MODEL, *CPU], ["metrics.csv", "FIFO"],
+            "train with RUNDIR/metrics.csv a FIFO")
+    s.close()
+
+
+def numbers():
+    for flag, v in [("--lr", "nan"), ("--lr", "inf"), ("--lr", "-inf"), ("--weight-decay", "nan"),
+                    ("--weight-decay", "inf"), ("--grad-clip", "inf"), ("--grad-clip", "nan"), ("--ema-rate", "nan"),
+                    ("--ema-rate", "-inf")]:
+        refused(["train", P("d.h5"), flag, v], [flag, "finite"], f"train {flag} {v}")
+    for v in ("nan", "inf", "-1"):
+        refused(["sample", P("i.h5"), "--eta", v], ["--eta"], f"sample --eta {v}")
+    for cmd, v in [(["train", P("d.h5")], "-1"), (["train", P("d.h5")], str(2**64)), (["train", P("d.h5")], "1.5"),
+                   (["sample", P("i.h5")], "-1"), (["sample", P("i.h5")], str(2**63)), (["init", "-o", P("s.h5")], "-1")]:
+        refused([*cmd, "--seed", v], ["--seed", "9223372036854775807"], f"{cmd[0]} --seed {v}")
+    refused(["sample", P("i.h5"), "--class", "-1"], ["--class"], "sample --class -1")
+    refused(["sample", P("i.h5"), "--class", "3", *CPU], ["--class 3", "3 classes"], "sample --class past the classes")
+    refused(["train", P("d.h5"), "--steps", "0"], ["--steps"], "train --steps 0")
+    refused(["sample", P("i.h5"), "--steps", "0"], ["--steps"], "sample --steps 0")
+    refused(["sample", P("i.h5"), "--steps", "5000", *CPU], ["--steps 5000"], "sample --steps past the model's")
+    r = refused(["prepare", P("imgs"), "-o", P("j.h5"), "--jobs", "0"], ["--jobs", "1 to 1024"], "prepare --jobs 0")
+    check(len(r.stderr) < 100, f"the --jobs message is short ({len(r.stderr)} characters)")
+    for flag in ("--batch-size", "--log-every", "--lr-warmup"):
+        refused(["train", P("d.h5"), flag, "-5"], [flag], f"train {flag} -5")
+    # Non-finite weights in a checkpoint (model or EMA) or in a --noise file are refused on load.
+    for name, tensor, value in [("nan_model.h5", "model/out.2.weight", np.nan),
+                                ("inf_ema.h5", "ema/input_blocks.0.0.bias", np.inf)]:
+        shutil.copy(P("base", "latest.h5"), P(name))
+        with h5py.File(P(name), "a") as f:
+            f[tensor][0] = value
+        refused(["sample", P(name), "-n", "1", *CPU], [name, tensor], f"sample a checkpoint with {value} in {tensor}")
+        refused(["train", P("d.h5"), "--resume", P(name), *CPU], [name, tensor], f"resume with {value} in {tensor}")
+    with h5py.File(P("nan_noise.h5"), "w") as f:
+        x = np.zeros((2, 3, 8, 8), np.float32)
+        x[1, 2, 3, 4] = np.nan
+        f["noise"] = x
+    refused(["sample", P("i.h5"), "--noise", P("nan_noise.h5"), *CPU], ["nan_noise.h5", "NaN"], "NaN in --noise")
+
+
+def concurrent():
+    run = P("conc")
+    a = subprocess.Popen([BINARY, "train", P("d.h5"), "--init", P("i.h5"), "-o", run, "--steps", "1000000",
+                          "--batch-size", "2", "--save-every", "1", "--log-every", "1", *CPU],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TMP)
+    t0 = time.time()
+    while time.time() - t0 < 60 and not os.path.exists(os.path.join(run, "latest.h5")):
+        time.sleep(0.05)
+    try:
+        refused(["train", P("d.h5"), "--resume", os.path.join(run, "latest.h5"), *CPU], [run, "in use", str(a.pid)],
+                "a second trainer resuming a run that is being trained", unchanged=False)
+        refused(["train", P("d.h5"), "--init", P("i.h5"), "-o", run, *CPU], [run], "a second fresh trainer on the "
+                "same -o", unchanged=False)
+    finally:
+        a.send_signal(signal.SIGINT)
+        a.communicate(timeout=60)
+    check(a.returncode == 0, f"the first trainer was not disturbed (rc {a.returncode})")
+    step = h5py.File(os.path.join(run, "latest.h5"), "r")["state"].attrs["step"]
+    r = unet("train", P("d.h5"), "--resume", os.path.join(run, "latest.h5"), "--steps", str(step + 1), *CPU)
+    check(r.returncode == 0, f"once it exited, the run resumes (the lock died with it): {r.stderr.strip()}")
+
+
+def resume():
+    settings = ["--batch-size", "3", "--lr", "3e-3", "--lr-warmup", "5", "--ema-rate", "0.9", "--grad-clip", "0.05",
+                "--weight-decay", "0.01", "--seed", "7", "--log-every", "2", *CPU]
+    for tag, extra in [("noflip", ["--no-flip"]), ("flip", [])]:
+        a, b = P("res_a_" + tag), P("res_b_" + tag)
+        unet("train", P("d.h5"), "--init", P("i.h5"), "-o", a, "--steps", "8", *settings, *extra)
+        unet("train", P("d.h5"), "--init", P("i.h5"), "-o", b, "--steps", "4", *settings, *extra)
+        # Only where to stop is given: every training setting comes from the checkpoint.
+        r = unet("train", P("d.h5"), "--resume", os.path.join(b, "latest.h5"), "--steps", "8", *CPU)
+        check(r.returncode == 0 and r.stderr == "", f"resume without flags ({tag}): {r.stderr.strip()[:200]}")
+        check(same_tensors(os.path.join(a, "latest.h5"), os.path.join(b, "latest.h5")),
+              f"4 + resume without flags == 8 straight, bitwise (lr, warmup, EMA, clip, decay, seed, batch, {tag})")
+        ma = open(os.path.join(a, "metrics.csv")).read().splitlines()
+        mb = open(os.path.join(b, "metrics.csv")).read().splitlines()
+        check([l.split(",")[:4] for l in ma] == [l.split(",")[:4] for l in mb], f"metrics identical ({tag})")
+    # A --steps target still ahead carries over too (as after Ctrl-C in a run given --steps 10).
+    b = P("res_b_noflip")
+    with h5py.File(os.path.join(b, "latest.h5"), "a") as f:
+        f["state"].attrs["steps"] = np.int64(10)
+    r = unet("train", P("d.h5"), "--resume", os.path.join(b, "latest.h5"), *CPU, timeout=60)
+    check(r.returncode == 0 and "finished at step 10" in r.stdout, f"the --steps target carries over: {r.stdout.strip()[-60:]}")
+    r = unet("train", P("d.h5"), "--resume", os.path.join(b, "latest.h5"), "--steps", "12", "--lr", "1e-3",
+             "--no-flip=false", *CPU)
+    lines = r.stderr.splitlines()
+    check(r.returncode == 0 and len(lines) == 1 and "warning" in lines[0] and "--lr 0.001" in lines[0] and
+          "flips on" in lines[0], f"explicit overrides: one warning line naming them: {lines}")
+    # Another dataset: fewer images, or as many but different.
+    r = unet("prepare", P("imgs"), "-o", P("d30.h5"), "--image-size", "8", "--labels", "subdirs", "--limit", "30")
+    shutil.copy(P("d.h5"), P("d_edit.h5"))
+    with h5py.File(P("d_edit.h5"), "a") as f:
+        f["images"][0, 0, 0, 0] ^= 1
+    latest = os.path.join(P("base"), "latest.h5")
+    refused(["train", P("d30.h5"), "--resume", latest, *CPU], ["d30.h5", "30 images"], "resume on a smaller dataset")
+    refused(["train", P("d_edit.h5"), "--resume", latest, *CPU], ["d_edit.h5", "different images"],
+            "resume on a dataset with one pixel changed")
+    # A checkpoint from before settings were recorded: one warning, then the flags/defaults.
+    old = P("old", "latest.h5")
+    shutil.copytree(P("base"), P("old"))
+    with h5py.File(old, "a") as f:
+        for k in list(f["state"].attrs):
+            if k not in ("step", "seed", "batch_size", "flip", "dataset_count"):
+                del f["state"].attrs[k]
+    r = unet("train", P("d.h5"), "--resume", old, "--steps", "3", *CPU)
+    lines = r.stderr.splitlines()
+    check(r.returncode == 0 and len(lines) == 1 and "does not record" in lines[0], f"an older checkpoint: {lines}")
+
+
+def smaller():
+    # Temporaries of a killed process are removed by the next run in that place; live ones stay.
+    dead, live = dead_pid(), os.getpid()
+    for n in (f"z.h5.tmp-{dead}", f"other.h5.tmp-{dead}", f"z.h5.tmp-{live}"):
+        open(P(n), "w").write("partial")
+    r = unet("init", "-o", P("z.h5"), *MODEL)
+    check(r.returncode == 0 and not os.path.exists(P(f"z.h5.tmp-{dead}")) and
+          not os.path.exists(P(f"other.h5.tmp-{dead}")) and os.path.exists(P(f"z.h5.tmp-{live}")),
+          "stale temporaries of a dead process removed, a live process's kept")
+    os.remove(P(f"z.h5.tmp-{live}"))
+    run = P("stale")
+    shutil.copytree(P("base"), run)
+    open(os.path.join(run, f"ckpt_0000009.h5.tmp-{dead}"), "w").write("partial")
+    r = unet("train", P("d.h5"), "--resume", os.path.join(run, "latest.h5"), "--steps", "3", *CPU)
+    check(r.returncode == 0 and not [n for n in os.listdir(run) if ".tmp-" in n], "train clears its run directory")
+    # The NaN stop: one line saying what became non-finite, the last good checkpoint kept.
+    nan = P("nanrun")
+    shutil.copytree(P("base"), nan)
+    keep = open(os.path.join(nan, "latest.h5"), "rb").read()
+    r = unet("train", P("d.h5"), "--resume", os.path.join(nan, "latest.h5"), "--steps", "20", "--lr", "1e38",
+             "--log-every", "1", "--save-every", "1", *CPU)
+    lines = [l for l in r.stderr.splitlines() if "warning: resuming with --lr" not in l]  # the override's
+    check(r.returncode == 1 and len(lines) == 1 and ("NaN" in lines[0] or "non-finite" in lines[0]) and
+          "latest.h5" in lines[0], f"NaN stop: one line naming what and the last good checkpoint: {lines}")
+    check(open(os.path.join(nan, "latest.h5"), "rb").read() == keep, "NaN stop keeps latest.h5")
+    # The decoder's pixel limit is a flag.
+    refused(["prepare", P("imgs"), "-o", P("mp.h5"), "--max-pixels", "100", "--strict"], ["--max-pixels"],
+            "prepare --max-pixels 100 --strict")
+    r = unet("prepare", P("imgs"), "-o", P("mp.h5"), "--max-pixels", "100")
+    check(r.returncode == 1 and "skipping" in r.stderr and "no readable images" in r.stderr, "--max-pixels skips")
+    r = unet("prepare", P("imgs"), "-o", P("mp.h5"), "--max-pixels", "0")
+    check(r.returncode == 1 and "--max-pixels" in r.stderr, "--max-pixels 0 refused")
+
+
+def main():
+    t0 = time.time()
+    try:
+        setup()
+        for part in (disk_full, absurd_sizes, labels, clobber, numbers, concurrent, resume, smaller):
+            t1 = time.time()
+            part()
+            print(f"-- {part.__name__}: {time.time() - t1:.1f} s", flush=True)
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+    print(f"{len(failures)} failed ({time.time() - t0:.0f} s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
