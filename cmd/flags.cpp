@@ -21,10 +21,11 @@ void ModelFlags::add(CLI::App* app, bool with_preset) {
   opt_int("--image-size", &ModelConfig::image_size, "image size (square), default 64");
   opt_int("--in-channels", &ModelConfig::in_channels, "image channels, default 3");
   opt_int("--num-channels", &ModelConfig::num_channels, "base channel count, default 64");
-  auto* cm = app->add_option("--channel-mult", channel_mult, "channel multiplier per level, default 1,2,3,4")
+  auto* cm = app->add_option("--channel-mult", channel_mult,
+                             "channel multiplier per level (may be fractional, e.g. 0.5), default 1,2,3,4")
                  ->group("Model");
   opts.push_back(
-      {cm, [this](ModelConfig& c) { c.channel_mult = parse_int_list(channel_mult, "--channel-mult"); }});
+      {cm, [this](ModelConfig& c) { c.channel_mult = parse_mult_list(channel_mult, "--channel-mult"); }});
   opt_int("--num-res-blocks", &ModelConfig::num_res_blocks, "ResBlocks per level, default 2");
   auto* ar = app->add_option("--attention-resolutions", attention_resolutions,
                              "feature-map sizes with attention (16 = 16x16), default 16,8")

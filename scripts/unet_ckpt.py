@@ -73,7 +73,9 @@ def _write_flags(f, flags):
         elif isinstance(v, float):
             f.attrs[k] = np.float64(v)
         elif isinstance(v, tuple):
-            f.attrs[k] = np.asarray(v, dtype=np.int64)
+            # int64 like `unet init`; float64 only for fractional multipliers (imagenet512's 0.5)
+            whole = all(float(x).is_integer() for x in v)
+            f.attrs[k] = np.asarray(v, dtype=np.int64 if whole else np.float64)
         else:
             f.attrs[k] = str(v)
     return fl

@@ -82,9 +82,23 @@ def _int_list(v):
     return tuple(int(s) for s in v)
 
 
+def _mult_list(v):
+    """Channel multipliers: whole numbers as int, fractions (imagenet512's 0.5) as float."""
+    if isinstance(v, bytes):
+        v = v.decode()
+    if isinstance(v, str):
+        v = [float(s) for s in v.split(",")] if v.strip() else []
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, (int, float)):
+        v = [v]
+    return tuple(int(x) if float(x).is_integer() else float(x) for x in v)
+
+
 def normalize_flags(flags=None, preset=None, **kw):
     """Returns a complete flag dict (defaults, then preset, then `flags`, then keyword args) with
-    plain Python types: ints, bools, float, str, int tuples. Unknown keys are dropped."""
+    plain Python types: ints, bools, float, str, int tuples (channel_mult may hold floats).
+    Unknown keys are dropped."""
     out = dict(DEFAULT_FLAGS)
     if preset is not None:
         out.update(PRESETS[preset])
@@ -103,7 +117,7 @@ def normalize_flags(flags=None, preset=None, **kw):
     out["dropout"] = float(out["dropout"])
     ns = out["noise_schedule"]
     out["noise_schedule"] = ns.decode() if isinstance(ns, bytes) else str(ns)
-    out["channel_mult"] = _int_list(out["channel_mult"])
+    out["channel_mult"] = _mult_list(out["channel_mult"])
     out["attention_resolutions"] = _int_list(out["attention_resolutions"])
     return out
 

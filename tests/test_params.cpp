@@ -7,6 +7,7 @@
 
 #include "params.h"
 #include "testutil.h"
+#include "util.h"
 
 using namespace unet;
 
@@ -109,4 +110,23 @@ TEST(Config, ValidateRejectsBadCombinations) {
   d = preset("seed64");
   d.attention_resolutions = {12};
   EXPECT_NE(d.validate().find("not a feature-map size"), std::string::npos);
+}
+
+TEST(Config, FractionalChannelMult) {
+  EXPECT_EQ(parse_mult_list("0.5,1,2", "--channel-mult"), (std::vector<double>{0.5, 1, 2}));
+  EXPECT_EQ(format_mult_list({0.5, 1, 1, 2, 2, 4, 4}), "0.5,1,1,2,2,4,4");
+  EXPECT_EQ(format_mult_list({1.25, 3}), "1.25,3");
+  EXPECT_THROW(parse_mult_list("1,x", "--channel-mult"), UserError);
+  EXPECT_THROW(parse_mult_list("1,,2", "--channel-mult"), UserError);
+  EXPECT_THROW(parse_mult_list("1,inf", "--channel-mult"), UserError);
+  ModelConfig c = preset("tiny32");
+  c.channel_mult = {1.5, 2};  // 48 channels: not a multiple of 32
+  EXPECT_NE(c.validate().find("32 groups"), std::string::npos);
+  c.num_channels = 64;  // 96, 128
+  EXPECT_EQ(c.validate(), "");
+  EXPECT_EQ(c.level_channels(0), 96);
+  c.channel_mult = {0, 1};
+  EXPECT_NE(c.validate().find("positive"), std::string::npos);
+  c.channel_mult = {1e300, 1};
+  EXPECT_NE(c.validate().find("not a usable channel count"), std::string::npos);
 }

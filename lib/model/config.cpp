@@ -1,5 +1,8 @@
 #include "config.h"
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "util.h"
@@ -65,6 +68,39 @@ std::string format_int_list(const std::vector<int>& v) {
   return s;
 }
 
+std::vector<double> parse_mult_list(const std::string& s, const std::string& what) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    double v = item.empty() ? 0 : std::strtod(item.c_str(), &end);
+    if (item.empty() || *end || !std::isfinite(v))
+      throw UserError(what + ": '" + s + "' is not a comma-separated list of numbers");
+    out.push_back(v);
+  }
+  if (out.empty()) throw UserError(what + ": empty list");
+  return out;
+}
+
+std::string format_mult_list(const std::vector<double>& v) {
+  std::string s;
+  char buf[32];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%.17g", v[i]);
+    for (int prec = 1; prec < 17; ++prec) {  // shortest form that reads back exactly: 0.5, not 0.50000...
+      char b[32];
+      std::snprintf(b, sizeof b, "%.*g", prec, v[i]);
+      if (std::strtod(b, nullptr) == v[i]) {
+        std::snprintf(buf, sizeof buf, "%s", b);
+        break;
+      }
+    }
+    s += (i ? "," : "") + std::string(buf);
+  }
+  return s;
+}
+
 std::string ModelConfig::validate() const {
   auto bad = [](const std::string& s) { return s; };
   if (image_size < 1) return bad("--image-size must be positive");
@@ -72,11 +108,16 @@ std::string ModelConfig::validate() const {
   if (num_channels < 1) return bad("--num-channels must be positive");
   if (num_res_blocks < 1) return bad("--num-res-blocks must be at least 1");
   if (channel_mult.empty()) return bad("--channel-mult is empty");
-  for (int m : channel_mult) {
-    if (m < 1) return bad("--channel-mult values must be positive");
-    if ((m * num_channels) % 32 != 0)
-      return bad("channels " + std::to_string(m * num_channels) + " (num_channels " +
-                 std::to_string(num_channels) + " x mult " + std::to_string(m) +
+  for (size_t l = 0; l < channel_mult.size(); ++l) {
+    const double m = channel_mult[l];
+    if (!(m > 0)) return bad("--channel-mult values must be positive");
+    // Fractional multipliers are fine as long as int(m * num_channels) is a positive int.
+    if (!(m * num_channels >= 1 && m * num_channels < 2147483648.0))
+      return bad("--channel-mult " + format_mult_list({m}) + " x --num-channels " +
+                 std::to_string(num_channels) + " is not a usable channel count");
+    if (level_channels(l) % 32 != 0)
+      return bad("channels " + std::to_string(level_channels(l)) + " (num_channels " +
+                 std::to_string(num_channels) + " x mult " + format_mult_list({m}) +
                  ") are not divisible by GroupNorm's 32 groups");
   }
   const int levels = (int)channel_mult.size();
@@ -96,7 +137,7 @@ std::string ModelConfig::validate() const {
   if (num_head_channels == -1 && num_heads < 1) return bad("--num-heads must be positive");
   // Attention runs at the listed resolutions and in the middle block (deepest level).
   for (int l = 0; l < levels; ++l) {
-    int res = image_size >> l, ch = channel_mult[l] * num_channels;
+    int res = image_size >> l, ch = level_channels(l);
     bool attn = l == levels - 1;
     for (int r : attention_resolutions) attn |= r == res;
     if (!attn) continue;
@@ -123,7 +164,7 @@ std::string ModelConfig::validate() const {
 std::string ModelConfig::describe() const {
   std::ostringstream o;
   o << "image_size=" << image_size << " in_channels=" << in_channels << " num_channels=" << num_channels
-    << " channel_mult=" << format_int_list(channel_mult) << " num_res_blocks=" << num_res_blocks
+    << " channel_mult=" << format_mult_list(channel_mult) << " num_res_blocks=" << num_res_blocks
     << " attention_resolutions=" << format_int_list(attention_resolutions) << " num_heads=" << num_heads
     << " num_head_channels=" << num_head_channels
     << " use_new_attention_order=" << (use_new_attention_order ? "true" : "false")
