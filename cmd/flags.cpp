@@ -8,8 +8,10 @@ namespace unet {
 
 void ModelFlags::add(CLI::App* app, bool with_preset) {
   if (with_preset)
-    preset_opt = app->add_option("--preset", preset, "model preset: seed64 (default), tiny32, imagenet64")
-                     ->check(CLI::IsMember({"seed64", "tiny32", "imagenet64"}));
+    preset_opt =
+        app->add_option("--preset", preset,
+                        "model preset (default seed64); imagenet*, lsun256: OpenAI's released models")
+            ->check(CLI::IsMember(preset_names()));
   auto opt_int = [&](const char* name, int ModelConfig::*field, const char* help) {
     auto* o = app->add_option(name, v.*field, help)->group("Model");
     opts.push_back({o, [this, field](ModelConfig& c) { c.*field = v.*field; }});

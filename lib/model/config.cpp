@@ -9,6 +9,33 @@
 
 namespace unet {
 
+namespace {
+// guided-diffusion's model_and_diffusion_defaults() where they differ from ours, plus the flags
+// every released model's MODEL_FLAGS share (guided-diffusion README), and create_model's
+// channel_mult for the image size.
+ModelConfig released(int image_size) {
+  ModelConfig c;
+  c.image_size = image_size;
+  c.num_channels = 256;
+  c.num_res_blocks = 2;
+  c.attention_resolutions = {32, 16, 8};
+  c.num_heads = 4;
+  c.num_head_channels = -1;
+  c.use_new_attention_order = false;
+  c.use_scale_shift_norm = true;
+  c.resblock_updown = true;
+  c.learn_sigma = true;
+  c.num_classes = 1000;
+  c.diffusion_steps = 1000;
+  c.noise_schedule = "linear";
+  if (image_size == 512) c.channel_mult = {0.5, 1, 1, 2, 2, 4, 4};
+  if (image_size == 256) c.channel_mult = {1, 1, 2, 2, 4, 4};
+  if (image_size == 128) c.channel_mult = {1, 1, 2, 3, 4};
+  if (image_size == 64) c.channel_mult = {1, 2, 3, 4};
+  return c;
+}
+}  // namespace
+
 ModelConfig preset(const std::string& name) {
   ModelConfig c;  // defaults are seed64
   if (name == "seed64") return c;
@@ -21,28 +48,45 @@ ModelConfig preset(const std::string& name) {
     c.num_head_channels = 16;
     return c;
   }
+  // OpenAI's released models: the MODEL_FLAGS of guided-diffusion's README (use_fp16 is a
+  // run-time precision there, not part of the model).
   if (name == "imagenet64") {
-    // OpenAI's released ImageNet 64x64 model (guided-diffusion README MODEL_FLAGS).
+    c = released(64);
     c.num_channels = 192;
-    c.channel_mult = {1, 2, 3, 4};
     c.num_res_blocks = 3;
-    c.attention_resolutions = {32, 16, 8};
-    c.num_heads = 4;
     c.num_head_channels = 64;
     c.use_new_attention_order = true;
-    c.use_scale_shift_norm = true;
-    c.resblock_updown = true;
-    c.learn_sigma = true;
     c.class_cond = true;
-    c.num_classes = 1000;
+    c.dropout = 0.1f;
     c.noise_schedule = "cosine";
+    return c;
+  }
+  if (name == "imagenet128") {
+    c = released(128);  // 4 heads of any width, legacy attention order
+    c.class_cond = true;
+    return c;
+  }
+  if (name == "imagenet256" || name == "imagenet256-uncond" || name == "imagenet512") {
+    c = released(name == "imagenet512" ? 512 : 256);
+    c.num_head_channels = 64;
+    c.class_cond = name != "imagenet256-uncond";
+    return c;
+  }
+  if (name == "lsun256") {  // bedroom, cat and horse
+    c = released(256);
+    c.num_head_channels = 64;
     c.dropout = 0.1f;
     return c;
   }
-  throw UserError("unknown preset '" + name + "' (choose seed64, tiny32 or imagenet64)");
+  std::string names;
+  for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+  throw UserError("unknown preset '" + name + "' (choose " + names + ")");
 }
 
-std::vector<std::string> preset_names() { return {"seed64", "tiny32", "imagenet64"}; }
+std::vector<std::string> preset_names() {
+  return {"seed64",      "tiny32", "imagenet64", "imagenet128", "imagenet256", "imagenet256-uncond",
+          "imagenet512", "lsun256"};
+}
 
 std::vector<int> parse_int_list(const std::string& s, const std::string& what) {
   std::vector<int> out;

@@ -39,7 +39,9 @@ struct ModelConfig {
   std::string describe() const;
 };
 
-// Presets: "seed64" (default), "tiny32", "imagenet64". Throws UserError on unknown name.
+// Presets: "seed64" (default), "tiny32", and the configurations of OpenAI's released
+// guided-diffusion models: "imagenet64", "imagenet128", "imagenet256", "imagenet256-uncond",
+// "imagenet512", "lsun256". Throws UserError on unknown name.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 
