@@ -26,7 +26,7 @@ void register_init(CLI::App& app) {
       "Weights follow PyTorch's defaults (conv/linear U(-1/sqrt(fan_in), 1/sqrt(fan_in)), GroupNorm 1/0,\n"
       "label_emb N(0,1), guided-diffusion's zero modules zero) and depend only on --seed.\n"
       "Presets imagenet64/128/256/512, imagenet256-uncond and lsun256 are the configurations of OpenAI's\n"
-      "released guided-diffusion models.\n"
+      "released guided-diffusion models (scripts/unet_ckpt.py import converts their .pt files).\n"
       "Example: unet init -o tiny.h5 --preset tiny32 --seed 1");
   // -o is checked in the callback: --print-params needs none.
   sub->add_option("-o,--output", args->out, "checkpoint to write (.h5); required");
