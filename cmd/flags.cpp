@@ -54,8 +54,10 @@ CLI::Validator seed_range() { return int_range(0, INT64_MAX); }
 
 void ModelFlags::add(CLI::App* app, bool with_preset) {
   if (with_preset)
-    preset_opt = app->add_option("--preset", preset, "model preset: seed64 (default), tiny32, imagenet64")
-                     ->check(CLI::IsMember({"seed64", "tiny32", "imagenet64"}));
+    preset_opt =
+        app->add_option("--preset", preset,
+                        "model preset (default seed64); imagenet*, lsun256: OpenAI's released models")
+            ->check(CLI::IsMember(preset_names()));
   // Integers here only need to be integers; ModelConfig::validate() names the real bounds.
   auto opt_int = [&](const char* name, int ModelConfig::*field, const char* help) {
     auto* o = app->add_option(name, v.*field, help)->group("Model")->check(int_range(INT32_MIN, INT32_MAX));
@@ -68,10 +70,11 @@ void ModelFlags::add(CLI::App* app, bool with_preset) {
   opt_int("--image-size", &ModelConfig::image_size, "image size (square), default 64");
   opt_int("--in-channels", &ModelConfig::in_channels, "image channels, default 3");
   opt_int("--num-channels", &ModelConfig::num_channels, "base channel count, default 64");
-  auto* cm = app->add_option("--channel-mult", channel_mult, "channel multiplier per level, default 1,2,3,4")
+  auto* cm = app->add_option("--channel-mult", channel_mult,
+                             "channel multiplier per level (may be fractional, e.g. 0.5), default 1,2,3,4")
                  ->group("Model");
   opts.push_back(
-      {cm, [this](ModelConfig& c) { c.channel_mult = parse_int_list(channel_mult, "--channel-mult"); }});
+      {cm, [this](ModelConfig& c) { c.channel_mult = parse_mult_list(channel_mult, "--channel-mult"); }});
   opt_int("--num-res-blocks", &ModelConfig::num_res_blocks, "ResBlocks per level, default 2");
   auto* ar = app->add_option("--attention-resolutions", attention_resolutions,
                              "feature-map sizes with attention (16 = 16x16), default 16,8")

@@ -14,6 +14,7 @@ namespace {
 struct InitArgs {
   std::string out;
   uint64_t seed = 0;
+  bool print_params = false;
   ModelFlags flags;
 };
 }  // namespace
@@ -24,12 +25,30 @@ void register_init(CLI::App& app) {
   sub->footer(
       "Weights follow PyTorch's defaults (conv/linear U(-1/sqrt(fan_in), 1/sqrt(fan_in)), GroupNorm 1/0,\n"
       "label_emb N(0,1), guided-diffusion's zero modules zero) and depend only on --seed.\n"
+      "Presets imagenet64/128/256/512, imagenet256-uncond and lsun256 are the configurations of OpenAI's\n"
+      "released guided-diffusion models (scripts/unet_ckpt.py import converts their .pt files).\n"
       "Example: unet init -o tiny.h5 --preset tiny32 --seed 1");
-  sub->add_option("-o,--output", args->out, "checkpoint to write (.h5)")->required();
+  // -o is checked in the callback: --print-params needs none.
+  sub->add_option("-o,--output", args->out, "checkpoint to write (.h5); required");
   sub->add_option("--seed", args->seed, "random seed, 0 to 2^63-1 (default 0)")->check(seed_range());
+  // Lets the 550 M-parameter presets be checked against PyTorch without writing 2.2 GB.
+  sub->add_flag("--print-params", args->print_params,
+                "write nothing; print the configuration and every tensor's name and PyTorch shape");
   args->flags.add(sub);
   sub->callback([args] {
     const ModelConfig cfg = args->flags.resolve();
+    if (args->print_params) {
+      const ParamTable t = build_param_table(cfg);
+      std::printf("# %s\n# %zu tensors, %zu parameters; name, then PyTorch shape\n", cfg.describe().c_str(),
+                  t.params.size(), t.count);
+      for (auto& p : t.params) {
+        std::string shape;
+        for (size_t i = 0; i < p.shape.size(); ++i) shape += (i ? "x" : "") + std::to_string(p.shape[i]);
+        std::printf("%s %s\n", p.name.c_str(), shape.c_str());
+      }
+      return;
+    }
+    if (args->out.empty()) throw CLI::RequiredError("--output");
     check_writable_dir_for(args->out);  // fail before the work, not after
     const ParamTable t = build_param_table(cfg);
     // The same checks as loading: a checkpoint init writes can always be read back.

@@ -10,16 +10,27 @@ diffusion flag under its guided-diffusion name (booleans stored as int64 0/1, li
 arrays, dropout float64, noise_schedule string). Optional optimizer/ and state groups written by
 `unet train` are ignored here.
 
-Run as a script to describe a checkpoint:  python3 scripts/unet_ckpt.py CKPT.h5
+Command line:
+    python3 scripts/unet_ckpt.py CKPT.h5                       describe a checkpoint
+    python3 scripts/unet_ckpt.py import FILE.pt [--preset NAME] [model flags] -o OUT.h5
+    python3 scripts/unet_ckpt.py export CKPT.h5 -o FILE.pt [--ema | --model]
+
+`import` converts a plain state_dict as OpenAI released them (guided-diffusion's .pt files) into a
+unet checkpoint, strictly checked against the model of the preset + flags (without a preset, the
+flags resolve as guided-diffusion's scripts resolve them, so its MODEL_FLAGS paste as they are); `export` writes a
+checkpoint's weights as such a state_dict (float32), which guided-diffusion's scripts load as is.
 """
 
+import argparse
+import os
 import sys
+from collections import Counter, OrderedDict
 
 import h5py
 import numpy as np
 import torch
 
-from unet_torch import DEFAULT_FLAGS, create_model, normalize_flags
+from unet_torch import DEFAULT_FLAGS, PRESETS, create_model, normalize_flags, state_dict_shapes
 
 FORMAT = "unet-checkpoint"
 VERSION = 1
@@ -73,7 +84,9 @@ def _write_flags(f, flags):
         elif isinstance(v, float):
             f.attrs[k] = np.float64(v)
         elif isinstance(v, tuple):
-            f.attrs[k] = np.asarray(v, dtype=np.int64)
+            # int64 like `unet init`; float64 only for fractional multipliers (imagenet512's 0.5)
+            whole = all(float(x).is_integer() for x in v)
+            f.attrs[k] = np.asarray(v, dtype=np.int64 if whole else np.float64)
         else:
             f.attrs[k] = str(v)
     return fl
@@ -162,17 +175,308 @@ def unet_init_state_dict(flags, seed=0):
     return out
 
 
-def main(argv):
-    if len(argv) != 2:
-        print("usage: unet_ckpt.py CKPT.h5", file=sys.stderr)
-        return 2
-    with h5py.File(argv[1], "r") as f:
-        flags = read_flags(f)
+# ---- import / export of guided-diffusion .pt state_dicts --------------------------------------
+class CliError(Exception):
+    """A user error: printed as one line, exit status 1."""
+
+
+def _shape(t):
+    return "x".join(str(d) for d in t) if t else "scalar"
+
+
+def _few(items, n=3):
+    return ", ".join(items[:n]) + (f", ... ({len(items) - n} more)" if len(items) > n else "")
+
+
+def compare_state_dict(got, want):
+    """got: {name: tensor}, want: [(name, shape)]. Returns '' when they match exactly (names,
+    shapes, floating-point tensors), else a one-line list of what is missing / unexpected /
+    misshaped."""
+    want_d = dict(want)
+    missing = [k for k, _ in want if k not in got]
+    unexpected = [k for k in got if k not in want_d]
+    bad = []
+    for k, v in got.items():
+        if k not in want_d:
+            continue
+        if not torch.is_tensor(v) or not v.is_floating_point():
+            bad.append(f"{k} ({type(v).__name__ if not torch.is_tensor(v) else v.dtype}, not a float tensor)")
+        elif tuple(v.shape) != want_d[k]:
+            bad.append(f"{k} ({_shape(tuple(v.shape))}, expected {_shape(want_d[k])})")
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing ({_few(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected ({_few(unexpected)})")
+    if bad:
+        parts.append(f"{len(bad)} misshaped ({_few(bad)})")
+    return "; ".join(parts)
+
+
+def matching_presets(got):
+    """Presets whose names and shapes `got` has (shapes cannot tell the attention order, the noise
+    schedule or dropout apart: imagenet256-uncond and lsun256 look the same)."""
+    return [p for p in PRESETS if not compare_state_dict(got, state_dict_shapes(preset=p))]
+
+
+def _str2bool(s):
+    v = str(s).lower()
+    if v in ("1", "true", "t", "yes", "y", "on"):  # guided-diffusion's str2bool, plus on/off
+        return True
+    if v in ("0", "false", "f", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {s!r}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 1, like `unet`, instead of usage + exit 2
+        raise CliError(f"{message} (see --help)")
+
+
+def _add_model_flags(p):
+    """guided-diffusion's flag names, spelled --image-size or --image_size; booleans as a bare
+    flag, --flag=false, or guided-diffusion's --flag True, so its MODEL_FLAGS paste as they are."""
+    g = p.add_argument_group("model flags (override the preset)")
+    for k, v in DEFAULT_FLAGS.items():
+        names = ["--" + k.replace("_", "-")] + (["--" + k] if "_" in k else [])
+        if isinstance(v, bool):
+            g.add_argument(*names, dest=k, nargs="?", const=True, type=_str2bool, metavar="BOOL")
+        elif k == "noise_schedule":
+            g.add_argument(*names, dest=k, choices=("linear", "cosine"))
+        else:
+            g.add_argument(*names, dest=k, type={int: int, float: float}.get(type(v), str))
+    for k in ("use_fp16", "use_checkpoint"):  # run-time choices in guided-diffusion: no effect on weights
+        g.add_argument("--" + k.replace("_", "-"), "--" + k, dest=k, nargs="?", const=True, type=_str2bool,
+                       metavar="BOOL", help=argparse.SUPPRESS)
+
+
+def _check_flags(fl):
+    """The rules of unet's ModelConfig::validate that PyTorch would not enforce by itself, so no
+    checkpoint is written that `unet` then refuses."""
+    levels = len(fl["channel_mult"])
+    if levels == 0 or fl["image_size"] % (1 << (levels - 1)):
+        raise CliError(f"invalid model flags: image_size {fl['image_size']} is not divisible by 2^{levels - 1}")
+    sizes = [fl["image_size"] >> i for i in range(levels)]
+    for r in fl["attention_resolutions"]:
+        if r not in sizes:
+            raise CliError(f"invalid model flags: attention resolution {r} is not a feature-map size {sizes}")
+    for m in fl["channel_mult"]:
+        if not (m > 0 and int(m * fl["num_channels"]) % 32 == 0 and int(m * fl["num_channels"]) > 0):
+            raise CliError(f"invalid model flags: channel_mult {m} x num_channels {fl['num_channels']} is not a "
+                           "positive multiple of 32 (GroupNorm's groups)")
+    if fl["noise_schedule"] == "linear" and fl["diffusion_steps"] <= 20:
+        raise CliError("invalid model flags: diffusion_steps must be > 20 for the linear schedule")
+    if fl["diffusion_steps"] < 2 or not 0 <= fl["dropout"] < 1:
+        raise CliError("invalid model flags: diffusion_steps < 2 or dropout outside [0, 1)")
+
+
+def _check_output(out, inp):
+    d = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(d):
+        raise CliError(f"{out}: directory {d} does not exist")
+    if os.path.isdir(out):
+        raise CliError(f"{out}: is a directory")
+    if os.path.exists(out) and os.path.exists(inp) and os.path.samefile(out, inp):
+        raise CliError(f"{out}: the output would overwrite the input")
+
+
+def _flags_summary(fl):
+    return " ".join(f"{k}={','.join(str(x) for x in v) if isinstance(v, tuple) else v}" for k, v in fl.items())
+
+
+_GD_MULT = {512: (0.5, 1, 1, 2, 2, 4, 4), 256: (1, 1, 2, 2, 4, 4), 128: (1, 1, 2, 3, 4), 64: (1, 2, 3, 4)}
+# guided-diffusion's model_and_diffusion_defaults() (the model's part; in_channels and
+# num_classes are fixed in its create_model).
+_GD_DEFAULTS = dict(image_size=64, in_channels=3, num_channels=128, num_res_blocks=2, num_heads=4,
+                    num_head_channels=-1, attention_resolutions="16,8", dropout=0.0, class_cond=False,
+                    num_classes=1000, use_scale_shift_norm=True, resblock_updown=False,
+                    use_new_attention_order=False, learn_sigma=False, diffusion_steps=1000, noise_schedule="linear")
+
+
+def import_flags(a):
+    """(flags, description) for `import`: the preset + explicit flags, or without --preset the flags
+    resolved as guided-diffusion's scripts resolve them (its defaults, channel_mult by image size),
+    so a model's MODEL_FLAGS alone describe it -- unet's own defaults differ in ways the shapes
+    cannot show (attention order, heads)."""
+    explicit = {k: getattr(a, k) for k in DEFAULT_FLAGS if getattr(a, k) is not None}
+    given = f" with {', '.join(sorted(explicit))}" if explicit else ""
+    if a.preset:
+        return normalize_flags(explicit, preset=a.preset), f"preset {a.preset}{given}"
+    f = dict(_GD_DEFAULTS, **explicit)
+    if "channel_mult" not in explicit:
+        if f["image_size"] not in _GD_MULT:
+            raise CliError(f"guided-diffusion has no channel_mult for image_size {f['image_size']}: "
+                           "give --channel-mult")
+        f["channel_mult"] = _GD_MULT[f["image_size"]]
+    return normalize_flags(f), f"guided-diffusion's defaults{given}"
+
+
+def cmd_import(a):
+    flags, what = import_flags(a)
+    _check_flags(flags)
+    try:
+        want = state_dict_shapes(flags)
+    except (AssertionError, ValueError) as e:  # heads not dividing channels, GroupNorm groups, ...
+        raise CliError(f"invalid model flags ({what}): {e or 'inconsistent values'}")
+    _check_output(a.output, a.input)
+    if not os.path.isfile(a.input):
+        raise CliError(f"{a.input}: no such file")
+    try:
+        sd = torch.load(a.input, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle/zip errors, or objects a weights_only load refuses
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CliError(f"{a.input}: cannot read as a PyTorch state_dict ({msg})")
+    if not isinstance(sd, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in sd.items()):
+        kind = type(sd).__name__
+        if isinstance(sd, dict):
+            first = next(k for k, v in sd.items() if not torch.is_tensor(v))
+            kind = f"dict with non-tensor entries, e.g. {first!r}"
+        raise CliError(f"{a.input}: not a plain state_dict (name -> tensor) but a {kind}")
+    problem = compare_state_dict(sd, want)
+    if problem:
+        m = [p for p in matching_presets(sd) if p != a.preset]
+        hint = f"; its names and shapes match preset {' or '.join(m)}" if m else ""
+        raise CliError(f"{a.input}: does not match the model of {what}: {problem}{hint}")
+    dtypes = Counter(str(v.dtype).replace("torch.", "") for v in sd.values())
+    # float16/bfloat16 -> float32 is exact
+    model = OrderedDict((k, sd[k].detach().to(torch.float32).contiguous()) for k, _ in want)
+    save_checkpoint(model, flags, a.output)
+    n = sum(v.numel() for v in model.values())
+    conv = ", ".join(f"{c} {t}" for t, c in dtypes.items() if t != "float32")
+    print(f"{a.output}: {what}, {len(model)} tensors, {n / 1e6:.2f} M parameters in model/ (float32"
+          + (f"; converted {conv} tensors" if conv else "") + ")")
+    return 0
+
+
+def guided_diffusion_flags(flags):
+    """(MODEL_FLAGS for guided-diffusion's scripts, [notes on what they cannot express])."""
+    f = normalize_flags(flags)
+    b = lambda v: "True" if v else "False"  # noqa: E731
+    out = {"attention_resolutions": ",".join(str(r) for r in f["attention_resolutions"]),
+           "class_cond": b(f["class_cond"]), "diffusion_steps": f["diffusion_steps"], "dropout": f["dropout"],
+           "image_size": f["image_size"], "learn_sigma": b(f["learn_sigma"]),
+           "noise_schedule": f["noise_schedule"], "num_channels": f["num_channels"],
+           "num_head_channels": f["num_head_channels"], "num_heads": f["num_heads"],
+           "num_res_blocks": f["num_res_blocks"], "resblock_updown": b(f["resblock_updown"]),
+           "use_new_attention_order": b(f["use_new_attention_order"]),
+           "use_scale_shift_norm": b(f["use_scale_shift_norm"])}
+    notes = []
+    if f["channel_mult"] != _GD_MULT.get(f["image_size"]):
+        if all(isinstance(m, int) for m in f["channel_mult"]):
+            out["channel_mult"] = ",".join(str(m) for m in f["channel_mult"])
+        else:
+            notes.append(f"channel_mult {f['channel_mult']} (guided-diffusion's flag takes integers only)")
+    if not f["attention_resolutions"]:
+        notes.append("no attention resolutions (guided-diffusion's flag cannot be empty)")
+    if f["in_channels"] != 3:
+        notes.append(f"in_channels {f['in_channels']} (guided-diffusion's create_model fixes 3)")
+    if f["class_cond"] and f["num_classes"] != 1000:
+        notes.append(f"num_classes {f['num_classes']} (guided-diffusion fixes 1000)")
+    return " ".join(f"--{k} {v}" for k, v in sorted(out.items())), notes
+
+
+def cmd_export(a):
+    if not os.path.isfile(a.input):
+        raise CliError(f"{a.input}: no such file")
+    _check_output(a.output, a.input)
+    try:
+        f = h5py.File(a.input, "r")
+    except OSError as e:
+        raise CliError(f"{a.input}: cannot open as HDF5 ({str(e).splitlines()[0]})")
+    with f:
+        try:
+            flags = read_flags(f)
+        except ValueError as e:
+            raise CliError(str(e))
+        if a.weights == "ema" and "ema" not in f:
+            raise CliError(f"{a.input}: has no ema/ group (use --model)")
+        group = a.weights or ("ema" if "ema" in f else "model")
+        if group not in f:
+            raise CliError(f"{a.input}: has no {group}/ group")
+        want = state_dict_shapes(flags)
+        g = f[group]
+        # shapes straight from the file's metadata, so a mismatch is reported before any read
+        meta = {k: torch.empty(g[k].shape, device="meta") if isinstance(g[k], h5py.Dataset) and g[k].dtype.kind == "f"
+                else g[k].__class__.__name__ for k in g}
+        problem = compare_state_dict(meta, want)
+        if problem:
+            raise CliError(f"{a.input}: {group}/ does not match the model of its attributes: {problem}")
+        # guided-diffusion's state_dict order (HDF5 lists names alphabetically)
+        sd = OrderedDict((k, torch.from_numpy(np.asarray(g[k][()], dtype=np.float32))) for k, _ in want)
+    tmp = f"{a.output}.tmp-{os.getpid()}"
+    try:
+        torch.save(sd, tmp)
+        os.replace(tmp, a.output)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    n = sum(v.numel() for v in sd.values())
+    why = {"ema": "EMA weights (what guided-diffusion releases and samples with)",
+           "model": "model weights (the raw training weights, not the EMA)"}[group]
+    print(f"{a.output}: {group}/ of {a.input}: {why}; {len(sd)} tensors, {n / 1e6:.2f} M parameters, float32")
+    gd, notes = guided_diffusion_flags(flags)
+    print(f'guided-diffusion MODEL_FLAGS="{gd}"')
+    for note in notes:
+        print(f"note: guided-diffusion's scripts cannot express {note}")
+    return 0
+
+
+def describe(path):
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise CliError(f"{path}: cannot open as HDF5 ({str(e).splitlines()[0]})")
+    with f:
+        try:
+            flags = read_flags(f)
+        except ValueError as e:
+            raise CliError(str(e))
         n = sum(int(np.prod(d.shape)) for d in f["model"].values())
-        print(" ".join(f"{k}={v}" for k, v in flags.items()))
+        print(_flags_summary(flags))
         print(f"{len(f['model'])} tensors, {n / 1e6:.2f} M parameters; groups: {', '.join(f.keys())}")
     return 0
 
 
+def build_parser():
+    p = _Parser(prog="unet_ckpt.py", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+    pi = sub.add_parser("import", help="guided-diffusion .pt state_dict -> unet checkpoint",
+                        description="Converts a plain state_dict (OpenAI's released .pt files) into a unet "
+                                    "checkpoint (weights in model/, float32), strictly checked against the model of "
+                                    "--preset and the flags; without --preset, flags not given take guided-diffusion's "
+                                    "defaults, so the MODEL_FLAGS a model was trained with describe it. Shapes cannot "
+                                    "reveal the attention order, head count, noise schedule or dropout: the preset or "
+                                    "flags must be the file's.")
+    pi.add_argument("input", metavar="FILE.pt")
+    pi.add_argument("--preset", choices=list(PRESETS), help="model preset (default: guided-diffusion's defaults)")
+    pi.add_argument("-o", "--output", required=True, metavar="OUT.h5")
+    _add_model_flags(pi)
+    pe = sub.add_parser("export", help="unet checkpoint -> guided-diffusion .pt state_dict",
+                        description="Writes a checkpoint's weights as a plain float32 state_dict (torch.save of an "
+                                    "OrderedDict) that guided-diffusion's scripts load unchanged; EMA weights when the "
+                                    "checkpoint has them, as guided-diffusion releases, else the model weights.")
+    pe.add_argument("input", metavar="CKPT.h5")
+    pe.add_argument("-o", "--output", required=True, metavar="FILE.pt")
+    w = pe.add_mutually_exclusive_group()
+    w.add_argument("--ema", dest="weights", action="store_const", const="ema", help="the EMA weights (default)")
+    w.add_argument("--model", dest="weights", action="store_const", const="model", help="the raw model weights")
+    return p
+
+
+def main(argv):
+    """argv without the program name; returns the exit status."""
+    try:
+        if len(argv) == 1 and argv[0] not in ("import", "export") and not argv[0].startswith("-"):
+            return describe(argv[0])
+        a = build_parser().parse_args(argv)
+        if a.cmd is None:
+            raise CliError("usage: unet_ckpt.py CKPT.h5 | import FILE.pt ... | export CKPT.h5 ... (see --help)")
+        return cmd_import(a) if a.cmd == "import" else cmd_export(a)
+    except CliError as e:
+        print(f"unet_ckpt: {e}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv[1:]))

@@ -48,15 +48,33 @@ DEFAULT_FLAGS = dict(
     noise_schedule="linear",
 )
 
+
+
+def _released(image_size, **kw):
+    """A released guided-diffusion model: its README's MODEL_FLAGS on top of guided-diffusion's
+    model_and_diffusion_defaults() (which differ from ours: 4 heads of any width, legacy attention
+    order, scale-shift norm), with create_model's channel_mult for the image size."""
+    mult = {512: (0.5, 1, 1, 2, 2, 4, 4), 256: (1, 1, 2, 2, 4, 4), 128: (1, 1, 2, 3, 4), 64: (1, 2, 3, 4)}
+    f = dict(image_size=image_size, num_channels=256, channel_mult=mult[image_size], num_res_blocks=2,
+             attention_resolutions=(32, 16, 8), num_heads=4, num_head_channels=-1, use_new_attention_order=False,
+             use_scale_shift_norm=True, resblock_updown=True, learn_sigma=True, class_cond=False,
+             num_classes=1000, dropout=0.0, diffusion_steps=1000, noise_schedule="linear")
+    f.update(kw)
+    return f
+
+
+# Same presets as lib/model/config.cpp (tests/test_released_models.py checks they agree).
 PRESETS = {
     "seed64": dict(),
     "tiny32": dict(image_size=32, num_channels=32, channel_mult=(1, 2), num_res_blocks=1,
                    attention_resolutions=(16,), num_head_channels=16),
-    "imagenet64": dict(num_channels=192, channel_mult=(1, 2, 3, 4), num_res_blocks=3,
-                       attention_resolutions=(32, 16, 8), num_heads=4, num_head_channels=64,
-                       use_new_attention_order=True, use_scale_shift_norm=True, resblock_updown=True,
-                       learn_sigma=True, class_cond=True, num_classes=1000, noise_schedule="cosine",
-                       dropout=0.1),
+    "imagenet64": _released(64, num_channels=192, num_res_blocks=3, num_head_channels=64,
+                            use_new_attention_order=True, class_cond=True, dropout=0.1, noise_schedule="cosine"),
+    "imagenet128": _released(128, class_cond=True),
+    "imagenet256": _released(256, num_head_channels=64, class_cond=True),
+    "imagenet256-uncond": _released(256, num_head_channels=64),
+    "imagenet512": _released(512, num_head_channels=64, class_cond=True),
+    "lsun256": _released(256, num_head_channels=64, dropout=0.1),  # bedroom, cat and horse
 }
 
 _BOOL_FLAGS = ("use_new_attention_order", "use_scale_shift_norm", "resblock_updown", "learn_sigma",
@@ -82,9 +100,23 @@ def _int_list(v):
     return tuple(int(s) for s in v)
 
 
+def _mult_list(v):
+    """Channel multipliers: whole numbers as int, fractions (imagenet512's 0.5) as float."""
+    if isinstance(v, bytes):
+        v = v.decode()
+    if isinstance(v, str):
+        v = [float(s) for s in v.split(",")] if v.strip() else []
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, (int, float)):
+        v = [v]
+    return tuple(int(x) if float(x).is_integer() else float(x) for x in v)
+
+
 def normalize_flags(flags=None, preset=None, **kw):
     """Returns a complete flag dict (defaults, then preset, then `flags`, then keyword args) with
-    plain Python types: ints, bools, float, str, int tuples. Unknown keys are dropped."""
+    plain Python types: ints, bools, float, str, int tuples (channel_mult may hold floats).
+    Unknown keys are dropped."""
     out = dict(DEFAULT_FLAGS)
     if preset is not None:
         out.update(PRESETS[preset])
@@ -103,7 +135,7 @@ def normalize_flags(flags=None, preset=None, **kw):
     out["dropout"] = float(out["dropout"])
     ns = out["noise_schedule"]
     out["noise_schedule"] = ns.decode() if isinstance(ns, bytes) else str(ns)
-    out["channel_mult"] = _int_list(out["channel_mult"])
+    out["channel_mult"] = _mult_list(out["channel_mult"])
     out["attention_resolutions"] = _int_list(out["attention_resolutions"])
     return out
 
@@ -420,3 +452,20 @@ def create_model(flags=None, preset=None, **kw):
         resblock_updown=f["resblock_updown"],
         use_new_attention_order=f["use_new_attention_order"],
     )
+
+
+def state_dict_shapes(flags=None, preset=None, **kw):
+    """[(name, shape)] of create_model(...).state_dict(), in order, without allocating or
+    initialising weights (the model is built on the 'meta' device): cheap even for 550 M params."""
+    from torch.overrides import TorchFunctionMode
+
+    class _Meta(TorchFunctionMode):  # torch 1.13 has no `with torch.device("meta")`
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func in (torch.empty, torch.zeros, torch.ones, torch.tensor):
+                kwargs["device"] = "meta"
+            return func(*args, **kwargs)
+
+    with _Meta():
+        model = create_model(flags, preset=preset, **kw)
+    return [(k, tuple(v.shape)) for k, v in model.state_dict().items()]

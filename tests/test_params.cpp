@@ -7,6 +7,7 @@
 
 #include "params.h"
 #include "testutil.h"
+#include "util.h"
 
 using namespace unet;
 
@@ -109,4 +110,49 @@ TEST(Config, ValidateRejectsBadCombinations) {
   d = preset("seed64");
   d.attention_resolutions = {12};
   EXPECT_NE(d.validate().find("not a feature-map size"), std::string::npos);
+}
+
+// OpenAI's released models: parameter counts of guided-diffusion's UNetModel for the README's
+// MODEL_FLAGS (tests/test_released_models.py compares every name and shape with PyTorch).
+TEST(Params, ReleasedPresets) {
+  const std::pair<const char*, size_t> want[] = {
+      {"imagenet64", 295904454},         {"imagenet128", 421529606}, {"imagenet256", 553838086},
+      {"imagenet256-uncond", 552814086}, {"imagenet512", 558997638}, {"lsun256", 552814086},
+  };
+  for (auto& [name, count] : want) {
+    ModelConfig c = preset(name);
+    EXPECT_EQ(c.validate(), "") << name;
+    EXPECT_EQ(build_param_table(c).count, count) << name;
+  }
+  // 512x512 starts at half width: int(0.5 * 256) = 128 channels.
+  ParamTable t = build_param_table(preset("imagenet512"));
+  EXPECT_EQ(shape_str(t.at("input_blocks.0.0.weight").shape), "128x3x3x3");
+  EXPECT_EQ(shape_str(t.at("out.2.weight").shape), "6x128x3x3");
+  EXPECT_EQ(shape_str(t.at("output_blocks.18.0.skip_connection.weight").shape), "128x384x1x1");
+  EXPECT_EQ(shape_str(t.at("output_blocks.20.0.skip_connection.weight").shape), "128x256x1x1");
+  EXPECT_EQ(preset("imagenet256-uncond").class_cond, false);
+  EXPECT_EQ(preset("imagenet128").num_head_channels, -1);
+  EXPECT_EQ(preset("imagenet256").use_new_attention_order, false);  // only the 64x64 model uses the new order
+  EXPECT_EQ(preset("imagenet64").use_new_attention_order, true);
+  EXPECT_EQ(preset_names().size(), 8u);
+  for (auto& n : preset_names()) EXPECT_EQ(preset(n).validate(), "") << n;
+}
+
+TEST(Config, FractionalChannelMult) {
+  EXPECT_EQ(parse_mult_list("0.5,1,2", "--channel-mult"), (std::vector<double>{0.5, 1, 2}));
+  EXPECT_EQ(format_mult_list({0.5, 1, 1, 2, 2, 4, 4}), "0.5,1,1,2,2,4,4");
+  EXPECT_EQ(format_mult_list({1.25, 3}), "1.25,3");
+  EXPECT_THROW(parse_mult_list("1,x", "--channel-mult"), UserError);
+  EXPECT_THROW(parse_mult_list("1,,2", "--channel-mult"), UserError);
+  EXPECT_THROW(parse_mult_list("1,inf", "--channel-mult"), UserError);
+  ModelConfig c = preset("tiny32");
+  c.channel_mult = {1.5, 2};  // 48 channels: not a multiple of 32
+  EXPECT_NE(c.validate().find("32 groups"), std::string::npos);
+  c.num_channels = 64;  // 96, 128
+  EXPECT_EQ(c.validate(), "");
+  EXPECT_EQ(c.level_channels(0), 96);
+  c.channel_mult = {0, 1};
+  EXPECT_NE(c.validate().find("positive"), std::string::npos);
+  c.channel_mult = {1e300, 1};
+  EXPECT_NE(c.validate().find("not a usable channel count"), std::string::npos);
 }

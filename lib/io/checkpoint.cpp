@@ -111,7 +111,13 @@ void write_config(h5::File& f, const ModelConfig& c, const std::string& obj) {
   h5::set_attr(f, obj, "image_size", c.image_size);
   h5::set_attr(f, obj, "in_channels", c.in_channels);
   h5::set_attr(f, obj, "num_channels", c.num_channels);
-  h5::set_attr(f, obj, "channel_mult", to_i64(c.channel_mult));
+  // int64 as always when every multiplier is whole; float64 only when one is fractional (512x512).
+  bool whole = true;
+  for (double m : c.channel_mult) whole &= m == (double)(int64_t)m;
+  if (whole)
+    h5::set_attr(f, obj, "channel_mult", std::vector<int64_t>(c.channel_mult.begin(), c.channel_mult.end()));
+  else
+    h5::set_attr(f, obj, "channel_mult", c.channel_mult);
   h5::set_attr(f, obj, "num_res_blocks", c.num_res_blocks);
   h5::set_attr(f, obj, "attention_resolutions", to_i64(c.attention_resolutions));
   h5::set_attr(f, obj, "num_heads", c.num_heads);
@@ -141,7 +147,8 @@ ModelConfig read_config(h5::File& f, const std::string& obj) {
   c.image_size = a.i32("image_size");
   c.in_channels = a.i32("in_channels");
   c.num_channels = a.i32("num_channels");
-  c.channel_mult = a.ints("channel_mult");
+  a.need("channel_mult");
+  c.channel_mult = h5::get_attr_f64v(f, obj, "channel_mult");  // int64 or float64
   c.num_res_blocks = a.i32("num_res_blocks");
   c.attention_resolutions = a.ints("attention_resolutions");
   c.num_heads = a.i32("num_heads");

@@ -6,8 +6,7 @@ namespace unet {
 
 Arch build_arch(const ModelConfig& cfg) {
   Arch a;
-  const int mc = cfg.num_channels;
-  int ch = cfg.channel_mult[0] * mc;
+  int ch = cfg.level_channels(0);
   int res = cfg.image_size;
   auto has_attn = [&](int r) {
     return std::find(cfg.attention_resolutions.begin(), cfg.attention_resolutions.end(), r) !=
@@ -23,7 +22,7 @@ Arch build_arch(const ModelConfig& cfg) {
     for (int r = 0; r < cfg.num_res_blocks; ++r) {
       size_t bi = a.input_blocks.size();
       std::vector<Layer> blk;
-      int out = cfg.channel_mult[level] * mc;
+      int out = cfg.level_channels(level);
       blk.push_back(Layer{Layer::Res, name("input_blocks", bi, 0), ch, out, res});
       ch = out;
       if (has_attn(res))
@@ -49,7 +48,7 @@ Arch build_arch(const ModelConfig& cfg) {
       size_t bi = a.output_blocks.size();
       int ich = skip_ch.back();
       skip_ch.pop_back();
-      int out = cfg.channel_mult[level] * mc;
+      int out = cfg.level_channels(level);
       std::vector<Layer> blk;
       blk.push_back(Layer{Layer::Res, name("output_blocks", bi, 0), ch + ich, out, res});
       ch = out;

@@ -1,10 +1,40 @@
 #include "config.h"
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "util.h"
 
 namespace unet {
+
+namespace {
+// guided-diffusion's model_and_diffusion_defaults() where they differ from ours, plus the flags
+// every released model's MODEL_FLAGS share (guided-diffusion README), and create_model's
+// channel_mult for the image size.
+ModelConfig released(int image_size) {
+  ModelConfig c;
+  c.image_size = image_size;
+  c.num_channels = 256;
+  c.num_res_blocks = 2;
+  c.attention_resolutions = {32, 16, 8};
+  c.num_heads = 4;
+  c.num_head_channels = -1;
+  c.use_new_attention_order = false;
+  c.use_scale_shift_norm = true;
+  c.resblock_updown = true;
+  c.learn_sigma = true;
+  c.num_classes = 1000;
+  c.diffusion_steps = 1000;
+  c.noise_schedule = "linear";
+  if (image_size == 512) c.channel_mult = {0.5, 1, 1, 2, 2, 4, 4};
+  if (image_size == 256) c.channel_mult = {1, 1, 2, 2, 4, 4};
+  if (image_size == 128) c.channel_mult = {1, 1, 2, 3, 4};
+  if (image_size == 64) c.channel_mult = {1, 2, 3, 4};
+  return c;
+}
+}  // namespace
 
 ModelConfig preset(const std::string& name) {
   ModelConfig c;  // defaults are seed64
@@ -18,28 +48,45 @@ ModelConfig preset(const std::string& name) {
     c.num_head_channels = 16;
     return c;
   }
+  // OpenAI's released models: the MODEL_FLAGS of guided-diffusion's README (use_fp16 is a
+  // run-time precision there, not part of the model).
   if (name == "imagenet64") {
-    // OpenAI's released ImageNet 64x64 model (guided-diffusion README MODEL_FLAGS).
+    c = released(64);
     c.num_channels = 192;
-    c.channel_mult = {1, 2, 3, 4};
     c.num_res_blocks = 3;
-    c.attention_resolutions = {32, 16, 8};
-    c.num_heads = 4;
     c.num_head_channels = 64;
     c.use_new_attention_order = true;
-    c.use_scale_shift_norm = true;
-    c.resblock_updown = true;
-    c.learn_sigma = true;
     c.class_cond = true;
-    c.num_classes = 1000;
+    c.dropout = 0.1f;
     c.noise_schedule = "cosine";
+    return c;
+  }
+  if (name == "imagenet128") {
+    c = released(128);  // 4 heads of any width, legacy attention order
+    c.class_cond = true;
+    return c;
+  }
+  if (name == "imagenet256" || name == "imagenet256-uncond" || name == "imagenet512") {
+    c = released(name == "imagenet512" ? 512 : 256);
+    c.num_head_channels = 64;
+    c.class_cond = name != "imagenet256-uncond";
+    return c;
+  }
+  if (name == "lsun256") {  // bedroom, cat and horse
+    c = released(256);
+    c.num_head_channels = 64;
     c.dropout = 0.1f;
     return c;
   }
-  throw UserError("unknown preset '" + name + "' (choose seed64, tiny32 or imagenet64)");
+  std::string names;
+  for (auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+  throw UserError("unknown preset '" + name + "' (choose " + names + ")");
 }
 
-std::vector<std::string> preset_names() { return {"seed64", "tiny32", "imagenet64"}; }
+std::vector<std::string> preset_names() {
+  return {"seed64",      "tiny32", "imagenet64", "imagenet128", "imagenet256", "imagenet256-uncond",
+          "imagenet512", "lsun256"};
+}
 
 std::vector<int> parse_int_list(const std::string& s, const std::string& what) {
   std::vector<int> out;
@@ -62,6 +109,39 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& what) {
 std::string format_int_list(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::vector<double> parse_mult_list(const std::string& s, const std::string& what) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    double v = item.empty() ? 0 : std::strtod(item.c_str(), &end);
+    if (item.empty() || *end || !std::isfinite(v))
+      throw UserError(what + ": '" + s + "' is not a comma-separated list of numbers");
+    out.push_back(v);
+  }
+  if (out.empty()) throw UserError(what + ": empty list");
+  return out;
+}
+
+std::string format_mult_list(const std::vector<double>& v) {
+  std::string s;
+  char buf[32];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%.17g", v[i]);
+    for (int prec = 1; prec < 17; ++prec) {  // shortest form that reads back exactly: 0.5, not 0.50000...
+      char b[32];
+      std::snprintf(b, sizeof b, "%.*g", prec, v[i]);
+      if (std::strtod(b, nullptr) == v[i]) {
+        std::snprintf(buf, sizeof buf, "%s", b);
+        break;
+      }
+    }
+    s += (i ? "," : "") + std::string(buf);
+  }
   return s;
 }
 
@@ -94,15 +174,17 @@ std::string ModelConfig::validate(bool attr_names) const {
   if ((int)channel_mult.size() > L.levels)
     return bad(nm("--channel-mult") + " has " + std::to_string(channel_mult.size()) + " levels (at most " +
                std::to_string(L.levels) + ")");
-  for (int m : channel_mult) {
-    if (m < 1) return bad(nm("--channel-mult") + " values must be positive");
-    if ((long long)m * num_channels > L.channels)
-      return bad("channels " + std::to_string((long long)m * num_channels) + " (" + nm("--num-channels") +
-                 " " + std::to_string(num_channels) + " x mult " + std::to_string(m) +
-                 ") are out of range (at most " + std::to_string(L.channels) + ")");
-    if ((m * num_channels) % 32 != 0)
-      return bad("channels " + std::to_string(m * num_channels) + " (num_channels " +
-                 std::to_string(num_channels) + " x mult " + std::to_string(m) +
+  for (size_t l = 0; l < channel_mult.size(); ++l) {
+    const double m = channel_mult[l];
+    if (!(m > 0)) return bad(nm("--channel-mult") + " values must be positive");
+    // Fractional multipliers are fine as long as int(m * num_channels) is a usable channel count.
+    if (!(m * num_channels >= 1) || m * num_channels > L.channels)
+      return bad("channels " + format_mult_list({m * num_channels}) + " (" + nm("--num-channels") + " " +
+                 std::to_string(num_channels) + " x mult " + format_mult_list({m}) +
+                 ") are out of range (1 to " + std::to_string(L.channels) + ")");
+    if (level_channels(l) % 32 != 0)
+      return bad("channels " + std::to_string(level_channels(l)) + " (num_channels " +
+                 std::to_string(num_channels) + " x mult " + format_mult_list({m}) +
                  ") are not divisible by GroupNorm's 32 groups");
   }
   const int levels = (int)channel_mult.size();
@@ -128,7 +210,7 @@ std::string ModelConfig::validate(bool attr_names) const {
   if (num_heads > L.channels) return range("--num-heads", num_heads, 1, L.channels);
   // Attention runs at the listed resolutions and in the middle block (deepest level).
   for (int l = 0; l < levels; ++l) {
-    int res = image_size >> l, ch = channel_mult[l] * num_channels;
+    int res = image_size >> l, ch = level_channels(l);
     bool attn = l == levels - 1;
     for (int r : attention_resolutions) attn |= r == res;
     if (!attn) continue;
@@ -155,7 +237,7 @@ std::string ModelConfig::validate(bool attr_names) const {
 std::string ModelConfig::describe() const {
   std::ostringstream o;
   o << "image_size=" << image_size << " in_channels=" << in_channels << " num_channels=" << num_channels
-    << " channel_mult=" << format_int_list(channel_mult) << " num_res_blocks=" << num_res_blocks
+    << " channel_mult=" << format_mult_list(channel_mult) << " num_res_blocks=" << num_res_blocks
     << " attention_resolutions=" << format_int_list(attention_resolutions) << " num_heads=" << num_heads
     << " num_head_channels=" << num_head_channels
     << " use_new_attention_order=" << (use_new_attention_order ? "true" : "false")

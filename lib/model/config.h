@@ -11,7 +11,8 @@ struct ModelConfig {
   int image_size = 64;
   int in_channels = 3;
   int num_channels = 64;
-  std::vector<int> channel_mult = {1, 2, 3, 4};
+  // Per level; fractional values are allowed because guided-diffusion's 512x512 model starts at 0.5.
+  std::vector<double> channel_mult = {1, 2, 3, 4};
   int num_res_blocks = 2;
   std::vector<int> attention_resolutions = {16, 8};  // image resolutions, e.g. 16 = 16x16 maps
   int num_heads = 1;
@@ -26,6 +27,8 @@ struct ModelConfig {
   int diffusion_steps = 1000;
   std::string noise_schedule = "linear";  // linear | cosine
 
+  // Channels of level l: int(mult * num_channels), truncating like guided-diffusion's int().
+  int level_channels(size_t level) const { return (int)(channel_mult[level] * num_channels); }
   int out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   int time_embed_dim() const { return 4 * num_channels; }
   // Heads of an attention block with `ch` channels (guided-diffusion's rule).
@@ -52,12 +55,17 @@ struct ModelLimits {
 };
 inline constexpr ModelLimits kModelLimits{};
 
-// Presets: "seed64" (default), "tiny32", "imagenet64". Throws UserError on unknown name.
+// Presets: "seed64" (default), "tiny32", and the configurations of OpenAI's released
+// guided-diffusion models: "imagenet64", "imagenet128", "imagenet256", "imagenet256-uncond",
+// "imagenet512", "lsun256". Throws UserError on unknown name.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 
 // "1,2,3,4" <-> vector; parse throws UserError with `what` in the message.
 std::vector<int> parse_int_list(const std::string& s, const std::string& what);
 std::string format_int_list(const std::vector<int>& v);
+// Channel multipliers: "0.5,1,2" <-> vector; integers print without a decimal point.
+std::vector<double> parse_mult_list(const std::string& s, const std::string& what);
+std::string format_mult_list(const std::vector<double>& v);
 
 }  // namespace unet

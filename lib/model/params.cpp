@@ -87,7 +87,7 @@ ParamTable build_param_table(const ModelConfig& cfg) {
   for (auto& blk : a.output_blocks)
     for (auto& l : blk) add_layer(b, cfg, l);
   b.norm("out.0", a.out_cin);
-  b.conv("out.2", cfg.channel_mult[0] * mc, cfg.out_channels(), 3, /*zero=*/true);
+  b.conv("out.2", cfg.level_channels(0), cfg.out_channels(), 3, /*zero=*/true);
   return std::move(b.t);
 }
 
