@@ -4,7 +4,8 @@
   --limit-per-class, --split test, and one-line errors for bad input;
 - scripts/plot_metrics.py: a PNG from metrics.csv (extra columns, nan cells), one-line errors and
   exit 1 for a missing/empty/malformed file;
-- scripts/demo_grid.py: panels of per-class `unet sample --h5` files side by side."""
+- scripts/demo_grid.py: panels of per-class `unet sample --h5` files side by side;
+- scripts/demo.sh and scripts/train_demo_model.sh parse (bash -n)."""
 
 import gzip
 import os
@@ -199,6 +200,11 @@ if have_mpl and have_unet:
     check(r.returncode == 0 and png_is_valid(grid), f"demo_grid: data + two panels -> PNG ({r.stderr.strip()})")
     r = script("demo_grid.py", "-o", grid, "--panel", "a", os.path.join(TMP, "no-panel"))
     check(one_line_error(r, "demo_grid:", "no sample files"), "demo_grid: missing panel dir: one line, exit 1")
+
+# ---- the shell scripts parse (make demo runs them; too slow for the tests) ------------------------
+for sh in ("demo.sh", "train_demo_model.sh"):
+    r = subprocess.run(["bash", "-n", os.path.join(SCRIPTS, sh)], capture_output=True, text=True)
+    check(r.returncode == 0, f"bash -n scripts/{sh} ({r.stderr.strip()})")
 
 print(f"{len(failures)} failure(s); files kept in {TMP}" if failures else "all demo script checks passed")
 if not failures:
