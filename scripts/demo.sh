@@ -86,8 +86,8 @@ panels=()
 if [ -f "$SHIPPED" ]; then
   stage "sample: shipped model $SHIPPED, $COLS per class, DDIM $SSTEPS steps -> demo/samples/shipped"
   sample_rows "$SHIPPED" demo/samples/shipped
-  panels+=(--panel "shipped model ($SHIPPED)" demo/samples/shipped)
-  shipped_note="left: the shipped model $SHIPPED"
+  panels+=(--panel "shipped model ($(basename "$SHIPPED"))" demo/samples/shipped)
+  shipped_note="shipped model: $SHIPPED (the middle panel)"
 else
   stage "sample: no shipped model yet ($SHIPPED; scripts/train_demo_model.sh trains it on a GPU) - skipped"
   shipped_note="no shipped model yet ($SHIPPED is made by scripts/train_demo_model.sh on a GPU)"

@@ -15,6 +15,7 @@ import argparse
 import glob
 import os
 import sys
+import textwrap
 
 import numpy as np
 
@@ -99,13 +100,15 @@ def main(argv=None):
         grids = [(t, tile(rows)) for t, rows in panels]
         h, w = grids[0][1].shape[:2]
         scale = 2.0 / 100  # 2 screen pixels per image pixel at dpi 100
+        width = sum(g.shape[1] for _, g in grids) * scale + 1.6 + 0.3 * len(grids)
+        title_lines = len(textwrap.wrap(a.title, int(width * 100 / 9.5))) if a.title else 0
+        longest = max(len(textwrap.wrap(t, max(12, int(g.shape[1] * scale * 100 / 8.5)))) for t, g in grids)
         fig, axes = plt.subplots(1, len(grids), squeeze=False,
-                                 figsize=(sum(g.shape[1] for _, g in grids) * scale + 1.6 + 0.3 * len(grids),
-                                          h * scale + 0.9 + (0.3 if a.title else 0)))
+                                 figsize=(width, h * scale + 0.7 + 0.2 * longest + 0.25 * title_lines))
         label_h = shapes.pop()[0] + PAD
         for n, (ax, (t, g)) in enumerate(zip(axes[0], grids)):
             ax.imshow(g if g.shape[2] == 3 else g[..., 0], cmap="gray", interpolation="nearest")
-            ax.set_title(t, fontsize=10)
+            ax.set_title(textwrap.fill(t, max(12, int(g.shape[1] * scale * 100 / 8.5))), fontsize=10)
             ax.set_xticks([])
             if n == 0 and names:
                 ax.set_yticks([PAD + label_h * (k + 0.5) - PAD / 2 for k in range(len(g) // label_h)][:len(names)])
@@ -116,8 +119,8 @@ def main(argv=None):
             for s in ax.spines.values():
                 s.set_visible(False)
         if a.title:
-            fig.suptitle(a.title, fontsize=11)
-        fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()) if a.title else None)
+            fig.suptitle(textwrap.fill(a.title, int(fig.get_figwidth() * 100 / 9.5)), fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 * title_lines / fig.get_figheight()) if a.title else None)
         tmp = a.output + ".tmp.png"
         fig.savefig(tmp, dpi=100)
         plt.close(fig)
