@@ -45,7 +45,9 @@ build: deps $(BUILD)/CMakeCache.txt
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-demo: build demo-deps
+# Builds only the unet binary (not the tests): minutes saved on a small machine.
+demo: deps demo-deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target unet
 	bash scripts/demo.sh $(BUILD)/bin/unet
 
 # On the GPU machine: every CUDA test with a summary (they skip without a GPU).
