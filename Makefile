@@ -1,5 +1,6 @@
 # The verbs people type. CMake does the build.
-#   make demo   install dependencies, build, run the pipeline on testdata/images
+#   make demo   install dependencies, build, run scripts/demo.sh (Fashion-MNIST: prepare, train,
+#               sample the shipped and the fresh model by class, plot the run) into demo/
 #   make test   install dependencies, build, run every test
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
@@ -11,20 +12,29 @@ endif
 
 DEB_PKGS := cmake g++ make pkg-config libcli11-dev libhdf5-dev libpng-dev libjpeg62-turbo-dev \
             zlib1g-dev libaec-dev nlohmann-json3-dev libgtest-dev python3 python3-numpy python3-h5py \
-            python3-torch
+            python3-torch python3-matplotlib
+# Only `make demo` needs these (the tests make their own idx files).
+DEMO_PKGS := dataset-fashion-mnist
 
-.PHONY: all deps build test demo gpu-test bench clean format
+.PHONY: all deps demo-deps build test demo gpu-test bench clean format
 
 all: build
 
-# Installs missing Debian packages (needs root or sudo; skipped when all are present).
+# Installs the missing Debian packages of a list (needs root or sudo; skipped when all are present).
+define install_missing
+@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+if [ -n "$$missing" ]; then \
+  echo "installing:$$missing"; \
+  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+fi
+endef
+
 deps:
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	fi
+	$(call install_missing,$(DEB_PKGS))
+
+demo-deps:
+	$(call install_missing,$(DEMO_PKGS))
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCH) $(CMAKE_FLAGS)
@@ -35,7 +45,9 @@ build: deps $(BUILD)/CMakeCache.txt
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-demo: build
+# Builds only the unet binary (not the tests): minutes saved on a small machine.
+demo: deps demo-deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target unet
 	bash scripts/demo.sh $(BUILD)/bin/unet
 
 # On the GPU machine: every CUDA test with a summary (they skip without a GPU).
