@@ -237,7 +237,7 @@ TEST(Model, Bf16EmulationTracksFp32) {
       double na = 0;
       for (float v : a) na += (double)v * v;
       if (std::sqrt(na) < 1e-3 * mean_norm) continue;
-      EXPECT_LT(test::rel_l2(b, a), 5e-2) << p.name;
+      EXPECT_LT(test::rel_l2(b, a), 8e-2) << p.name;
     }
   }
 }
