@@ -50,6 +50,12 @@ ok = all(("ph" in e and "pid" in e) for e in ev) and all(("ts" in e and "dur" in
 print(f"csv rows {len(rows)}, json keys {sorted(j)[:6]}, trace events {len(ev)} valid={ok}")
 PY
       tail -n 6 "$OUT/profile_resblock.txt" "$OUT/profile_model.txt" "$OUT/profile_model_bf16.txt" ;;
+    speed)  # the training step's kernel sum and memory, tf32 and bf16, and its top kernels
+      for prec in tf32 bf16; do
+        "$U" profile --layer model --batch-size 32 --precision $prec --no-plain-timing > "$OUT/speed_$prec.txt" 2>&1
+        echo "--- $prec"; grep -E "^Device memory|^CUDA-graph replays" "$OUT/speed_$prec.txt"
+        sed -n '/^CUDA kernels/,/^CUDA memcpy/p' "$OUT/speed_$prec.txt" | head -22 | cut -c1-160
+      done ;;
     imagenet64)  # the released ImageNet-64 configuration (296 M parameters) on a small labelled set
       python3 - "$OUT/in64.h5" <<'PY'
 import h5py, numpy as np, sys

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -398,4 +399,32 @@ TEST(ProfileGpu, EveryLayerKindRuns) {
       EXPECT_FALSE(j["layers"].empty()) << l << " " << pass;
     }
   }
+}
+
+// The switch: UNET_KERNELS / --kernels picks the conv variant, and the profile's layer
+// table says which ran.
+TEST(ProfileGpu, KernelOverrideShowsInTheLayerTable) {
+  NEED_GPU();
+  auto variants = [](const std::string& extra) {
+    auto r = test::run_unet("profile --layer conv3x3 --batch-size 8 --resolution 32 --in-channels 64 --iters 2 "
+                            "--warmup 1 --format json --no-plain-timing " +
+                            extra);
+    EXPECT_EQ(r.code, 0) << r.err;
+    std::set<std::string> v;
+    if (r.code) return v;
+    for (const auto& l : json::parse(r.out)["layers"])
+      for (const auto& x : l["variants"]) v.insert(x.get<std::string>());
+    return v;
+  };
+  const auto forced = variants("--kernels conv=im2col");
+  EXPECT_TRUE(forced.count("conv_fwd=im2col")) << "forced im2col";
+  EXPECT_TRUE(forced.count("conv_bwd_filter=im2col"));
+  const auto dflt = variants("");
+  EXPECT_FALSE(dflt.empty());
+  std::printf("default conv variants:");
+  for (auto& x : dflt) std::printf(" %s", x.c_str());
+  std::printf("\n");
+  auto bad = test::run_unet("profile --layer conv3x3 --kernels conv=nosuch --iters 1");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("conv=nosuch does not exist"), std::string::npos) << bad.err;
 }

@@ -161,6 +161,7 @@ class CudaDevice final : public Device {
   void release() {
     // No throwing here: errors on teardown are ignored.
     if (ctx.stream) cudaStreamSynchronize(ctx.stream);
+    destroy_cudnn(ctx);
     if (graph_) cudaGraphExecDestroy(graph_), graph_ = nullptr;
     for (auto& e : fences_)
       if (e) cudaEventDestroy(e), e = nullptr;

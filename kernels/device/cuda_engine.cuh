@@ -164,7 +164,10 @@ void launch_map(const F& f, size_t n, bool vec_ok, cudaStream_t s) {
 }
 
 // One registration per op family (kernels/<family>/*.cu).
-void register_conv_cuda(CudaOps& ops);
+void register_conv_cuda(CudaOps& ops);  // kernels/conv/family.cu: the variants below, in order
+void register_conv_cudnn(CudaOps& ops);
+void register_conv_im2col(CudaOps& ops);
+void destroy_cudnn(CudaCtx& ctx);  // the cuDNN handle and plans of an engine (kernels/conv/cudnn.cu)
 void register_linear_cuda(CudaOps& ops);
 void register_groupnorm_cuda(CudaOps& ops);
 void register_elementwise_cuda(CudaOps& ops);
