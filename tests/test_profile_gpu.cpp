@@ -6,8 +6,8 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "engine.h"
@@ -138,7 +138,8 @@ TEST(ProfileGpu, ApiKernelsAttributedAndSumMatchesEvents) {
                            tracker.add_variant(v);
                          });
   Device& dev = eng->device();
-  const int B = 16, H = 64, C = 128;
+  // Big enough that each convolution runs far longer than its launch takes (cuDNN's are fast).
+  const int B = 32, H = 64, C = 256;
   const size_t n = (size_t)B * H * H * C;
   auto hx = test::randn(n, test::test_seed());
   auto hw = test::randn((size_t)C * 9 * C, test::test_seed() + 1, 0.03f);
@@ -198,7 +199,7 @@ TEST(ProfileGpu, ApiGraphReplaysRecordedOnce) {
   ASSERT_TRUE(gp) << why;
   Device& dev = eng->device();
   Ops& ops = eng->ops();
-  const int B = 16, H = 64, C = 128, per_graph = 4, replays = 10;
+  const int B = 32, H = 64, C = 256, per_graph = 4, replays = 10;
   const size_t n = (size_t)B * H * H * C;
   auto hx = test::randn(n, test::test_seed());
   auto hw = test::randn((size_t)C * 9 * C, test::test_seed() + 1, 0.03f);
@@ -406,14 +407,17 @@ TEST(ProfileGpu, EveryLayerKindRuns) {
 TEST(ProfileGpu, KernelOverrideShowsInTheLayerTable) {
   NEED_GPU();
   auto variants = [](const std::string& extra) {
-    auto r = test::run_unet("profile --layer conv3x3 --batch-size 8 --resolution 32 --in-channels 64 --iters 2 "
-                            "--warmup 1 --format json --no-plain-timing " +
-                            extra);
+    auto r = test::run_unet(
+        "profile --layer conv3x3 --batch-size 8 --resolution 32 --in-channels 64 --iters 2 "
+        "--warmup 1 --format json --no-plain-timing " +
+        extra);
     EXPECT_EQ(r.code, 0) << r.err;
     std::set<std::string> v;
     if (r.code) return v;
-    for (const auto& l : json::parse(r.out)["layers"])
+    const json j = json::parse(r.out);
+    for (const auto& l : j["layers"])
       for (const auto& x : l["variants"]) v.insert(x.get<std::string>());
+    if (v.empty()) ADD_FAILURE() << "no variants in " << j["layers"].dump().substr(0, 2000);
     return v;
   };
   const auto forced = variants("--kernels conv=im2col");

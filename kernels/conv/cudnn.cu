@@ -25,6 +25,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_engine.cuh"
@@ -70,11 +71,11 @@ const Lib& lib() {
       r.why = "libcudnn.so.9 not found (set UNET_CUDNN or LD_LIBRARY_PATH)";
       return r;
     }
-#define UNET_CUDNN_SYM(name)                                            \
-  r.name = reinterpret_cast<decltype(r.name)>(dlsym(h, #name));         \
-  if (!r.name) {                                                        \
-    r.why = std::string("libcudnn.so.9 lacks ") + #name;                \
-    return r;                                                           \
+#define UNET_CUDNN_SYM(name)                                    \
+  r.name = reinterpret_cast<decltype(r.name)>(dlsym(h, #name)); \
+  if (!r.name) {                                                \
+    r.why = std::string("libcudnn.so.9 lacks ") + #name;        \
+    return r;                                                   \
   }
     UNET_CUDNN_SYM(cudnnGetVersion)
     UNET_CUDNN_SYM(cudnnGetErrorString)
@@ -108,7 +109,9 @@ void check(cudnnStatus_t s, const char* what) {
 struct Desc {
   cudnnBackendDescriptor_t d = nullptr;
   Desc() = default;
-  explicit Desc(cudnnBackendDescriptorType_t t) { check(lib().cudnnBackendCreateDescriptor(t, &d), "create"); }
+  explicit Desc(cudnnBackendDescriptorType_t t) {
+    check(lib().cudnnBackendCreateDescriptor(t, &d), "create");
+  }
   Desc(Desc&& o) noexcept : d(o.d) { o.d = nullptr; }
   Desc& operator=(Desc&& o) noexcept {
     std::swap(d, o.d);
@@ -121,7 +124,9 @@ struct Desc {
   void set(cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n, const T* v) {
     check(lib().cudnnBackendSetAttribute(d, a, t, n, v), "set attribute");
   }
-  void set_desc(cudnnBackendAttributeName_t a, const Desc& o) { set(a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o.d); }
+  void set_desc(cudnnBackendAttributeName_t a, const Desc& o) {
+    set(a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o.d);
+  }
   cudnnStatus_t finalize() { return lib().cudnnBackendFinalize(d); }
 };
 
@@ -186,8 +191,9 @@ struct Shape {
 std::string shape_key(const Shape& s, Precision p) {
   char b[256];
   std::snprintf(b, sizeof b, "%d %s %s B%lld %lldx%lld ci%lld -> %lldx%lld co%lld k%lld s%lld", (int)s.kind,
-                dtype_name(s.t), precision_name(p), (long long)s.B, (long long)s.H, (long long)s.W, (long long)s.Ci,
-                (long long)s.Ho, (long long)s.Wo, (long long)s.Co, (long long)s.k, (long long)s.s);
+                dtype_name(s.t), precision_name(p), (long long)s.B, (long long)s.H, (long long)s.W,
+                (long long)s.Ci, (long long)s.Ho, (long long)s.Wo, (long long)s.Co, (long long)s.k,
+                (long long)s.s);
   return b;
 }
 
@@ -210,9 +216,10 @@ std::vector<Desc> graph(const Shape& s, cudnnHandle_t h) {
   conv.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str);
   check(conv.finalize(), "convolution");
   const float alpha = 1.f, beta = 0.f;
-  static const cudnnBackendDescriptorType_t types[3] = {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
-                                                         CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
-                                                         CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR};
+  static const cudnnBackendDescriptorType_t types[3] = {
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR};
   Desc op(types[s.kind]);
   switch (s.kind) {
     case Fwd:
@@ -350,16 +357,16 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
     heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
     check(heur.finalize(), "heuristics");
     int64_t n = 0;
-    check(lib().cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n,
-                                         nullptr),
+    check(lib().cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                         0, &n, nullptr),
           "heuristics count");
     std::vector<Desc> cfgs;
     for (int64_t i = 0; i < n; ++i) cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
     std::vector<cudnnBackendDescriptor_t> raw;
     for (auto& c : cfgs) raw.push_back(c.d);
     int64_t got = 0;
-    check(lib().cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got,
-                                         raw.data()),
+    check(lib().cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                         n, &got, raw.data()),
           "heuristics results");
     // Candidate plans, in heuristic order, that meet the rules and finalize.
     struct Cand {
@@ -375,7 +382,8 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
       p.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &st.handle);
       if (p.finalize() != CUDNN_STATUS_SUCCESS) continue;
       int64_t ws = 0, c = 0;
-      check(lib().cudnnBackendGetAttribute(p.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &c, &ws),
+      check(lib().cudnnBackendGetAttribute(p.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                           &c, &ws),
             "workspace size");
       if (ws > (int64_t(1) << 30)) continue;  // a GiB of workspace is not worth it
       cands.push_back({(size_t)i, std::move(p), ws});
@@ -415,7 +423,8 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
           check(vp.finalize(), "variant pack");
           if (lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d) != CUDNN_STATUS_SUCCESS) continue;
           CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
-          for (int r = 0; r < 3; ++r) check(lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d), "execute");
+          for (int r = 0; r < 3; ++r)
+            check(lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d), "execute");
           CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
           CUDA_CHECK(cudaEventSynchronize(e1));
           float ms = 0;
@@ -444,33 +453,52 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
   return best;
 }
 
+// Variant packs (pointers, uids, workspace: nothing of the plan) are cached by those pointers:
+// a repeated call (every eager step, every sampling step) costs a map lookup instead of building
+// and finalizing a descriptor.
+struct PackKey {
+  const void *x, *w, *y, *ws;
+  bool operator<(const PackKey& o) const { return std::tie(x, w, y, ws) < std::tie(o.x, o.w, o.y, o.ws); }
+};
+
 void execute(CudaCtx& ctx, const Plan& p, const void* x, const void* w, const void* y) {
   State& st = state(ctx);
-  void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
-  const int64_t uids[3] = {1, 2, 3};
-  void* ws = ctx.ws;
-  Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  vp.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
-  vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
-  vp.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-  check(vp.finalize(), "variant pack");
-  check(lib().cudnnBackendExecute(st.handle, p.plan.d, vp.d), "execute");
+  static thread_local std::map<PackKey, Desc> packs;
+  const PackKey key{x, w, y, ctx.ws};
+  auto it = packs.find(key);
+  if (it == packs.end()) {
+    if (packs.size() > 4096) packs.clear();
+    void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
+    const int64_t uids[3] = {1, 2, 3};
+    void* ws = ctx.ws;
+    Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    vp.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+    vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+    vp.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    check(vp.finalize(), "variant pack");
+    it = packs.emplace(key, std::move(vp)).first;
+  }
+  check(lib().cudnnBackendExecute(st.handle, p.plan.d, it->second.d), "execute");
 }
 
 bool available() {
   const Lib& l = lib();
-  if (!l.ok) kernel_notice_once("unet: cuDNN unavailable (" + l.why + "); convolutions run on unet's own kernels");
+  if (!l.ok)
+    kernel_notice_once("unet: cuDNN unavailable (" + l.why + "); convolutions run on unet's own kernels");
   return l.ok;
 }
 
 Shape fwd_shape(const ConvFwd& o) {
-  return {Fwd, o.x.dtype, o.x.dim[0], o.x.dim[1], o.x.dim[2], o.x.dim[3], o.y.dim[1], o.y.dim[2], o.w.dim[0], o.w.dim[1], o.stride};
+  return {Fwd,        o.x.dtype,  o.x.dim[0], o.x.dim[1], o.x.dim[2], o.x.dim[3],
+          o.y.dim[1], o.y.dim[2], o.w.dim[0], o.w.dim[1], o.stride};
 }
 Shape data_shape(const ConvBwdData& o) {
-  return {Data, o.dy.dtype, o.dx.dim[0], o.dx.dim[1], o.dx.dim[2], o.dx.dim[3], o.dy.dim[1], o.dy.dim[2], o.w.dim[0], o.w.dim[1], o.stride};
+  return {Data,        o.dy.dtype,  o.dx.dim[0], o.dx.dim[1], o.dx.dim[2], o.dx.dim[3],
+          o.dy.dim[1], o.dy.dim[2], o.w.dim[0],  o.w.dim[1],  o.stride};
 }
 Shape filter_shape(const ConvBwdFilter& o) {
-  return {Filter, o.x.dtype, o.x.dim[0], o.x.dim[1], o.x.dim[2], o.x.dim[3], o.dy.dim[1], o.dy.dim[2], o.dw.dim[0], o.dw.dim[1], o.stride};
+  return {Filter,      o.x.dtype,   o.x.dim[0],  o.x.dim[1],  o.x.dim[2], o.x.dim[3],
+          o.dy.dim[1], o.dy.dim[2], o.dw.dim[0], o.dw.dim[1], o.stride};
 }
 
 // y (+)= bias[c] + emb[b, c] + res, as the im2col variant's epilogue.
@@ -501,7 +529,9 @@ template <class T>
 struct DyRows {
   const T* dy;
   int R, C;
-  __device__ float2 operator()(int b, int r, int c) const { return make_float2(ldf(dy, ((size_t)b * R + r) * C + c), 0.f); }
+  __device__ float2 operator()(int b, int r, int c) const {
+    return make_float2(ldf(dy, ((size_t)b * R + r) * C + c), 0.f);
+  }
 };
 struct WriteRow {
   float* out;
@@ -516,7 +546,9 @@ struct Widen {
 };
 
 size_t round256(size_t n) { return (n + 255) / 256 * 256; }
-size_t filter_extra(const ConvBwdFilter& o) { return o.x.dtype == DType::BF16 ? round256(o.dw.numel() * 2) : 0; }
+size_t filter_extra(const ConvBwdFilter& o) {
+  return o.x.dtype == DType::BF16 ? round256(o.dw.numel() * 2) : 0;
+}
 
 bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
   return o.y.dtype == o.x.dtype && available() && plan_for(const_cast<CudaCtx&>(c), fwd_shape(o)) != nullptr;
@@ -527,7 +559,9 @@ bool data_ok(const ConvBwdData& o, const CudaCtx& c) {
 bool filter_ok(const ConvBwdFilter& o, const CudaCtx& c) {
   return o.dw.defined() && available() && plan_for(const_cast<CudaCtx&>(c), filter_shape(o)) != nullptr;
 }
-size_t fwd_ws(const ConvFwd& o, const CudaCtx& c) { return (size_t)plan_for(const_cast<CudaCtx&>(c), fwd_shape(o))->ws; }
+size_t fwd_ws(const ConvFwd& o, const CudaCtx& c) {
+  return (size_t)plan_for(const_cast<CudaCtx&>(c), fwd_shape(o))->ws;
+}
 size_t data_ws(const ConvBwdData& o, const CudaCtx& c) {
   return (size_t)plan_for(const_cast<CudaCtx&>(c), data_shape(o))->ws;
 }
@@ -541,13 +575,16 @@ void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
   const int Co = (int)o.y.dim[3];
   with_act(o.y.dtype, [&](auto tag) {
     using TY = decltype(tag);
-    Epilogue<TY> e{dptr<TY>(o.y), dptr<float>(o.bias), dptr<float>(o.emb), dptr<TY>(o.res), o.y.per_sample(), Co};
+    Epilogue<TY> e{dptr<TY>(o.y),   dptr<float>(o.bias), dptr<float>(o.emb),
+                   dptr<TY>(o.res), o.y.per_sample(),    Co};
     const bool v = Co % 4 == 0 && vec4_ok<TY>(o.y.data) && (!o.res.defined() || vec4_ok<TY>(o.res.data));
     launch_map(e, o.y.numel(), v, ctx.stream);
   });
 }
 
-void conv_data(const ConvBwdData& o, CudaCtx& ctx) { execute(ctx, *plan_for(ctx, data_shape(o)), o.dx.data, o.w.data, o.dy.data); }
+void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
+  execute(ctx, *plan_for(ctx, data_shape(o)), o.dx.data, o.w.data, o.dy.data);
+}
 
 void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   const int B = (int)o.dy.dim[0], HWo = (int)(o.dy.dim[1] * o.dy.dim[2]), Co = (int)o.dy.dim[3];
@@ -565,7 +602,8 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   // bf16: dW in the data type at the end of the workspace, then widened into the f32 gradient.
   bf16* tmp = reinterpret_cast<bf16*>(static_cast<char*>(ctx.ws) + round256((size_t)p.ws));
   execute(ctx, p, o.x.data, tmp, o.dy.data);
-  launch_map(Widen{tmp, dptr<float>(o.dw)}, o.dw.numel(), vec4_ok<bf16>(tmp) && aligned16(o.dw.data), ctx.stream);
+  launch_map(Widen{tmp, dptr<float>(o.dw)}, o.dw.numel(), vec4_ok<bf16>(tmp) && aligned16(o.dw.data),
+             ctx.stream);
 }
 
 }  // namespace

@@ -125,6 +125,13 @@ void GroupNormFwd::check() const {
 double GroupNormFwd::flops() const {
   return (double)x.numel() * (7 + (ss.defined() ? 2 : 0) + (silu ? 4 : 0));
 }
+void GroupNormApply::check() const {
+  check_gn(*this, x, gamma, beta, ss, mean, rstd);
+  req(*this, same_shape(x, y) && act(y), "y must match x's shape");
+}
+double GroupNormApply::flops() const {
+  return (double)x.numel() * (4 + (ss.defined() ? 2 : 0) + (silu ? 4 : 0));
+}
 void GroupNormBwd::check() const {
   check_gn(*this, x, gamma, beta, ss, mean, rstd);
   req(*this, same_shape(dy, x) && act(dy), "dy must match x");

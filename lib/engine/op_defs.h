@@ -100,6 +100,18 @@ struct GroupNormFwd {
     v.out("mean", s.mean), v.out("rstd", s.rstd), v.param("silu", s.silu);
   }
 };
+// GroupNormFwd's output from statistics already computed (the backward pass's recompute of a
+// normalised input it did not keep): no reduction, one pass.
+struct GroupNormApply {
+  UNET_OP("groupnorm_apply", "groupnorm")
+  Tensor x, gamma, beta, ss, mean, rstd, y;
+  bool silu = false;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.in("mean", s.mean);
+    v.in("rstd", s.rstd), v.out("y", s.y), v.param("silu", s.silu);
+  }
+};
 // Backward of GroupNormFwd from the saved statistics (recomputes n and z from x).
 struct GroupNormBwd {
   UNET_OP("groupnorm_bwd", "groupnorm")
@@ -407,7 +419,8 @@ struct Ema {  // ema = rate ema + (1 - rate) p
 
 #define UNET_OP_LIST(X)                                                                                   \
   X(ConvFwd)                                                                                              \
-  X(ConvBwdData) X(ConvBwdFilter) X(LinearFwd) X(LinearBwd) X(GroupNormFwd) X(GroupNormBwd) X(SiluFwd)    \
+  X(ConvBwdData)                                                                                          \
+  X(ConvBwdFilter) X(LinearFwd) X(LinearBwd) X(GroupNormFwd) X(GroupNormApply) X(GroupNormBwd) X(SiluFwd) \
       X(SiluBwd) X(Add) X(Cast) X(Copy) X(Fill) X(UpsampleFwd) X(UpsampleBwd) X(AvgPoolFwd) X(AvgPoolBwd) \
           X(ConcatFwd) X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd)  \
               X(AttentionBwd) X(DropoutFwd) X(DropoutBwd) X(MseLoss) X(QSample) X(Axpbypcz) X(Clamp)      \
