@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   unet::register_train(app);
   unet::register_sample(app);
   unet::register_profile(app);
+  unet::register_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -26,9 +26,10 @@ struct TrainArgs {
 };
 
 // Flags whose explicit use on --resume overrides the checkpoint's setting (resume.h).
-const char* const kSettingFlags[] = {"--batch-size", "--seed",       "--lr",           "--lr-warmup",
-                                     "--ema-rate",   "--grad-clip",  "--weight-decay", "--no-flip",
-                                     "--steps",      "--save-every", "--log-every",    "--sample-every"};
+const char* const kSettingFlags[] = {
+    "--batch-size", "--seed",         "--lr",         "--lr-warmup",       "--ema-rate",
+    "--grad-clip",  "--weight-decay", "--no-flip",    "--steps",           "--save-every",
+    "--log-every",  "--sample-every", "--microbatch", "--schedule-sampler"};
 
 void on_signal(int) { stop_requested().store(true); }
 
@@ -93,6 +94,9 @@ void run(TrainArgs& a) {
     ck.cfg = a.model.resolve();
   }
   const ParamTable t = build_param_table(ck.cfg);
+  if (o.microbatch > 0 && o.microbatch < o.batch_size && o.batch_size % o.microbatch != 0)
+    throw UserError("--microbatch " + std::to_string(o.microbatch) + " does not divide --batch-size " +
+                    std::to_string(o.batch_size));
   if (a.rundir.empty()) a.rundir = default_rundir();
   o.rundir = a.rundir;
 
@@ -214,6 +218,15 @@ void register_train(CLI::App& app) {
       ->check(real_range(0, INFINITY));
   sub->add_option("--lr-warmup", o.lr_warmup, "linear learning-rate warmup over N steps (default 0)")
       ->check(int_range(0, INT64_MAX));
+  sub->add_option(
+         "--microbatch", o.microbatch,
+         "accumulate gradients over micro-batches of N samples (must divide --batch-size; the model is "
+         "planned for N: less memory, same result up to summation order; default 0 = whole batch)")
+      ->check(int_range(0, kMaxBatch));
+  sub->add_option("--schedule-sampler", o.schedule_sampler,
+                  "timestep sampler: uniform (default) or loss-second-moment (guided-diffusion's importance "
+                  "sampling; reads each step's losses back)")
+      ->check(CLI::IsMember({"uniform", "loss-second-moment"}));
   sub->add_flag("--no-flip", a->no_flip,
                 "disable random horizontal flips (--no-flip=false turns them back on)");
   sub->add_option(

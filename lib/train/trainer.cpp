@@ -6,12 +6,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <sstream>
 
 #include "dataloader.h"
 #include "diffusion.h"
 #include "grid.h"
 #include "model.h"
+#include "objective.h"
 #include "optim.h"
 #include "params.h"
 #include "resume.h"
@@ -33,6 +36,23 @@ constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
 std::string ckpt_name(int64_t step) {
   char b[32];
   std::snprintf(b, sizeof b, "ckpt_%07lld.h5", (long long)step);
+  return b;
+}
+
+// The column names of an existing CSV file's first line.
+std::vector<std::string> csv_header(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, col;
+  std::getline(in, line);
+  std::vector<std::string> cols;
+  std::stringstream ss(line);
+  while (std::getline(ss, col, ',')) cols.push_back(col);
+  return cols;
+}
+
+std::string fmt_g(double v, int digits) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*g", digits, v);
   return b;
 }
 
@@ -79,7 +99,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   oo.lr = o.lr, oo.weight_decay = o.weight_decay, oo.beta1 = kBeta1, oo.beta2 = kBeta2, oo.eps = kEps;
   oo.ema_rate = o.ema_rate, oo.grad_clip = o.grad_clip, oo.warmup = o.lr_warmup;
   Optimizer opt(eng, P, oo);
-  TrainStep ts(eng, model, opt, B);
+  TrainStep ts(eng, model, opt, B, (int)o.microbatch);
   eng.upload(model.params(), ck.model.data());
   const bool have_opt = resume && ck.has_optimizer;
   opt.load(have_opt ? ck.opt.m.data() : nullptr, have_opt ? ck.opt.v.data() : nullptr,
@@ -87,8 +107,23 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   if (ck.ema.empty()) opt.init_ema(model.params());
 
   Diffusion diff(cfg.diffusion_steps, cfg.noise_schedule, cfg.learn_sigma);
-  float* host_coef = (float*)dev.alloc_host(sizeof(float) * 2 * B);
   int32_t* host_labels = (int32_t*)dev.alloc_host(sizeof(int32_t) * B);
+  // Timesteps: the loader's uniform draws, or guided-diffusion's LossSecondMomentResampler, whose
+  // history is part of the checkpoint (exact resume).
+  std::unique_ptr<LossSecondMomentResampler> lsm;
+  if (o.schedule_sampler == "loss-second-moment") {
+    lsm = std::make_unique<LossSecondMomentResampler>(cfg.diffusion_steps);
+    if (resume && !ck.loss_counts.empty())
+      lsm->load(ck.loss_history, ck.loss_counts, "the resumed checkpoint");
+  } else if (o.schedule_sampler != "uniform") {
+    throw UserError("--schedule-sampler must be uniform or loss-second-moment, not '" + o.schedule_sampler +
+                    "'");
+  }
+  std::vector<int> host_t(B);
+  std::vector<float> host_w(B, 1.0f), host_terms((size_t)B * kLossTerms), host_loss(B);
+  const Objective& obj = ts.objective();
+  const bool hybrid = obj.learn_sigma && !obj.use_kl;  // mse and vb columns
+  int64_t quartile_n[4] = {0, 0, 0, 0};                // samples per quartile in the log window
 
   if (!o.quiet)
     std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d)\n", dev.bytes_held() / 1e9,
@@ -99,7 +134,17 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   const bool new_metrics = !fs::exists(metrics);
   std::ofstream csv(metrics, std::ios::app);
   if (!csv) throw UserError(metrics + ": cannot write");
-  if (new_metrics) csv << "step,loss,grad_norm,lr,images_per_s,ms_per_step\n";
+  // Columns: guided-diffusion's mse/vb with the hybrid loss, and its per-quartile losses. A run
+  // resumed on an older metrics.csv keeps that file's columns.
+  std::vector<std::string> columns = {"step", "loss", "grad_norm", "lr", "images_per_s", "ms_per_step"};
+  if (hybrid) columns.insert(columns.end(), {"mse", "vb"});
+  columns.insert(columns.end(), {"loss_q0", "loss_q1", "loss_q2", "loss_q3"});
+  if (new_metrics) {
+    for (size_t i = 0; i < columns.size(); ++i) csv << (i ? "," : "") << columns[i];
+    csv << '\n';
+  } else {
+    columns = csv_header(metrics);
+  }
 
   int64_t saved_at = -1;
   const ParamTable table = build_param_table(cfg);
@@ -124,6 +169,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     c.opt.lr = o.lr, c.opt.beta1 = kBeta1, c.opt.beta2 = kBeta2, c.opt.eps = kEps,
     c.opt.weight_decay = o.weight_decay;
     store_train_settings(o, info, c);  // batch size, seed, lr, warmup, EMA, clip, flips, dataset, ...
+    if (lsm) c.loss_history = lsm->history(), c.loss_counts = lsm->counts();
     c.state["step"] = at;
     const std::string path = o.rundir + "/" + ckpt_name(at);
     save_checkpoint(path, c);
@@ -172,7 +218,6 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   // replayed.
   const bool use_graph = dev.supports_graphs() && cfg.dropout == 0.0f && !std::getenv("UNET_NO_CUDA_GRAPH");
   bool captured = false;
-  Ops& ops = eng.ops();
 
   const int64_t start = step;
   Progress prog("train", o.steps > 0 ? o.steps : step, "step");
@@ -185,16 +230,15 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       break;
     }
     Batch* b = loader.next();
-    for (int i = 0; i < B; ++i) {
-      const int ti = (int)b->t[i];
-      host_coef[i] = (float)std::sqrt(diff.alphas_cumprod[ti]);
-      host_coef[B + i] = (float)std::sqrt(1.0 - diff.alphas_cumprod[ti]);
-      host_labels[i] = b->labels[i];
-    }
+    for (int i = 0; i < B; ++i) host_labels[i] = b->labels[i];
+    if (lsm)
+      lsm->sample(seed, step, B, b->t.data(), host_t.data(), host_w.data());
+    else
+      for (int i = 0; i < B; ++i) host_t[i] = (int)b->t[i];
+    for (int i = 0; i < B; ++i) ++quartile_n[quartile(host_t[i], cfg.diffusion_steps)];
+    ts.set_timesteps(diff, host_t.data(), lsm ? host_w.data() : nullptr);
     eng.upload(ts.x0, b->x0.data());
     eng.upload(ts.noise, b->noise.data());
-    eng.upload(ts.t, b->t.data());
-    eng.upload(ts.coef, host_coef);
     if (cfg.class_cond) eng.upload(ts.labels, host_labels);
     const uint64_t fence = dev.fence();
     if (!use_graph) {
@@ -211,15 +255,21 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     ++step;
     ++window_steps;
     dev.fence_wait(fence);  // this step's batch has been copied: the loader may refill its buffer
+    if (lsm) {              // the step's per-sample losses feed the history (waits for the step)
+      eng.download(host_terms.data(), ts.terms);
+      for (int i = 0; i < B; ++i) host_loss[i] = host_terms[(size_t)i * kLossTerms + kTermLoss];
+      lsm->update(host_t.data(), host_loss.data(), B);
+    }
 
     const bool last = o.steps > 0 && step >= o.steps;
     const bool log_now = (o.log_every > 0 && step % o.log_every == 0) || last;
     const bool save_now = (o.save_every > 0 && step % o.save_every == 0) || last;
     if (log_now || save_now) {
-      float h[2];
-      eng.download(&h[0], ts.loss_sum);
-      eng.download(&h[1], opt.norm_sum());
-      const double mean_loss = h[0] / window_steps, mean_norm = h[1] / window_steps;
+      float st[7], norm_sum = 0;
+      eng.download(st, ts.stats);
+      eng.download(&norm_sum, opt.norm_sum());
+      const double n_samples = (double)window_steps * B;
+      const double mean_loss = st[0] / n_samples, mean_norm = norm_sum / window_steps;
       if (!std::isfinite(mean_loss))
         return diverged(std::string("the loss became ") + (std::isnan(mean_loss) ? "NaN" : "Inf") +
                         (std::isfinite(mean_norm) ? "" : " (and the gradient norm non-finite)"));
@@ -227,17 +277,41 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       const double ms = 1000.0 * dt / window_steps, ips = B * window_steps / dt;
       if (first_window) res.first_loss = mean_loss, first_window = false;
       res.last_loss = mean_loss;
-      csv << step << ',' << mean_loss << ',' << mean_norm << ',' << opt.lr_at(step - 1) << ',' << ips << ','
-          << ms << '\n';
+      std::map<std::string, double> row = {{"step", (double)step},     {"loss", mean_loss},
+                                           {"grad_norm", mean_norm},   {"lr", opt.lr_at(step - 1)},
+                                           {"images_per_s", ips},      {"ms_per_step", ms},
+                                           {"mse", st[1] / n_samples}, {"vb", st[2] / n_samples}};
+      std::string quart;
+      for (int q = 0; q < 4; ++q) {
+        if (quartile_n[q] == 0) continue;  // no sample in this quartile: an empty cell
+        const double v = st[3 + q] / quartile_n[q];
+        row["loss_q" + std::to_string(q)] = v;
+        quart += " q" + std::to_string(q) + " " + fmt_g(v, 4);
+      }
+      for (size_t i = 0; i < columns.size(); ++i) {
+        if (i) csv << ',';
+        auto it = row.find(columns[i]);
+        if (it == row.end()) continue;
+        if (columns[i] == "step")
+          csv << step;
+        else
+          csv << it->second;
+      }
+      csv << '\n';
       csv.flush();
       if (!csv) throw UserError(metrics + ": cannot write (" + errno_text(errno) + ")");  // disk full
       if (!o.quiet) {
         if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
-        std::printf("step %lld | loss %.5f | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step\n",
-                    (long long)step, mean_loss, mean_norm, opt.lr_at(step - 1), ips, ms);
+        const std::string terms =
+            hybrid ? " (mse " + fmt_g(st[1] / n_samples, 5) + ", vb " + fmt_g(st[2] / n_samples, 5) + ")"
+                   : "";
+        std::printf("step %lld | loss %.5f%s | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step |%s\n",
+                    (long long)step, mean_loss, terms.c_str(), mean_norm, opt.lr_at(step - 1), ips, ms,
+                    quart.c_str());
         std::fflush(stdout);
       }
-      ops.run(Fill{ts.loss_sum, 0.f});
+      ts.reset_stats();
+      for (int64_t& n : quartile_n) n = 0;
       opt.reset_norm_sum();
       window_steps = 0;
       t_window = now_seconds();
@@ -249,9 +323,9 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   }
   if (!o.quiet) prog.finish();
   if (res.interrupted && step > start && saved_at != step) {
-    float h = 0;
-    eng.download(&h, ts.loss_sum);
-    if (std::isfinite(h) && !save(step)) return diverged("the weights became non-finite: " + nonfinite);
+    float h[7];
+    eng.download(h, ts.stats);
+    if (std::isfinite(h[0]) && !save(step)) return diverged("the weights became non-finite: " + nonfinite);
   }
   res.step = step;
   return res;

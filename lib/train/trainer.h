@@ -1,6 +1,9 @@
-// The training loop: data -> q_sample -> model -> MSE -> backward -> clip -> AdamW -> EMA,
-// all on the backend's stream with no host synchronisation inside a step; loss and grad norm
-// are accumulated on the device and read back only at --log-every / checkpoint time.
+// The training loop: data -> q_sample -> model -> loss (objective.h) -> backward -> clip -> AdamW
+// -> EMA, all on the backend's stream with no host synchronisation inside a step; the loss terms
+// and grad norm are accumulated on the device and read back only at --log-every / checkpoint
+// time. The loss-second-moment schedule sampler is the exception: it reads each step's
+// per-sample losses back (one host sync per step) to update its history before drawing the next
+// step's timesteps, exactly as guided-diffusion orders it.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -26,7 +29,8 @@ struct TrainOptions {
   int64_t lr_warmup = 0;
   bool flip = true;
   uint64_t seed = 0;
-  std::string schedule_sampler = "uniform";  // recorded for resume; the only sampler so far
+  std::string schedule_sampler = "uniform";  // uniform | loss-second-moment (guided-diffusion's names)
+  int64_t microbatch = 0;                    // samples per micro-batch (0 = the whole batch)
   uint64_t dataset_fingerprint = 0;          // DatasetReader::fingerprint(), recorded for resume
   std::string rundir;
   bool quiet = false;  // no progress line (tests)
