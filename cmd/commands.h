@@ -38,6 +38,23 @@ struct ModelFlags {
   ModelConfig resolve() const;                // preset(--preset) + explicit flags, validated
 };
 
+// The classifier's flags (guided-diffusion's create_classifier names, dashed: --classifier-width
+// ...). The flags it shares with the diffusion model (--image-size, --in-channels, --num-classes,
+// --diffusion-steps, --noise-schedule) are added here with_shared, else read from a ModelFlags of
+// the same command (unet init --classifier). Explicit values override the preset.
+struct ClassifierFlags {
+  std::string preset = "default";
+  ClassifierConfig v;
+  std::string channel_mult, attention_resolutions;
+  std::vector<std::pair<CLI::Option*, std::function<void(ClassifierConfig&)>>> opts;
+  CLI::Option* preset_opt = nullptr;
+  void add(CLI::App* app, bool with_shared, bool with_preset);
+  bool any_given() const;
+  // base + explicit flags (+ the shared ones of `model`, when given there), validated (UserError).
+  ClassifierConfig apply(ClassifierConfig base, const ModelFlags* model = nullptr) const;
+  ClassifierConfig resolve(const ModelFlags* model = nullptr) const;  // classifier_preset(preset) + flags
+};
+
 // --device cuda|cpu and --precision fp32|tf32|bf16 with the SPEC's defaults.
 struct DeviceFlags {
   std::string device;     // "" = auto

@@ -130,6 +130,104 @@ ModelConfig ModelFlags::apply(ModelConfig base) const {
 
 ModelConfig ModelFlags::resolve() const { return apply(unet::preset(preset)); }
 
+void ClassifierFlags::add(CLI::App* app, bool with_shared, bool with_preset) {
+  if (with_preset)
+    preset_opt =
+        app->add_option("--preset", preset,
+                        "classifier preset (default: guided-diffusion's classifier defaults); imagenet64/"
+                        "128/256/512: OpenAI's released classifiers")
+            ->check(CLI::IsMember(classifier_preset_names()));
+  const char* G = "Classifier";
+  auto opt_int = [&](const char* name, int ClassifierConfig::*field, const char* help) {
+    auto* o = app->add_option(name, v.*field, help)->group(G)->check(int_range(INT32_MIN, INT32_MAX));
+    opts.push_back({o, [this, field](ClassifierConfig& c) { c.*field = v.*field; }});
+  };
+  auto opt_bool = [&](const char* name, bool ClassifierConfig::*field, const char* help) {
+    auto* o = app->add_flag(name, v.*field, help)->group(G);
+    opts.push_back({o, [this, field](ClassifierConfig& c) { c.*field = v.*field; }});
+  };
+  opt_int("--classifier-width", &ClassifierConfig::width, "base channel count (model_channels), default 128");
+  opt_int("--classifier-depth", &ClassifierConfig::depth, "ResBlocks per level (num_res_blocks), default 2");
+  auto* cm = app->add_option("--classifier-channel-mult", channel_mult,
+                             "channel multiplier per level (default: create_classifier's for the image size: "
+                             "64 -> 1,2,3,4, 128 -> 1,1,2,3,4, 256 -> 1,1,2,2,4,4, 512 -> 0.5,1,1,2,2,4,4)")
+                 ->group(G);
+  opts.push_back({cm, [this](ClassifierConfig& c) {
+                    c.channel_mult = parse_mult_list(channel_mult, "--classifier-channel-mult");
+                  }});
+  auto* ar = app->add_option("--classifier-attention-resolutions", attention_resolutions,
+                             "feature-map sizes with attention (16 = 16x16), default 32,16,8")
+                 ->group(G);
+  opts.push_back({ar, [this](ClassifierConfig& c) {
+                    c.attention_resolutions =
+                        attention_resolutions.empty() || attention_resolutions == "none"
+                            ? std::vector<int>{}
+                            : parse_int_list(attention_resolutions, "--classifier-attention-resolutions");
+                  }});
+  opt_bool("--classifier-use-scale-shift-norm", &ClassifierConfig::use_scale_shift_norm,
+           "FiLM-style scale/shift from the embedding (default true; =false to turn off)");
+  opt_bool("--classifier-resblock-updown", &ClassifierConfig::resblock_updown,
+           "ResBlocks do the downsampling (default true; =false to turn off)");
+  auto* pl = app->add_option("--classifier-pool", v.pool, "output head: attention (the only one implemented)")
+                 ->group(G);
+  opts.push_back({pl, [this](ClassifierConfig& c) { c.pool = v.pool; }});
+  opt_int("--classifier-num-head-channels", &ClassifierConfig::num_head_channels,
+          "channels per attention head, in the blocks and the pool (guided-diffusion fixes 64)");
+  if (!with_shared) return;
+  opt_int("--image-size", &ClassifierConfig::image_size, "image size (square), default 64");
+  opt_int("--in-channels", &ClassifierConfig::in_channels, "image channels, default 3");
+  opt_int("--num-classes", &ClassifierConfig::num_classes, "classes (logits), default 1000");
+  opt_int("--diffusion-steps", &ClassifierConfig::diffusion_steps,
+          "diffusion steps T of the noise the classifier is trained on, default 1000");
+  auto* ns = app->add_option("--noise-schedule", v.noise_schedule, "linear (default) or cosine")->group(G);
+  opts.push_back({ns, [this](ClassifierConfig& c) { c.noise_schedule = v.noise_schedule; }});
+}
+
+bool ClassifierFlags::any_given() const {
+  if (preset_opt && preset_opt->count()) return true;
+  for (auto& o : opts)
+    if (o.first->count()) return true;
+  return false;
+}
+
+ClassifierConfig ClassifierFlags::apply(ClassifierConfig base, const ModelFlags* model) const {
+  if (model) {
+    // The flags both networks have; every other model flag describes a diffusion model only.
+    static const char* const kShared[] = {"--image-size", "--in-channels", "--num-classes",
+                                          "--diffusion-steps", "--noise-schedule"};
+    for (auto& o : model->opts) {
+      if (!o.first->count()) continue;
+      const std::string name = o.first->get_name();
+      bool shared = false;
+      for (const char* k : kShared) shared |= name == k;
+      if (!shared)
+        throw UserError(name +
+                        " is a diffusion-model flag; a classifier takes --classifier-width, "
+                        "--classifier-depth, --classifier-channel-mult, --classifier-attention-resolutions, "
+                        "... (see --help)");
+    }
+    auto given = [&](const char* n) {
+      for (auto& o : model->opts)
+        if (o.first->count() && o.first->get_name() == n) return true;
+      return false;
+    };
+    if (given("--image-size")) base.image_size = model->v.image_size;
+    if (given("--in-channels")) base.in_channels = model->v.in_channels;
+    if (given("--num-classes")) base.num_classes = model->v.num_classes;
+    if (given("--diffusion-steps")) base.diffusion_steps = model->v.diffusion_steps;
+    if (given("--noise-schedule")) base.noise_schedule = model->v.noise_schedule;
+  }
+  for (auto& o : opts)
+    if (o.first->count()) o.second(base);
+  const std::string err = base.validate();
+  if (!err.empty()) throw UserError("invalid classifier: " + err);
+  return base;
+}
+
+ClassifierConfig ClassifierFlags::resolve(const ModelFlags* model) const {
+  return apply(classifier_preset(preset), model);
+}
+
 void DeviceFlags::add(CLI::App* app) {
   app->add_option("--device", device, "cuda or cpu (default: cuda when a GPU is present)")
       ->check(CLI::IsMember({"cuda", "cpu"}));

@@ -3,8 +3,10 @@
 #include <filesystem>
 
 #include "checkpoint.h"
+#include "classifier.h"
 #include "commands.h"
 #include "grid.h"
+#include "guidance.h"
 #include "h5.h"
 #include "layout.h"
 #include "model.h"
@@ -17,17 +19,18 @@
 namespace unet {
 namespace {
 struct SampleArgs {
-  std::string ckpt, noise, out = "samples.png", h5, png_dir;
+  std::string ckpt, noise, out = "samples.png", h5, png_dir, classifier;
   int n = 16;
   int batch_size = 0;
   std::string sampler = "ddpm";
   int steps = 0;
   float eta = 0;
+  float classifier_scale = 1;
   int cls = 0;
   bool no_ema = false, no_clip = false;
   uint64_t seed = 0;
   DeviceFlags dev;
-  CLI::Option *n_opt = nullptr, *steps_opt = nullptr, *cls_opt = nullptr;
+  CLI::Option *n_opt = nullptr, *steps_opt = nullptr, *cls_opt = nullptr, *cs_opt = nullptr;
 };
 
 // Reads NOISE.h5 dataset `noise` float32 [N,C,H,W] (PyTorch layout) and returns NHWC.
@@ -59,6 +62,7 @@ void run(SampleArgs& a) {
     check_writable_dir_for(p);
     check_not_input(p, a.ckpt, "checkpoint");
     check_not_input(p, a.noise, "--noise file");
+    check_not_input(p, a.classifier, "--classifier checkpoint");
   };
   if (!a.out.empty()) check_out(a.out);
   if (!a.h5.empty()) check_out(a.h5);
@@ -73,12 +77,32 @@ void run(SampleArgs& a) {
   if (a.steps_opt->count() && a.steps > cfg.diffusion_steps)
     throw UserError("--steps " + std::to_string(a.steps) + " exceeds the model's " +
                     std::to_string(cfg.diffusion_steps) + " diffusion steps");
+  // Classifier guidance: a classifier of the model's images and (for a class-conditional model)
+  // classes; the labels it is guided towards are the model's.
+  const bool guided = !a.classifier.empty();
+  if (a.cs_opt->count() && !guided) throw UserError("--classifier-scale needs --classifier CLS.h5");
+  Checkpoint cck;
+  if (guided) {
+    cck = load_classifier_checkpoint(a.classifier);
+    const ClassifierConfig& cc = cck.ccfg;
+    if (cc.image_size != cfg.image_size || cc.in_channels != cfg.in_channels)
+      throw UserError(a.classifier + ": the classifier takes " + std::to_string(cc.image_size) + "x" +
+                      std::to_string(cc.image_size) + "x" + std::to_string(cc.in_channels) + " images but " +
+                      a.ckpt + " makes " + std::to_string(cfg.image_size) + "x" +
+                      std::to_string(cfg.image_size) + "x" + std::to_string(cfg.in_channels));
+    if (cfg.class_cond && cc.num_classes != cfg.num_classes)
+      throw UserError(a.classifier + ": the classifier has " + std::to_string(cc.num_classes) +
+                      " classes but " + a.ckpt + " has " + std::to_string(cfg.num_classes));
+  }
+  const bool labelled = cfg.class_cond || guided;
+  const int n_classes = cfg.class_cond ? cfg.num_classes : guided ? cck.ccfg.num_classes : 0;
   const bool cls_given = a.cls_opt->count() > 0;
-  if (cls_given && !cfg.class_cond) throw UserError("--class: " + a.ckpt + " is not class-conditional");
-  if (cls_given && a.cls >= cfg.num_classes)
-    throw UserError("--class " + std::to_string(a.cls) + " is out of range (the model has " +
-                    std::to_string(cfg.num_classes) + " classes: 0 to " +
-                    std::to_string(cfg.num_classes - 1) + ")");
+  if (cls_given && !labelled)
+    throw UserError("--class: " + a.ckpt + " is not class-conditional (and no --classifier guides it)");
+  if (cls_given && a.cls >= n_classes)
+    throw UserError("--class " + std::to_string(a.cls) + " is out of range (the " +
+                    (cfg.class_cond ? "model" : "classifier") + " has " + std::to_string(n_classes) +
+                    " classes: 0 to " + std::to_string(n_classes - 1) + ")");
   std::vector<float> noise;
   int n = a.n;
   if (!a.noise.empty()) {
@@ -103,11 +127,11 @@ void run(SampleArgs& a) {
     }
   }
   std::vector<int32_t> labels;
-  if (cfg.class_cond) {
+  if (labelled) {
     labels.resize(n);
     for (int i = 0; i < n; ++i)
       labels[i] =
-          cls_given ? a.cls : (int32_t)(rng_bits(a.seed, Stream::SampleLabel, i) % (uint64_t)cfg.num_classes);
+          cls_given ? a.cls : (int32_t)(rng_bits(a.seed, Stream::SampleLabel, i) % (uint64_t)n_classes);
   }
   // Everything checked: now the device, and the only informational line, on stdout.
   std::string device;
@@ -122,12 +146,30 @@ void run(SampleArgs& a) {
   so.clip = !a.no_clip;
   so.seed = a.seed;
   so.batch_size = a.batch_size ? std::min(a.batch_size, n) : std::min(n, 64);
-  std::printf("unet sample: %d images, %s %d steps, %s weights, %s\n", n, a.sampler.c_str(),
-              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", device.c_str());
+  std::string guide_note;
+  if (guided) {
+    char b[96];
+    std::snprintf(b, sizeof b, ", classifier guidance scale %g (%s weights)", (double)a.classifier_scale,
+                  !a.no_ema && !cck.ema.empty() ? "EMA" : "model");
+    guide_note = b;
+  }
+  std::printf("unet sample: %d images, %s %d steps, %s weights%s, %s\n", n, a.sampler.c_str(),
+              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", guide_note.c_str(),
+              device.c_str());
   std::fflush(stdout);
   std::vector<float> out((size_t)n * R * R * C);
   Progress prog("sample", n, "img");
-  sample(model, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(),
+  model.plan(so.batch_size, Mode::Sample);
+  SamplerNet net = sampler_net(model);
+  std::unique_ptr<Classifier> classifier;
+  std::unique_ptr<ClassifierGuide> guide;
+  if (guided) {  // the classifier's EMA weights when it has them (as the model's), unless --no-ema
+    classifier = std::make_unique<Classifier>(cck.ccfg, *eng);
+    eng->upload(classifier->params(), !a.no_ema && !cck.ema.empty() ? cck.ema.data() : cck.model.data());
+    guide = std::make_unique<ClassifierGuide>(*eng, *classifier, a.classifier_scale, so.batch_size);
+    guide->attach(net);
+  }
+  sample(*eng, net, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(),
          out.data(), [&](int done, int) { prog.update(done); });
   prog.finish();
   // stdout, like every informational line: stderr carries only warnings and errors.
@@ -149,6 +191,10 @@ void run(SampleArgs& a) {
       h5::set_attr(f, "/", "sampler", a.sampler);
       h5::set_attr(f, "/", "steps", (int64_t)(a.steps ? a.steps : cfg.diffusion_steps));
       h5::set_attr(f, "/", "eta", (double)a.eta);
+      if (guided) {
+        h5::set_attr(f, "/", "classifier", a.classifier);
+        h5::set_attr(f, "/", "classifier_scale", (double)a.classifier_scale);
+      }
       h5::set_attr(f, "/", "seed", (int64_t)a.seed);
       h5::set_attr(f, "/", "checkpoint", a.ckpt);
       h5::set_attr(f, "/", "weights", std::string(use_ema ? "ema" : "model"));
@@ -185,10 +231,18 @@ void register_sample(CLI::App& app) {
           ->check(int_range(1, kModelLimits.diffusion_steps));
   sub->add_option("--eta", a->eta, "DDIM eta (default 0: deterministic)")->check(real_range(0, INFINITY));
   sub->add_option("--noise", a->noise, "x_T from dataset 'noise' float32 [N,C,H,W] of this HDF5 file");
-  a->cls_opt = sub->add_option("--class", a->cls,
-                               "class label 0..num_classes-1 for every image (class-conditional models; "
-                               "default random)")
-                   ->check(int_range(0, kModelLimits.num_classes - 1));
+  a->cls_opt =
+      sub->add_option("--class", a->cls,
+                      "class label 0..num_classes-1 for every image (class-conditional models, and the "
+                      "class a --classifier guides towards; default random, written to --h5 as labels)")
+          ->check(int_range(0, kModelLimits.num_classes - 1));
+  sub->add_option("--classifier", a->classifier,
+                  "classifier guidance with this noisy-image classifier (unet train-classifier / unet init "
+                  "--classifier): DDPM shifts each step's mean by variance * grad, DDIM its eps by "
+                  "-sqrt(1 - abar) * grad, grad = scale * d log p(class | x_t) / d x_t");
+  a->cs_opt = sub->add_option("--classifier-scale", a->classifier_scale,
+                              "classifier guidance scale s (default 1.0, guided-diffusion's; 0 = unguided)")
+                  ->check(real_range(0, INFINITY));
   sub->add_flag("--no-ema", a->no_ema, "use the raw weights instead of the EMA weights");
   sub->add_flag("--no-clip", a->no_clip, "do not clip the predicted x_0 to [-1, 1]");
   sub->add_option("--seed", a->seed, "seed for x_T, step noise and labels, 0 to 2^63-1 (default 0)")

@@ -10,9 +10,17 @@ diffusion flag under its guided-diffusion name (booleans stored as int64 0/1, li
 arrays, dropout float64, noise_schedule string). Optional optimizer/ and state groups written by
 `unet train` are ignored here.
 
+Classifier checkpoints (`unet init --classifier`, `unet train-classifier`: guided-diffusion's
+EncoderUNetModel, scripts/classifier_torch.py) have the same groups, format="unet-classifier" and
+the classifier's flags as attributes (classifier_width, classifier_depth, ...):
+    clf, flags = load_classifier_checkpoint("cls.h5")
+    save_classifier_checkpoint(clf, flags, "cls.h5")
+
 Command line:
     python3 scripts/unet_ckpt.py CKPT.h5                       describe a checkpoint
     python3 scripts/unet_ckpt.py import FILE.pt [--preset NAME] [model flags] -o OUT.h5
+    python3 scripts/unet_ckpt.py import 64x64_classifier.pt [--classifier] [--preset imagenet64]
+                                 [classifier flags] -o OUT.h5
     python3 scripts/unet_ckpt.py export CKPT.h5 -o FILE.pt [--ema | --model]
 
 `import` converts a plain state_dict as OpenAI released them (guided-diffusion's .pt files) into a
@@ -30,6 +38,9 @@ import h5py
 import numpy as np
 import torch
 
+from classifier_torch import (CLASSIFIER_DEFAULTS, CLASSIFIER_PRESETS, GD_MULT, classifier_state_dict_shapes,
+                              create_classifier, normalize_classifier_flags, write_classifier_attrs)
+from classifier_torch import FORMAT as CLASSIFIER_FORMAT
 from unet_torch import DEFAULT_FLAGS, OBJECTIVE_FLAGS, PRESETS, create_model, normalize_flags, state_dict_shapes
 
 FORMAT = "unet-checkpoint"
@@ -47,12 +58,26 @@ def _attr_str(v):
 def read_flags(f):
     """Model/diffusion flags from the root attributes of an open h5py File (plain Python types)."""
     fmt = _attr_str(f.attrs.get("format", ""))
+    if fmt == CLASSIFIER_FORMAT:
+        raise ValueError(f"{f.filename}: is a classifier checkpoint (format {fmt!r}), not a diffusion model")
     if fmt != FORMAT:
         raise ValueError(f"{f.filename}: not a unet checkpoint (format attribute is {fmt!r})")
     missing = [k for k in DEFAULT_FLAGS if k not in f.attrs and k not in OBJECTIVE_FLAGS]
     if missing:
         raise ValueError(f"{f.filename}: missing attribute(s) {', '.join(missing)}")
     return normalize_flags({k: f.attrs[k] for k in DEFAULT_FLAGS if k in f.attrs})
+
+
+def read_classifier_flags(f):
+    """Classifier flags from the root attributes of an open h5py File (plain Python types)."""
+    fmt = _attr_str(f.attrs.get("format", ""))
+    if fmt != CLASSIFIER_FORMAT:
+        raise ValueError(f"{f.filename}: not a unet classifier checkpoint (format attribute is {fmt!r})")
+    return normalize_classifier_flags({k: f.attrs[k] for k in CLASSIFIER_DEFAULTS if k in f.attrs})
+
+
+def is_classifier_file(f):
+    return _attr_str(f.attrs.get("format", "")) == CLASSIFIER_FORMAT
 
 
 def read_state_dict(group):
@@ -70,6 +95,33 @@ def load_checkpoint(path, use_ema=False, map_location="cpu"):
     model = create_model(flags)
     model.load_state_dict(sd, strict=True)
     return model.to(map_location).eval(), flags
+
+
+def load_classifier_checkpoint(path, use_ema=False, map_location="cpu"):
+    """Returns (classifier, flags), model/ (or ema/) loaded strictly; float32, eval mode."""
+    with h5py.File(path, "r") as f:
+        flags = read_classifier_flags(f)
+        group = "ema" if use_ema and "ema" in f else "model"
+        sd = read_state_dict(f[group])
+    model = create_classifier(flags)
+    model.load_state_dict(sd, strict=True)
+    return model.to(map_location).eval(), flags
+
+
+def save_classifier_checkpoint(model, flags, path, ema=None):
+    """Writes a classifier (or its state dict) with its flags as `unet init --classifier` does."""
+    sd = model.state_dict() if hasattr(model, "state_dict") else model
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            write_classifier_attrs(f, flags)
+            _write_group(f, "model", sd)
+            if ema is not None:
+                _write_group(f, "ema", ema.state_dict() if hasattr(ema, "state_dict") else ema)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _write_flags(f, flags):
@@ -213,10 +265,17 @@ def compare_state_dict(got, want):
     return "; ".join(parts)
 
 
-def matching_presets(got):
+def matching_presets(got, classifier=False):
     """Presets whose names and shapes `got` has (shapes cannot tell the attention order, the noise
     schedule or dropout apart: imagenet256-uncond and lsun256 look the same)."""
+    if classifier:
+        return [p for p in CLASSIFIER_PRESETS if not compare_state_dict(got, classifier_state_dict_shapes(preset=p))]
     return [p for p in PRESETS if not compare_state_dict(got, state_dict_shapes(preset=p))]
+
+
+def looks_like_classifier(sd):
+    """guided-diffusion's classifier state_dict (EncoderUNetModel, attention pool)."""
+    return "out.2.positional_embedding" in sd or "out.2.c_proj.weight" in sd
 
 
 def _str2bool(s):
@@ -248,6 +307,24 @@ def _add_model_flags(p):
     for k in ("use_fp16", "use_checkpoint"):  # run-time choices in guided-diffusion: no effect on weights
         g.add_argument("--" + k.replace("_", "-"), "--" + k, dest=k, nargs="?", const=True, type=_str2bool,
                        metavar="BOOL", help=argparse.SUPPRESS)
+
+
+def _add_classifier_flags(p):
+    """create_classifier's flags (--classifier-width or --classifier_width, ...); --image-size,
+    --in-channels, --num-classes, --diffusion-steps and --noise-schedule are the model flags'."""
+    g = p.add_argument_group("classifier flags (with --classifier or a classifier state_dict)")
+    g.add_argument("--classifier", action="store_true",
+                   help="the file is a classifier (guided-diffusion's EncoderUNetModel); also detected from its names")
+    for k, v in CLASSIFIER_DEFAULTS.items():
+        if not k.startswith("classifier_"):
+            continue
+        names = ["--" + k.replace("_", "-"), "--" + k]
+        if isinstance(v, bool):
+            g.add_argument(*names, dest=k, nargs="?", const=True, type=_str2bool, metavar="BOOL")
+        else:
+            g.add_argument(*names, dest=k, type=int if isinstance(v, int) else str)
+    g.add_argument("--classifier-use-fp16", "--classifier_use_fp16", dest="classifier_use_fp16", nargs="?",
+                   const=True, type=_str2bool, metavar="BOOL", help=argparse.SUPPRESS)
 
 
 def _check_flags(fl):
@@ -311,14 +388,67 @@ def import_flags(a):
     return normalize_flags(f), f"guided-diffusion's defaults{given}"
 
 
-def cmd_import(a):
-    flags, what = import_flags(a)
-    _check_flags(flags)
+def import_classifier_flags(a):
+    """(flags, description) of a classifier import: the classifier preset (default: guided-diffusion's
+    classifier_defaults(), which is also its flags' resolution) + explicit flags."""
+    shared = ("image_size", "in_channels", "num_classes", "diffusion_steps", "noise_schedule")
+    stray = [k for k in DEFAULT_FLAGS if k not in shared and getattr(a, k) is not None]
+    if stray:
+        raise CliError(f"--{stray[0].replace('_', '-')} is a diffusion-model flag; a classifier takes --classifier-* "
+                       "flags (see --help)")
+    explicit = {k: getattr(a, k) for k in CLASSIFIER_DEFAULTS if getattr(a, k, None) is not None}
+    given = f" with {', '.join(sorted(explicit))}" if explicit else ""
+    preset = a.preset or "default"
+    if preset not in CLASSIFIER_PRESETS:
+        raise CliError(f"--preset {preset} is not a classifier preset ({', '.join(CLASSIFIER_PRESETS)})")
+    f = dict(CLASSIFIER_PRESETS[preset], **explicit)
+    if "classifier_channel_mult" not in explicit and "image_size" in explicit and "image_size" not in \
+            CLASSIFIER_PRESETS[preset]:
+        f["classifier_channel_mult"] = ()  # by the image size given
     try:
-        want = state_dict_shapes(flags)
-    except (AssertionError, ValueError) as e:  # heads not dividing channels, GroupNorm groups, ...
-        raise CliError(f"invalid model flags ({what}): {e or 'inconsistent values'}")
-    _check_output(a.output, a.input)
+        fl = normalize_classifier_flags(f)
+    except ValueError as e:
+        raise CliError(f"invalid classifier flags: {e}")
+    what = (f"classifier preset {preset}" if a.preset else "guided-diffusion's classifier defaults") + given
+    return fl, what
+
+
+def _check_classifier_flags(fl):
+    if fl["classifier_pool"] != "attention":
+        raise CliError(f"classifier_pool {fl['classifier_pool']!r} is not implemented (attention)")
+    levels = len(fl["classifier_channel_mult"])
+    if fl["image_size"] % (1 << (levels - 1)):
+        raise CliError(f"invalid classifier flags: image_size {fl['image_size']} is not divisible by 2^{levels - 1}")
+    for m in fl["classifier_channel_mult"]:
+        c = int(m * fl["classifier_width"])
+        if c <= 0 or c % 32 or c % fl["classifier_num_head_channels"]:
+            raise CliError(f"invalid classifier flags: {c} channels (mult {m}) are not a positive multiple of 32 and "
+                           f"of classifier_num_head_channels {fl['classifier_num_head_channels']}")
+
+
+def cmd_import_classifier(a, sd):
+    flags, what = import_classifier_flags(a)
+    _check_classifier_flags(flags)
+    try:
+        want = classifier_state_dict_shapes(flags)
+    except (AssertionError, ValueError) as e:
+        raise CliError(f"invalid classifier flags ({what}): {e or 'inconsistent values'}")
+    problem = compare_state_dict(sd, want)
+    if problem:
+        m = [p for p in matching_presets(sd, classifier=True) if p != a.preset]
+        hint = f"; its names and shapes match classifier preset {' or '.join(m)}" if m else ""
+        raise CliError(f"{a.input}: does not match the classifier of {what}: {problem}{hint}")
+    dtypes = Counter(str(v.dtype).replace("torch.", "") for v in sd.values())
+    model = OrderedDict((k, sd[k].detach().to(torch.float32).contiguous()) for k, _ in want)
+    save_classifier_checkpoint(model, flags, a.output)
+    n = sum(v.numel() for v in model.values())
+    conv = ", ".join(f"{c} {t}" for t, c in dtypes.items() if t != "float32")
+    print(f"{a.output}: classifier, {what}, {len(model)} tensors, {n / 1e6:.2f} M parameters in model/ (float32"
+          + (f"; converted {conv} tensors" if conv else "") + ")")
+    return 0
+
+
+def _load_state_dict(a):
     if not os.path.isfile(a.input):
         raise CliError(f"{a.input}: no such file")
     try:
@@ -332,6 +462,30 @@ def cmd_import(a):
             first = next(k for k, v in sd.items() if not torch.is_tensor(v))
             kind = f"dict with non-tensor entries, e.g. {first!r}"
         raise CliError(f"{a.input}: not a plain state_dict (name -> tensor) but a {kind}")
+    return sd
+
+
+def cmd_import(a):
+    """A diffusion model's state_dict, or a classifier's (--classifier, classifier flags or preset, or
+    guided-diffusion's classifier names in the file)."""
+    classifier = a.classifier or any(getattr(a, k, None) is not None for k in CLASSIFIER_DEFAULTS
+                                     if k.startswith("classifier_")) or (a.preset and a.preset not in PRESETS)
+    sd = None
+    if not classifier and os.path.isfile(a.input):
+        _check_output(a.output, a.input)
+        sd = _load_state_dict(a)
+        classifier = looks_like_classifier(sd)
+    if classifier:
+        _check_output(a.output, a.input)
+        return cmd_import_classifier(a, sd if sd is not None else _load_state_dict(a))
+    flags, what = import_flags(a)
+    _check_flags(flags)
+    try:
+        want = state_dict_shapes(flags)
+    except (AssertionError, ValueError) as e:  # heads not dividing channels, GroupNorm groups, ...
+        raise CliError(f"invalid model flags ({what}): {e or 'inconsistent values'}")
+    _check_output(a.output, a.input)
+    sd = sd if sd is not None else _load_state_dict(a)
     problem = compare_state_dict(sd, want)
     if problem:
         m = [p for p in matching_presets(sd) if p != a.preset]
@@ -375,6 +529,27 @@ def guided_diffusion_flags(flags):
     return " ".join(f"--{k} {v}" for k, v in sorted(out.items())), notes
 
 
+def guided_diffusion_classifier_flags(flags):
+    """(CLASSIFIER_FLAGS for guided-diffusion's scripts, [notes on what they cannot express])."""
+    f = normalize_classifier_flags(flags)
+    b = lambda v: "True" if v else "False"  # noqa: E731
+    out = {"image_size": f["image_size"], "classifier_width": f["classifier_width"],
+           "classifier_depth": f["classifier_depth"],
+           "classifier_attention_resolutions": ",".join(str(r) for r in f["classifier_attention_resolutions"]),
+           "classifier_use_scale_shift_norm": b(f["classifier_use_scale_shift_norm"]),
+           "classifier_resblock_updown": b(f["classifier_resblock_updown"]), "classifier_pool": f["classifier_pool"]}
+    notes = []
+    if f["classifier_channel_mult"] != GD_MULT.get(f["image_size"]):
+        notes.append(f"channel_mult {f['classifier_channel_mult']} (create_classifier takes it from the image size)")
+    if f["classifier_num_head_channels"] != 64:
+        notes.append(f"num_head_channels {f['classifier_num_head_channels']} (create_classifier fixes 64)")
+    if f["in_channels"] != 3:
+        notes.append(f"in_channels {f['in_channels']} (create_classifier fixes 3)")
+    if f["num_classes"] != 1000:
+        notes.append(f"num_classes {f['num_classes']} (create_classifier fixes 1000)")
+    return " ".join(f"--{k} {v}" for k, v in out.items()), notes
+
+
 def cmd_export(a):
     if not os.path.isfile(a.input):
         raise CliError(f"{a.input}: no such file")
@@ -384,8 +559,9 @@ def cmd_export(a):
     except OSError as e:
         raise CliError(f"{a.input}: cannot open as HDF5 ({str(e).splitlines()[0]})")
     with f:
+        classifier = is_classifier_file(f)
         try:
-            flags = read_flags(f)
+            flags = read_classifier_flags(f) if classifier else read_flags(f)
         except ValueError as e:
             raise CliError(str(e))
         if a.weights == "ema" and "ema" not in f:
@@ -393,7 +569,7 @@ def cmd_export(a):
         group = a.weights or ("ema" if "ema" in f else "model")
         if group not in f:
             raise CliError(f"{a.input}: has no {group}/ group")
-        want = state_dict_shapes(flags)
+        want = classifier_state_dict_shapes(flags) if classifier else state_dict_shapes(flags)
         g = f[group]
         # shapes straight from the file's metadata, so a mismatch is reported before any read
         meta = {k: torch.empty(g[k].shape, device="meta") if isinstance(g[k], h5py.Dataset) and g[k].dtype.kind == "f"
@@ -414,8 +590,12 @@ def cmd_export(a):
     why = {"ema": "EMA weights (what guided-diffusion releases and samples with)",
            "model": "model weights (the raw training weights, not the EMA)"}[group]
     print(f"{a.output}: {group}/ of {a.input}: {why}; {len(sd)} tensors, {n / 1e6:.2f} M parameters, float32")
-    gd, notes = guided_diffusion_flags(flags)
-    print(f'guided-diffusion MODEL_FLAGS="{gd}"')
+    if classifier:
+        gd, notes = guided_diffusion_classifier_flags(flags)
+        print(f'guided-diffusion CLASSIFIER_FLAGS="{gd}"')
+    else:
+        gd, notes = guided_diffusion_flags(flags)
+        print(f'guided-diffusion MODEL_FLAGS="{gd}"')
     for note in notes:
         print(f"note: guided-diffusion's scripts cannot express {note}")
     return 0
@@ -428,11 +608,11 @@ def describe(path):
         raise CliError(f"{path}: cannot open as HDF5 ({str(e).splitlines()[0]})")
     with f:
         try:
-            flags = read_flags(f)
+            flags = read_classifier_flags(f) if is_classifier_file(f) else read_flags(f)
         except ValueError as e:
             raise CliError(str(e))
         n = sum(int(np.prod(d.shape)) for d in f["model"].values())
-        print(_flags_summary(flags))
+        print(("classifier " if is_classifier_file(f) else "") + _flags_summary(flags))
         print(f"{len(f['model'])} tensors, {n / 1e6:.2f} M parameters; groups: {', '.join(f.keys())}")
     return 0
 
@@ -449,9 +629,12 @@ def build_parser():
                                     "reveal the attention order, head count, noise schedule or dropout: the preset or "
                                     "flags must be the file's.")
     pi.add_argument("input", metavar="FILE.pt")
-    pi.add_argument("--preset", choices=list(PRESETS), help="model preset (default: guided-diffusion's defaults)")
+    pi.add_argument("--preset", choices=list(dict.fromkeys(list(PRESETS) + list(CLASSIFIER_PRESETS))),
+                    help="model preset (default: guided-diffusion's defaults); for a classifier a classifier preset "
+                         "(imagenet64/128/256/512: OpenAI's released classifiers)")
     pi.add_argument("-o", "--output", required=True, metavar="OUT.h5")
     _add_model_flags(pi)
+    _add_classifier_flags(pi)
     pe = sub.add_parser("export", help="unet checkpoint -> guided-diffusion .pt state_dict",
                         description="Writes a checkpoint's weights as a plain float32 state_dict (torch.save of an "
                                     "OrderedDict) that guided-diffusion's scripts load unchanged; EMA weights when the "

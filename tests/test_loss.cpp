@@ -1,6 +1,9 @@
-// loss and diffusion families: the MSE and its gradient (lib/ops/loss.h), q_sample and the
+// loss and diffusion families: the MSE and its gradient (lib/ops/loss.h), the classifier's
+// cross-entropy with top-k hits and its log sums (CrossEntropy, ClassifierStats), q_sample and the
 // samplers' arithmetic (lib/ops/diffusion_ops.h); CPU in lib/ops/*.cpp, CUDA in kernels/loss/
 // and kernels/diffusion/.
+#include <algorithm>
+
 #include "ops_common.h"
 
 using namespace opt;
@@ -30,6 +33,95 @@ TEST(Loss, MseValueAndGradient) {
   d.run(MseLoss{d.put(pred), d.put(target), L, DP});
   EXPECT_NEAR(d.get(L)[0], expect, 1e-6 * expect);
   EXPECT_LT(rel(d.get(DP), dpred), 1e-6);
+}
+
+// F.cross_entropy and classifier_train.py's compute_top_k written out: -log softmax(l)[y]; a hit
+// at k when y is among the k largest logits.
+TEST(Loss, CrossEntropyTopKAndGradient) {
+  const int B = 7;
+  for (int K : {1, 3, 5, 9, 1000}) {
+    SCOPED_TRACE("K " + std::to_string(K));
+    V l = rnd((size_t)B * K, -3, 3);
+    std::vector<int32_t> y(B);
+    for (int b = 0; b < B; ++b) y[b] = (int32_t)((b * 7 + K) % K);
+    if (K >= 3) l[(size_t)0 * K + y[0]] = 5.0;  // sample 0 certainly right, sample 1 certainly wrong at top-1
+    if (K >= 3) l[(size_t)1 * K + y[1]] = -5.0;
+    V want_terms((size_t)B * kClassTerms);
+    for (int b = 0; b < B; ++b) {
+      double z = 0;
+      for (int k = 0; k < K; ++k) z += std::exp(l[(size_t)b * K + k]);
+      want_terms[(size_t)b * kClassTerms + kClassLoss] = -(l[(size_t)b * K + y[b]] - std::log(z));
+      std::vector<std::pair<double, int>> order;
+      for (int k = 0; k < K; ++k) order.push_back({-l[(size_t)b * K + k], k});
+      std::sort(order.begin(), order.end());
+      for (int kk : {1, 5}) {
+        bool hit = false;
+        for (int i = 0; i < std::min(kk, K); ++i) hit |= order[i].second == y[b];
+        want_terms[(size_t)b * kClassTerms + (kk == 1 ? kClassTop1 : kClassTop5)] = hit;
+      }
+    }
+    V terms = nans(want_terms.size()), dl = nans(l.size());
+    const double scale = 1.0 / B;
+    ref::cross_entropy<double>(l.data(), y.data(), terms.data(), dl.data(), scale, B, K);
+    EXPECT_LT(rel(terms, want_terms), 1e-14);
+    if (K >= 3) {
+      EXPECT_EQ(terms[kClassTop1], 1.0);
+      EXPECT_EQ(terms[kClassTerms + kClassTop1], 0.0);
+    }
+    V want_dl(l.size());  // softmax - onehot, written out
+    for (int b = 0; b < B; ++b) {
+      double z = 0;
+      for (int k = 0; k < K; ++k) z += std::exp(l[(size_t)b * K + k]);
+      for (int k = 0; k < K; ++k)
+        want_dl[(size_t)b * K + k] = scale * (std::exp(l[(size_t)b * K + k]) / z - (k == y[b] ? 1.0 : 0.0));
+    }
+    EXPECT_LT(rel(dl, want_dl), K > 1 ? 1e-13 : INFINITY);
+    if (K > 1 && K < 100) {  // (with 1000 classes most derivatives sit near double rounding of the loss)
+      gradcheck("dlogits", l, dl, [&] {
+        V t(terms.size());
+        ref::cross_entropy<double>(l.data(), y.data(), t.data(), nullptr, 0.0, B, K);
+        double s = 0;
+        for (int b = 0; b < B; ++b) s += t[(size_t)b * kClassTerms + kClassLoss];
+        return s * scale;
+      });
+    }
+    Dev d;
+    Tensor T = d.poisoned({B, kClassTerms}), DL = d.poisoned({B, K});
+    d.run(CrossEntropy{d.put(l, {B, K}), d.labels(y), T, DL, (float)scale});
+    EXPECT_LT(rel(d.get(T), terms), 1e-6);
+    if (K > 1) {
+      EXPECT_LT(rel(d.get(DL), dl), 1e-6);
+    }
+    // guidance: scale -S gives S * d log p(y) / d logits, and terms may be left out
+    d.run(CrossEntropy{d.put(l, {B, K}), d.labels(y), {}, DL, -2.5f});
+    V g = dl;
+    for (double& v : g) v *= -2.5 / scale;
+    if (K > 1) {
+      EXPECT_LT(rel(d.get(DL), g), 1e-6);
+    }
+  }
+}
+
+TEST(Loss, ClassifierStatsByQuartile) {
+  const int B = 9;
+  V terms = rnd((size_t)B * kClassTerms);
+  std::vector<int32_t> q(B);
+  for (int b = 0; b < B; ++b) q[b] = (b * 5) % 4;
+  V stats((size_t)kClassStats), want((size_t)kClassStats);
+  for (int k = 0; k < kClassStats; ++k) stats[k] = want[k] = k;
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < kClassTerms; ++j) {
+      want[j] += terms[(size_t)b * kClassTerms + j];
+      want[kClassTerms + kClassTerms * q[b] + j] += terms[(size_t)b * kClassTerms + j];
+    }
+  ref::classifier_stats<double>(terms.data(), q.data(), stats.data(), B);
+  EXPECT_LT(rel(stats, want), 1e-14);
+  Dev d;
+  V init(kClassStats);
+  for (int k = 0; k < kClassStats; ++k) init[k] = k;
+  Tensor S = d.put(init);
+  d.run(ClassifierStats{d.put(terms, {B, kClassTerms}), d.labels(q), S});
+  EXPECT_LT(rel(d.get(S), want), 1e-6);
 }
 
 TEST(DiffusionOps, QSampleAxpbypczClampLearnedRange) {
@@ -102,6 +194,33 @@ TEST(LossVariants, AllOps) {
           return LearnedRangeNoise{A(DType::F32, {n}), A(DType::F32, {n}), A(DType::F32, {n}), -6.5f, -2.25f};
         },
         f32);
+  }
+  for (auto [B, K] : {std::pair{3, 4}, std::pair{32, 10}, std::pair{32, 1000}, std::pair{2, 300000}}) {
+    const std::string w = std::to_string(B) + "x" + std::to_string(K);
+    auto labels = [K = K](Engine& e, auto& op) {
+      std::vector<float> y(op.labels.numel());
+      for (size_t i = 0; i < y.size(); ++i) y[i] = (float)((i * 7919 + 3) % K);
+      from_host(e, op.labels, y);
+    };
+    check_variants<CrossEntropy>(
+        "cross_entropy " + w,
+        [B = B, K = K](const Alloc& A, DType) {
+          return CrossEntropy{A(DType::F32, {B, K}), A(DType::I32, {B}), A(DType::F32, {B, kClassTerms}),
+                              A(DType::F32, {B, K}), 1.0f / B};
+        },
+        f32, [&](Engine& e, CrossEntropy& op) { labels(e, op); });
+    check_variants<ClassifierStats>(
+        "classifier_stats " + w,
+        [B = B](const Alloc& A, DType) {
+          return ClassifierStats{A(DType::F32, {B, kClassTerms}), A(DType::I32, {B}),
+                                 A(DType::F32, {kClassStats})};
+        },
+        f32,
+        [](Engine& e, ClassifierStats& op) {
+          std::vector<float> q(op.quartile.numel());
+          for (size_t i = 0; i < q.size(); ++i) q[i] = (float)(i % 4);
+          from_host(e, op.quartile, q);
+        });
   }
   check_variants<QSample>(
       "q_sample",

@@ -197,6 +197,7 @@ class CudaEngineOps final : public CudaOps {
     register_concat_cuda(*this);
     register_embedding_cuda(*this);
     register_attention_cuda(*this);
+    register_pool_cuda(*this);
     register_dropout_cuda(*this);
     register_loss_cuda(*this);
     register_diffusion_cuda(*this);

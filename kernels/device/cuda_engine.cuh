@@ -177,6 +177,7 @@ void register_resample_cuda(CudaOps& ops);
 void register_concat_cuda(CudaOps& ops);
 void register_embedding_cuda(CudaOps& ops);
 void register_attention_cuda(CudaOps& ops);
+void register_pool_cuda(CudaOps& ops);
 void register_dropout_cuda(CudaOps& ops);
 void register_loss_cuda(CudaOps& ops);
 void register_diffusion_cuda(CudaOps& ops);

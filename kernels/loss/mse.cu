@@ -60,10 +60,12 @@ void mse(const MseLoss& o, CudaCtx& ctx) {
 }  // namespace
 
 void register_diffusion_loss_cuda(CudaOps& ops);  // diffusion_loss.cu
+void register_cross_entropy_cuda(CudaOps& ops);   // cross_entropy.cu
 
 void register_loss_cuda(CudaOps& ops) {
   ops.variants<MseLoss>().push_back({"cuda", nullptr, mse, nullptr});
   register_diffusion_loss_cuda(ops);
+  register_cross_entropy_cuda(ops);
 }
 
 }  // namespace unet

@@ -64,6 +64,7 @@ void register_resample_cpu(CpuOps& ops);
 void register_concat_cpu(CpuOps& ops);
 void register_embedding_cpu(CpuOps& ops);
 void register_attention_cpu(CpuOps& ops);
+void register_pool_cpu(CpuOps& ops);
 void register_dropout_cpu(CpuOps& ops);
 void register_loss_cpu(CpuOps& ops);
 void register_diffusion_cpu(CpuOps& ops);

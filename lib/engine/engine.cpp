@@ -175,6 +175,7 @@ class CpuEngineOps final : private CpuCtxHolder, public CpuOps {
     register_concat_cpu(*this);
     register_embedding_cpu(*this);
     register_attention_cpu(*this);
+    register_pool_cpu(*this);
     register_dropout_cpu(*this);
     register_loss_cpu(*this);
     register_diffusion_cpu(*this);

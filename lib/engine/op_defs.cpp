@@ -254,6 +254,41 @@ void AttentionBwd::check() const {
 // recomputed qk^T, then dV, dP, dQ, dK
 double AttentionBwd::flops() const { return attn_flops(qkv, lse, 10.0); }
 
+// ---- pool ----
+namespace {
+bool tokens_of(const Tensor& tok, const Tensor& x) {  // tok [B,1,H*W+1,C] for x [B,H,W,C]
+  return nhwc(tok) && nhwc(x) && tok.dim[0] == x.dim[0] && tok.dim[1] == 1 &&
+         tok.dim[2] == x.dim[1] * x.dim[2] + 1 && tok.dim[3] == x.dim[3] && tok.dtype == x.dtype;
+}
+}  // namespace
+void PoolTokensFwd::check() const {
+  req(*this, tokens_of(y, x), "y must be [B,1,H*W+1,C] of x's dtype");
+  req(*this, f32(pos) && pos.rank == 2 && pos.dim[0] == x.dim[3] && pos.dim[1] == y.dim[2],
+      "pos must be f32 [C,T]");
+}
+double PoolTokensFwd::flops() const { return 2.0 * (double)y.numel(); }
+void PoolTokensBwd::check() const {
+  req(*this, tokens_of(dy, dx), "dy must be [B,1,H*W+1,C] of dx's dtype");
+  req(*this,
+      !dpos.defined() ||
+          (f32(dpos) && dpos.rank == 2 && dpos.dim[0] == dx.dim[3] && dpos.dim[1] == dy.dim[2]),
+      "dpos must be f32 [C,T]");
+}
+double PoolTokensBwd::flops() const { return 3.0 * (double)dy.numel(); }
+void PoolSelectFwd::check() const {
+  req(*this,
+      nhwc(x) && x.dim[1] == 1 && f32(y) && y.rank == 2 && y.dim[0] == x.dim[0] && y.dim[1] == x.dim[3],
+      "x [B,1,T,C], y f32 [B,C]");
+}
+double PoolSelectFwd::flops() const { return 0; }
+void PoolSelectBwd::check() const {
+  req(*this,
+      nhwc(dx) && dx.dim[1] == 1 && f32(dy) && dy.rank == 2 && dy.dim[0] == dx.dim[0] &&
+          dy.dim[1] == dx.dim[3],
+      "dx [B,1,T,C], dy f32 [B,C]");
+}
+double PoolSelectBwd::flops() const { return 0; }
+
 // ---- dropout ----
 void DropoutFwd::check() const {
   req(*this, x.numel() == y.numel() && x.dtype == y.dtype && p >= 0 && p < 1, "x, y alike; 0 <= p < 1");
@@ -296,6 +331,24 @@ void LossStats::check() const {
       "terms [B, kLossTerms], coef [B, kLossCoefRows]");
 }
 double LossStats::flops() const { return 8.0 * terms.dim[0]; }
+void CrossEntropy::check() const {
+  req(*this, f32(logits) && logits.rank == 2 && logits.dim[1] >= 1, "logits must be f32 [B,K]");
+  req(*this, labels.dtype == DType::I32 && labels.numel() == (size_t)logits.dim[0], "labels must be i32 [B]");
+  req(*this, terms.defined() || dlogits.defined(), "nothing to compute");
+  req(*this, f32(terms) && (!terms.defined() || terms.numel() == (size_t)logits.dim[0] * kClassTerms),
+      "terms must be f32 [B, kClassTerms]");
+  req(*this, f32(dlogits) && (!dlogits.defined() || same_shape(dlogits, logits)),
+      "dlogits must match logits");
+}
+double CrossEntropy::flops() const { return 6.0 * (double)logits.numel(); }
+void ClassifierStats::check() const {
+  req(*this, f32(terms) && f32(stats) && stats.numel() == (size_t)kClassStats, "f32; stats [kClassStats]");
+  req(*this,
+      terms.rank >= 1 && terms.numel() == (size_t)terms.dim[0] * kClassTerms &&
+          quartile.dtype == DType::I32 && quartile.numel() == (size_t)terms.dim[0],
+      "terms [B, kClassTerms], quartile i32 [B]");
+}
+double ClassifierStats::flops() const { return 6.0 * (double)terms.dim[0]; }
 void QSample::check() const {
   req(*this, f32(x0) && f32(noise) && f32(xt) && f32(coef), "f32 only");
   req(*this, x0.numel() == noise.numel() && xt.numel() == x0.numel() && coef.numel() == 2 * (size_t)x0.dim[0],

@@ -283,6 +283,49 @@ struct AttentionBwd {
   }
 };
 
+// ---------------------------------------------------------------- attention pooling (classifier head)
+// guided-diffusion's AttentionPool2d around the attention op (EncoderUNetModel, pool="attention").
+// Tokens y [B,1,T,C], T = H*W + 1, from x [B,H,W,C] and the positional embedding pos f32 [C,T]
+// (PyTorch's layout of `positional_embedding`):
+//   y[b,0,c] = mean_hw x[b,hw,c] + pos[c,0],   y[b,1+hw,c] = x[b,hw,c] + pos[c,1+hw].
+// The mean is summed in hw order in f32.
+struct PoolTokensFwd {
+  UNET_OP("pool_tokens_fwd", "pool")
+  Tensor x, pos, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("pos", s.pos), v.out("y", s.y);
+  }
+};
+// dx[b,hw,c] = dy[b,1+hw,c] + dy[b,0,c] / (H*W);  dpos[c,t] = sum_b dy[b,t,c] (f32, optional).
+struct PoolTokensBwd {
+  UNET_OP("pool_tokens_bwd", "pool")
+  Tensor dy, dx, dpos;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("dy", s.dy), v.out("dx", s.dx), v.out("dpos", s.dpos);
+  }
+};
+// The pooled token: y f32 [B,C] = x[b,0,:] of tokens x [B,1,T,C] (the head's c_proj reads only
+// token 0, as AttentionPool2d's `x[:, :, 0]`).
+struct PoolSelectFwd {
+  UNET_OP("pool_select_fwd", "pool")
+  Tensor x, y;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.out("y", s.y);
+  }
+};
+// dx [B,1,T,C]: dx[b,0,c] = dy[b,c], every other token 0.
+struct PoolSelectBwd {
+  UNET_OP("pool_select_bwd", "pool")
+  Tensor dy, dx;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("dy", s.dy), v.out("dx", s.dx);
+  }
+};
+
 // ---------------------------------------------------------------- dropout
 // keep element i iff uniform01(seed, Dropout, i) >= p; kept values scaled by 1/(1-p).
 struct DropoutFwd {
@@ -371,6 +414,34 @@ struct LossStats {
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("terms", s.terms), v.in("coef", s.coef), v.inout("stats", s.stats);
+  }
+};
+// Classification (f32): per-sample cross-entropy of logits [B,K] against labels i32 [B] in [0,K):
+//   terms [B, kClassTerms] (optional): loss = logsumexp(logits) - logits[y], top-1 and top-5
+//     correct (1 or 0: fewer than k logits exceed logits[y]; k clamped to K);
+//   dlogits [B,K] (optional) = scale * (softmax(logits) - onehot(y)): scale 1/B for the mean loss
+//     of training, -S for classifier guidance's S * d log p(y|x) / d logits.
+enum ClassTerm : int { kClassLoss, kClassTop1, kClassTop5, kClassTerms };
+struct CrossEntropy {
+  UNET_OP("cross_entropy", "loss")
+  Tensor logits, labels, terms, dlogits;
+  float scale = 1;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("logits", s.logits), v.in("labels", s.labels), v.out("terms", s.terms), v.out("dlogits", s.dlogits);
+    v.param("scale", s.scale);
+  }
+};
+// The classifier log's running sums (guided-diffusion's log_loss_dict): stats f32 [kClassStats]
+// += sum_b terms[b][j] at j, and sum over the samples of quartile q (quartile i32 [B] in 0..3)
+// at 3 + 3q + j. Fixed order (sample order, in double).
+constexpr int kClassStats = 3 + 4 * kClassTerms;
+struct ClassifierStats {
+  UNET_OP("classifier_stats", "loss")
+  Tensor terms, quartile, stats;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("terms", s.terms), v.in("quartile", s.quartile), v.inout("stats", s.stats);
   }
 };
 // xt = coef[b] x0 + coef[B + b] noise (coef [2B] = sqrt(abar_t) | sqrt(1 - abar_t)).
@@ -474,15 +545,17 @@ struct Ema {  // ema = rate ema + (1 - rate) p
 
 #undef UNET_OP
 
-#define UNET_OP_LIST(X)                                                                                   \
-  X(ConvFwd)                                                                                              \
-  X(ConvBwdData)                                                                                          \
-  X(ConvBwdFilter) X(LinearFwd) X(LinearBwd) X(GroupNormFwd) X(GroupNormApply) X(GroupNormBwd) X(SiluFwd) \
-      X(SiluBwd) X(Add) X(Cast) X(Copy) X(Fill) X(UpsampleFwd) X(UpsampleBwd) X(AvgPoolFwd) X(AvgPoolBwd) \
-          X(ConcatFwd) X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd)  \
-              X(AttentionBwd) X(DropoutFwd) X(DropoutBwd) X(MseLoss) X(DiffusionLoss) X(LossStats)        \
-                  X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(SumSquares) X(ClipScale)         \
-                      X(AdamWSchedule) X(AdamW) X(Ema)
+#define UNET_OP_LIST(X)                                                                                     \
+  X(ConvFwd)                                                                                                \
+  X(ConvBwdData)                                                                                            \
+  X(ConvBwdFilter)                                                                                          \
+  X(LinearFwd) X(LinearBwd) X(GroupNormFwd) X(GroupNormApply) X(GroupNormBwd) X(SiluFwd) X(SiluBwd) X(Add)  \
+      X(Cast) X(Copy) X(Fill) X(UpsampleFwd) X(UpsampleBwd) X(AvgPoolFwd) X(AvgPoolBwd) X(ConcatFwd)        \
+          X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd) X(AttentionBwd) \
+              X(PoolTokensFwd) X(PoolTokensBwd) X(PoolSelectFwd) X(PoolSelectBwd) X(DropoutFwd)             \
+                  X(DropoutBwd) X(MseLoss) X(DiffusionLoss) X(LossStats) X(CrossEntropy) X(ClassifierStats) \
+                      X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(SumSquares) X(ClipScale)       \
+                          X(AdamWSchedule) X(AdamW) X(Ema)
 
 // ---- generic views of an op, from fields() ----
 enum class Role { In, Out, InOut };

@@ -14,6 +14,7 @@ namespace unet {
 
 namespace {
 constexpr const char* kFormat = "unet-checkpoint";
+constexpr const char* kClassifierFormat = "unet-classifier";
 constexpr int64_t kVersion = 1;
 
 std::string shape_str(const std::vector<hsize_t>& v) {
@@ -142,6 +143,9 @@ ModelConfig read_config(h5::File& f, const std::string& obj) {
   if (!h5::has_attr(f, obj, "format"))
     throw UserError(f.path() + ": not a unet checkpoint (no 'format' attribute)");
   std::string fmt = h5::get_attr_str(f, obj, "format");
+  if (fmt == kClassifierFormat)
+    throw UserError(f.path() + ": is a classifier checkpoint (format '" + fmt +
+                    "'), not a diffusion model (classifiers guide `unet sample --classifier`)");
   if (fmt != kFormat) throw UserError(f.path() + ": not a unet checkpoint (format is '" + fmt + "')");
   int64_t ver = a.i64("version");
   if (ver != kVersion)
@@ -176,6 +180,63 @@ ModelConfig read_config(h5::File& f, const std::string& obj) {
   for (const auto& [name, field] : objective) c.*field = h5::has_attr(f, obj, name) && a.flag(name);
   std::string err = c.validate(/*attr_names=*/true);
   if (!err.empty()) throw UserError(f.path() + ": invalid model configuration: " + err);
+  return c;
+}
+
+void write_classifier_config(h5::File& f, const ClassifierConfig& c, const std::string& obj) {
+  h5::set_attr(f, obj, "format", kClassifierFormat);
+  h5::set_attr(f, obj, "version", kVersion);
+  h5::set_attr(f, obj, "image_size", c.image_size);
+  h5::set_attr(f, obj, "in_channels", c.in_channels);
+  h5::set_attr(f, obj, "classifier_width", c.width);
+  h5::set_attr(f, obj, "classifier_depth", c.depth);
+  const std::vector<double> mult = c.mult();  // stored resolved: the file describes itself
+  bool whole = true;
+  for (double m : mult) whole &= m == (double)(int64_t)m;
+  if (whole)
+    h5::set_attr(f, obj, "classifier_channel_mult", std::vector<int64_t>(mult.begin(), mult.end()));
+  else
+    h5::set_attr(f, obj, "classifier_channel_mult", mult);
+  h5::set_attr(f, obj, "classifier_attention_resolutions", to_i64(c.attention_resolutions));
+  h5::set_attr(f, obj, "classifier_use_scale_shift_norm", c.use_scale_shift_norm);
+  h5::set_attr(f, obj, "classifier_resblock_updown", c.resblock_updown);
+  h5::set_attr(f, obj, "classifier_pool", c.pool);
+  h5::set_attr(f, obj, "classifier_num_head_channels", c.num_head_channels);
+  h5::set_attr(f, obj, "num_classes", c.num_classes);
+  h5::set_attr(f, obj, "diffusion_steps", c.diffusion_steps);
+  h5::set_attr(f, obj, "noise_schedule", c.noise_schedule);
+}
+
+ClassifierConfig read_classifier_config(h5::File& f, const std::string& obj) {
+  AttrReader a{f, obj};
+  if (!h5::has_attr(f, obj, "format"))
+    throw UserError(f.path() + ": not a unet classifier checkpoint (no 'format' attribute)");
+  const std::string fmt = h5::get_attr_str(f, obj, "format");
+  if (fmt == kFormat)
+    throw UserError(f.path() + ": is a diffusion model checkpoint (format '" + fmt + "'), not a classifier");
+  if (fmt != kClassifierFormat)
+    throw UserError(f.path() + ": not a unet classifier checkpoint (format is '" + fmt + "')");
+  const int64_t ver = a.i64("version");
+  if (ver != kVersion)
+    throw UserError(f.path() + ": classifier checkpoint version " + std::to_string(ver) +
+                    " is not supported (this unet reads " + std::to_string(kVersion) + ")");
+  ClassifierConfig c;  // guided-diffusion's values where an attribute may be left out
+  c.image_size = a.i32("image_size");
+  c.width = a.i32("classifier_width");
+  c.depth = a.i32("classifier_depth");
+  c.attention_resolutions = a.ints("classifier_attention_resolutions");
+  c.use_scale_shift_norm = a.flag("classifier_use_scale_shift_norm");
+  c.resblock_updown = a.flag("classifier_resblock_updown");
+  c.pool = a.str("classifier_pool");
+  auto has = [&](const char* n) { return h5::has_attr(f, obj, n); };
+  if (has("in_channels")) c.in_channels = a.i32("in_channels");
+  if (has("classifier_channel_mult")) c.channel_mult = h5::get_attr_f64v(f, obj, "classifier_channel_mult");
+  if (has("classifier_num_head_channels")) c.num_head_channels = a.i32("classifier_num_head_channels");
+  if (has("num_classes")) c.num_classes = a.i32("num_classes");
+  if (has("diffusion_steps")) c.diffusion_steps = a.i32("diffusion_steps");
+  if (has("noise_schedule")) c.noise_schedule = a.str("noise_schedule");
+  const std::string err = c.validate(/*attr_names=*/true);
+  if (!err.empty()) throw UserError(f.path() + ": invalid classifier configuration: " + err);
   return c;
 }
 
@@ -222,10 +283,14 @@ void write_param_group(h5::File& f, const std::string& group, const ParamTable& 
   }
 }
 
+ParamTable Checkpoint::table() const {
+  return is_classifier ? build_param_table(ccfg) : build_param_table(cfg);
+}
+
 void save_checkpoint(const std::string& path, const Checkpoint& ck) {
-  std::string err = ck.cfg.validate();
+  std::string err = ck.is_classifier ? ck.ccfg.validate() : ck.cfg.validate();
   if (!err.empty()) throw std::invalid_argument("save_checkpoint: invalid configuration: " + err);
-  const ParamTable t = build_param_table(ck.cfg);
+  const ParamTable t = ck.table();
   check_arena(ck.model, t, "model");
   if (!ck.ema.empty()) check_arena(ck.ema, t, "ema");
   if (ck.has_optimizer) {
@@ -235,7 +300,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
   AtomicFile out(path);  // checks the directory; removes the temporary unless committed
   {
     h5::File f = h5::File::create(out.tmp_path(), path);
-    write_config(f, ck.cfg);
+    if (ck.is_classifier)
+      write_classifier_config(f, ck.ccfg);
+    else
+      write_config(f, ck.cfg);
     write_param_group(f, "model", t, ck.model);
     if (!ck.ema.empty()) write_param_group(f, "ema", t, ck.ema);
     if (ck.has_optimizer) {
@@ -286,11 +354,16 @@ void check_model_size(const ParamTable& t, int copies, const std::string& what) 
                what + ": the model (" + std::to_string(t.count / 1000000) + " M parameters)");
 }
 
-Checkpoint load_checkpoint(const std::string& path, bool need_optimizer) {
+namespace {
+Checkpoint load_any(const std::string& path, bool need_optimizer, bool classifier) {
   h5::File f = h5::File::open(path);
   Checkpoint ck;
-  ck.cfg = read_config(f);
-  const ParamTable t = build_param_table(ck.cfg);
+  ck.is_classifier = classifier;
+  if (classifier)
+    ck.ccfg = read_classifier_config(f);
+  else
+    ck.cfg = read_config(f);
+  const ParamTable t = ck.table();
   if (!h5::is_group(f, "model"))
     throw UserError(path + ": no 'model' group (not a complete unet checkpoint)");
   const bool has_ema = h5::exists(f, "ema");
@@ -335,7 +408,7 @@ Checkpoint load_checkpoint(const std::string& path, bool need_optimizer) {
         ck.state[name] = h5::get_attr_i64(f, "state", name);
     }
   if (h5::is_dataset(f, "state/loss_counts") || h5::is_dataset(f, "state/loss_history")) {
-    const hsize_t T = (hsize_t)ck.cfg.diffusion_steps;
+    const hsize_t T = (hsize_t)(classifier ? ck.ccfg.diffusion_steps : ck.cfg.diffusion_steps);
     const std::vector<hsize_t> hs =
         h5::is_dataset(f, "state/loss_history") ? h5::shape(f, "state/loss_history") : std::vector<hsize_t>{};
     const std::vector<hsize_t> cs =
@@ -349,6 +422,21 @@ Checkpoint load_checkpoint(const std::string& path, bool need_optimizer) {
     h5::read(f, "state/loss_counts", h5::DType::I64, ck.loss_counts.data(), ck.loss_counts.size());
   }
   return ck;
+}
+
+}  // namespace
+
+Checkpoint load_checkpoint(const std::string& path, bool need_optimizer) {
+  return load_any(path, need_optimizer, false);
+}
+
+Checkpoint load_classifier_checkpoint(const std::string& path, bool need_optimizer) {
+  return load_any(path, need_optimizer, true);
+}
+
+std::string checkpoint_format(const std::string& path) {
+  h5::File f = h5::File::open(path);
+  return h5::has_attr(f, "/", "format") ? h5::get_attr_str(f, "/", "format") : "";
 }
 
 ModelConfig read_checkpoint_config(const std::string& path) {

@@ -10,6 +10,12 @@
 //   root attributes              format="unet-checkpoint", version=1, and every ModelConfig field
 //                                under its guided-diffusion name (booleans int64 0/1, lists int64
 //                                arrays, dropout float64, noise_schedule string)
+//
+// A classifier checkpoint (`unet init --classifier`, `unet train-classifier`) has the same groups
+// with the classifier's state_dict names, and root attributes format="unet-classifier", version=1,
+// image_size, in_channels, classifier_width, classifier_depth, classifier_channel_mult,
+// classifier_attention_resolutions, classifier_use_scale_shift_norm, classifier_resblock_updown,
+// classifier_pool, classifier_num_head_channels, num_classes, diffusion_steps, noise_schedule.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -30,7 +36,11 @@ struct OptimizerState {
 
 struct Checkpoint {
   ModelConfig cfg;
-  std::vector<float> model;  // engine layout, build_param_table(cfg).total floats
+  // A classifier checkpoint (format "unet-classifier"): ccfg describes it and cfg is unused.
+  bool is_classifier = false;
+  ClassifierConfig ccfg;
+  ParamTable table() const;  // the parameters of cfg or ccfg
+  std::vector<float> model;  // engine layout, table().total floats
   std::vector<float> ema;    // empty = absent
   bool has_optimizer = false;
   OptimizerState opt;
@@ -56,7 +66,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck);
 // wrong format, missing/invalid/out-of-range config attribute, missing/extra/misshapen/non-float
 // tensor, a NaN or Inf in any tensor, more memory than the host has) is a UserError with one line
 // naming the file and the tensor or attribute. Memory is checked before any tensor is read.
+// A classifier checkpoint is refused here (one line saying what the file is).
 Checkpoint load_checkpoint(const std::string& path, bool need_optimizer = false);
+// The same for a classifier checkpoint (a diffusion model's is refused).
+Checkpoint load_classifier_checkpoint(const std::string& path, bool need_optimizer = false);
 
 // The first tensor of `arena` (engine layout of t) holding a NaN or Inf, as "<group>/<name>"
 // followed by " (NaN)" or " (Inf)"; "" when every value is finite.
@@ -68,11 +81,15 @@ void check_model_size(const ParamTable& t, int copies, const std::string& what);
 
 // The model configuration from a checkpoint's root attributes (validated), without reading tensors.
 ModelConfig read_checkpoint_config(const std::string& path);
+// "unet-checkpoint", "unet-classifier", or "" (no format attribute); UserError when not HDF5.
+std::string checkpoint_format(const std::string& path);
 
 // ---- lower-level pieces, for files that share the checkpoint conventions (golden files, ...) ----
 // Root/group attributes <-> ModelConfig. read_config validates (UserError naming f.path()).
 void write_config(h5::File& f, const ModelConfig& cfg, const std::string& obj_path = "/");
 ModelConfig read_config(h5::File& f, const std::string& obj_path = "/");
+void write_classifier_config(h5::File& f, const ClassifierConfig& cfg, const std::string& obj_path = "/");
+ClassifierConfig read_classifier_config(h5::File& f, const std::string& obj_path = "/");
 // Every tensor of `t` under `group` (e.g. "model", "grad", "optimizer/m") converted to one
 // engine-layout arena of t.total floats; missing, extra, misshapen or non-float tensors are
 // UserErrors naming f.path() and group/name.

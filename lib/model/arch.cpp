@@ -4,7 +4,7 @@
 
 namespace unet {
 
-Arch build_arch(const ModelConfig& cfg) {
+Arch build_arch(const ModelConfig& cfg, bool encoder_only) {
   Arch a;
   int ch = cfg.level_channels(0);
   int res = cfg.image_size;
@@ -43,6 +43,11 @@ Arch build_arch(const ModelConfig& cfg) {
   a.middle = {Layer{Layer::Res, "middle_block.0", ch, ch, res},
               Layer{Layer::Attn, "middle_block.1", ch, ch, res, 0, cfg.heads_for(ch)},
               Layer{Layer::Res, "middle_block.2", ch, ch, res}};
+  if (encoder_only) {
+    a.out_cin = ch;
+    a.out_res = res;
+    return a;
+  }
   for (int level = levels - 1; level >= 0; --level) {
     for (int i = 0; i <= cfg.num_res_blocks; ++i) {
       size_t bi = a.output_blocks.size();
@@ -66,6 +71,7 @@ Arch build_arch(const ModelConfig& cfg) {
     }
   }
   a.out_cin = ch;
+  a.out_res = res;
   return a;
 }
 

@@ -1,5 +1,6 @@
 // The UNet's block structure for a configuration, exactly as guided-diffusion's UNetModel
 // builds it. Both the parameter table (names/shapes) and the model (forward/backward) walk this.
+// The classifier (EncoderUNetModel) is the same input and middle blocks (encoder_only).
 #pragma once
 #include <string>
 #include <vector>
@@ -22,9 +23,11 @@ struct Arch {
   std::vector<std::vector<Layer>> input_blocks;   // each block's output is pushed on the skip stack
   std::vector<Layer> middle;                      // Res, Attn, Res
   std::vector<std::vector<Layer>> output_blocks;  // each starts with concat(h, skip.pop())
-  int out_cin = 0;                                // channels into `out` (GN, SiLU, conv)
+  int out_cin = 0;                                // channels into `out` (GN, SiLU, conv / pool)
+  int out_res = 0;                                // feature-map size into `out`
 };
 
-Arch build_arch(const ModelConfig& cfg);
+// encoder_only: no output blocks; `out` reads the middle block (EncoderUNetModel).
+Arch build_arch(const ModelConfig& cfg, bool encoder_only = false);
 
 }  // namespace unet

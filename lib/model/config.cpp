@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -253,6 +254,165 @@ std::string ModelConfig::describe() const {
   if (rescale_learned_sigmas) o << " rescale_learned_sigmas=true";
   if (rescale_timesteps) o << " rescale_timesteps=true";
   return o.str();
+}
+
+}  // namespace unet
+
+namespace unet {
+
+// ---- the classifier ----
+
+std::vector<double> ClassifierConfig::default_channel_mult(int image_size) {
+  switch (image_size) {  // guided-diffusion's create_classifier
+    case 512:
+      return {0.5, 1, 1, 2, 2, 4, 4};
+    case 256:
+      return {1, 1, 2, 2, 4, 4};
+    case 128:
+      return {1, 1, 2, 3, 4};
+    case 64:
+      return {1, 2, 3, 4};
+  }
+  return {};
+}
+
+ModelConfig ClassifierConfig::body() const {
+  ModelConfig c;
+  c.image_size = image_size;
+  c.in_channels = in_channels;
+  c.num_channels = width;
+  c.channel_mult = mult();
+  c.num_res_blocks = depth;
+  c.attention_resolutions = attention_resolutions;
+  c.num_heads = 1;
+  c.num_head_channels = num_head_channels;
+  c.use_new_attention_order = false;  // EncoderUNetModel's default, kept by create_classifier
+  c.use_scale_shift_norm = use_scale_shift_norm;
+  c.resblock_updown = resblock_updown;
+  c.learn_sigma = false;
+  c.class_cond = false;
+  c.num_classes = num_classes;
+  c.dropout = 0.0f;
+  c.diffusion_steps = diffusion_steps;
+  c.noise_schedule = noise_schedule;
+  return c;
+}
+
+int ClassifierConfig::trunk_channels() const {
+  const std::vector<double> m = mult();
+  return m.empty() ? 0 : (int)(m.back() * width);
+}
+
+int ClassifierConfig::pool_resolution() const {
+  const size_t levels = mult().size();
+  return levels ? image_size >> (levels - 1) : 0;
+}
+
+std::string ClassifierConfig::validate(bool attr_names) const {
+  // The trunk is a UNet's: its validation, with the UNet's flag names turned into the classifier's.
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"num-channels", "classifier-width"},
+      {"num-res-blocks", "classifier-depth"},
+      {"channel-mult", "classifier-channel-mult"},
+      {"attention-resolutions", "classifier-attention-resolutions"},
+      {"num-head-channels", "classifier-num-head-channels"}};
+  auto word = [](char ch) { return std::isalnum((unsigned char)ch) || ch == '_' || ch == '-'; };
+  auto replace_word = [&](std::string& e, const std::string& from, const std::string& to) {
+    for (size_t at = 0; (at = e.find(from, at)) != std::string::npos;) {
+      const size_t end = at + from.size();
+      if ((at > 0 && word(e[at - 1]) && e[at - 1] != '-') || (end < e.size() && word(e[end]))) {
+        ++at;  // part of a longer name
+        continue;
+      }
+      e.replace(at, from.size(), to);
+      at += to.size();
+    }
+  };
+  auto rename = [&](std::string e) {
+    for (auto [from, to] : kNames) {
+      std::string fu = from, tu = to;  // attribute spellings
+      for (std::string* s : {&fu, &tu})
+        for (char& ch : *s)
+          if (ch == '-') ch = '_';
+      replace_word(e, std::string("--") + from, std::string("--") + to);
+      replace_word(e, fu, tu);
+    }
+    return e;
+  };
+  auto nm = [&](const char* flag) {
+    std::string n = flag;
+    if (!attr_names) return n;
+    n = n.substr(2);
+    for (char& ch : n)
+      if (ch == '-') ch = '_';
+    return n;
+  };
+  if (channel_mult.empty() && default_channel_mult(image_size).empty())
+    return nm("--image-size") + " " + std::to_string(image_size) +
+           " has no default channel multipliers (guided-diffusion's create_classifier knows 64, 128, 256 and "
+           "512); give " +
+           nm("--classifier-channel-mult");
+  if (pool != "attention")
+    return nm("--classifier-pool") + " '" + pool +
+           "' is not implemented (attention: guided-diffusion's default and its released classifiers)";
+  if (num_head_channels < 1) return nm("--classifier-num-head-channels") + " must be positive";
+  if (num_classes < 1 || num_classes > kModelLimits.num_classes)
+    return nm("--num-classes") + " " + std::to_string(num_classes) + " is out of range (1 to " +
+           std::to_string(kModelLimits.num_classes) + ")";
+  std::string e = body().validate(attr_names);
+  if (!e.empty()) return rename(e);
+  const int C = trunk_channels();
+  if (C < num_head_channels)
+    return nm("--classifier-num-head-channels") + " " + std::to_string(num_head_channels) + " exceeds the " +
+           std::to_string(C) + " channels of the attention pool";
+  if (C % pool_heads() != 0)
+    return "the attention pool's " + std::to_string(C) + " channels do not split into " +
+           std::to_string(pool_heads()) + " heads (" + std::to_string(C) + " / " +
+           nm("--classifier-num-head-channels") + " " + std::to_string(num_head_channels) + ")";
+  return "";
+}
+
+std::string ClassifierConfig::describe() const {
+  std::ostringstream o;
+  o << "image_size=" << image_size << " in_channels=" << in_channels << " classifier_width=" << width
+    << " classifier_depth=" << depth << " classifier_channel_mult=" << format_mult_list(mult())
+    << " classifier_attention_resolutions=" << format_int_list(attention_resolutions)
+    << " classifier_use_scale_shift_norm=" << (use_scale_shift_norm ? "true" : "false")
+    << " classifier_resblock_updown=" << (resblock_updown ? "true" : "false") << " classifier_pool=" << pool
+    << " classifier_num_head_channels=" << num_head_channels << " num_classes=" << num_classes
+    << " diffusion_steps=" << diffusion_steps << " noise_schedule=" << noise_schedule;
+  return o.str();
+}
+
+ClassifierConfig classifier_preset(const std::string& name) {
+  ClassifierConfig c;  // classifier_defaults(): 64x64, width 128, depth 2, attention 32,16,8, ...
+  if (name == "default") return c;
+  if (name == "tiny32") {
+    c.image_size = 32;
+    c.width = 32;
+    c.depth = 1;
+    c.channel_mult = {1, 2, 2};
+    c.attention_resolutions = {16, 8};
+    c.num_head_channels = 32;
+    c.num_classes = 10;
+    return c;
+  }
+  // OpenAI's released classifiers: guided-diffusion README's flags over classifier_defaults().
+  if (name == "imagenet64") {
+    c.depth = 4;
+    return c;
+  }
+  if (name == "imagenet128" || name == "imagenet256" || name == "imagenet512") {
+    c.image_size = std::stoi(name.substr(8));
+    return c;
+  }
+  std::string names;
+  for (auto& n : classifier_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  throw UserError("unknown classifier preset '" + name + "' (choose " + names + ")");
+}
+
+std::vector<std::string> classifier_preset_names() {
+  return {"default", "tiny32", "imagenet64", "imagenet128", "imagenet256", "imagenet512"};
 }
 
 }  // namespace unet

@@ -68,6 +68,52 @@ inline constexpr ModelLimits kModelLimits{};
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 
+// guided-diffusion's noisy-image classifier, EncoderUNetModel as create_classifier builds it: the
+// UNet's input blocks and middle block (the same blocks, same names), then GroupNorm, SiLU and an
+// attention pool (AttentionPool2d) to num_classes logits. Flags are create_classifier's
+// (--classifier-width ...); defaults are guided-diffusion's classifier_defaults(). Fixed there and
+// here: one head per 64 channels (num_head_channels; a flag here for small models), legacy
+// attention order, no dropout, no class input. channel_mult empty = create_classifier's choice
+// for the image size (64, 128, 256, 512). The diffusion flags are those the classifier is trained
+// under (train-classifier noises its inputs with them).
+struct ClassifierConfig {
+  int image_size = 64;
+  int in_channels = 3;
+  int width = 128;                   // classifier_width (model_channels)
+  int depth = 2;                     // classifier_depth (num_res_blocks)
+  std::vector<double> channel_mult;  // empty: by image size
+  std::vector<int> attention_resolutions = {32, 16, 8};
+  bool use_scale_shift_norm = true;
+  bool resblock_updown = true;
+  std::string pool = "attention";
+  int num_head_channels = 64;
+  int num_classes = 1000;  // out_channels
+  int diffusion_steps = 1000;
+  std::string noise_schedule = "linear";
+
+  // create_classifier's channel_mult for the image size ({} when it has none).
+  static std::vector<double> default_channel_mult(int image_size);
+  std::vector<double> mult() const {
+    return channel_mult.empty() ? default_channel_mult(image_size) : channel_mult;
+  }
+  // The UNet configuration whose input and middle blocks are the classifier's trunk.
+  ModelConfig body() const;
+  int trunk_channels() const;   // channels into the head (deepest level)
+  int pool_resolution() const;  // feature-map size into the head (image_size / 2^(levels-1))
+  int pool_heads() const { return trunk_channels() / num_head_channels; }  // AttentionPool2d's rule
+  // "" when valid, else one line naming the flag (--classifier-width) or attribute (classifier_width).
+  std::string validate(bool attr_names = false) const;
+  std::string describe() const;
+};
+
+// Classifier presets (`--classifier --preset NAME`): "default" (guided-diffusion's
+// classifier_defaults()), "tiny32" (tests and demos), and the classifiers OpenAI released next to
+// the models of the same preset names: "imagenet64" (64x64_classifier.pt, depth 4),
+// "imagenet128", "imagenet256", "imagenet512" (guided-diffusion's README flags). Throws UserError
+// on an unknown name.
+ClassifierConfig classifier_preset(const std::string& name);
+std::vector<std::string> classifier_preset_names();
+
 // "1,2,3,4" <-> vector; parse throws UserError with `what` in the message.
 std::vector<int> parse_int_list(const std::string& s, const std::string& what);
 std::string format_int_list(const std::vector<int>& v);

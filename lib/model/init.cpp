@@ -48,8 +48,8 @@ void fill_torch_order(const ParamInfo& p, uint64_t seed, float* dst) {
       for (int64_t k = 0; k < pairs; ++k) {
         const double u1 = 1.0 - unit(key, 2 * (uint64_t)k), u2 = unit(key, 2 * (uint64_t)k + 1);
         const double r = std::sqrt(-2.0 * std::log(u1)), a = 2.0 * M_PI * u2;
-        dst[2 * k] = (float)(r * std::cos(a));
-        if (2 * k + 1 < n) dst[2 * k + 1] = (float)(r * std::sin(a));
+        dst[2 * k] = (float)(r * std::cos(a) * p.std);
+        if (2 * k + 1 < n) dst[2 * k + 1] = (float)(r * std::sin(a) * p.std);
       }
       break;
     }

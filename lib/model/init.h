@@ -9,7 +9,7 @@
 namespace unet {
 
 // The flat parameter arena (t.total floats, engine layout, alignment padding zero) filled per
-// each tensor's InitRule: Uniform U(-1/sqrt(fan_in), 1/sqrt(fan_in)), Ones, Zeros, Normal N(0,1).
+// each tensor's InitRule: Uniform U(-1/sqrt(fan_in), 1/sqrt(fan_in)), Ones, Zeros, Normal N(0, std^2).
 // Element i of a tensor in PyTorch order depends only on (seed, tensor name, i): a counter-based
 // generator (splitmix64), uniforms from 53-bit integers, normals by Box-Muller — no <random>
 // distributions, whose output differs between standard libraries. Runs in parallel (OpenMP);

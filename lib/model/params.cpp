@@ -1,5 +1,6 @@
 #include "params.h"
 
+#include <cmath>
 #include <stdexcept>
 
 #include "arch.h"
@@ -88,6 +89,25 @@ ParamTable build_param_table(const ModelConfig& cfg) {
     for (auto& l : blk) add_layer(b, cfg, l);
   b.norm("out.0", a.out_cin);
   b.conv("out.2", cfg.level_channels(0), cfg.out_channels(), 3, /*zero=*/true);
+  return std::move(b.t);
+}
+
+ParamTable build_param_table(const ClassifierConfig& cc) {
+  Builder b;
+  const ModelConfig cfg = cc.body();
+  const Arch a = build_arch(cfg, /*encoder_only=*/true);
+  const int mc = cfg.num_channels, ed = cfg.time_embed_dim(), C = a.out_cin;
+  const int64_t T = (int64_t)a.out_res * a.out_res + 1;
+  b.linear("time_embed.0", mc, ed);
+  b.linear("time_embed.2", ed, ed);
+  for (auto& blk : a.input_blocks)
+    for (auto& l : blk) add_layer(b, cfg, l);
+  for (auto& l : a.middle) add_layer(b, cfg, l);
+  b.norm("out.0", C);
+  b.add("out.2.positional_embedding", {C, T}, InitRule::Normal);
+  b.t.params.back().std = 1.0 / std::sqrt((double)C);  // th.randn(C, T) / C ** 0.5
+  b.conv1d("out.2.qkv_proj", C, 3 * C);
+  b.conv1d("out.2.c_proj", C, cc.num_classes);
   return std::move(b.t);
 }
 

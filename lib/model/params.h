@@ -14,7 +14,7 @@ enum class InitRule {
   Uniform,  // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch conv/linear default, weight and bias)
   Ones,     // GroupNorm weight
   Zeros,    // GroupNorm bias, and zero_module() tensors
-  Normal,   // N(0,1): label_emb
+  Normal,   // N(0, std^2): label_emb (std 1), the classifier's positional_embedding (1/sqrt(C))
 };
 
 struct ParamInfo {
@@ -22,6 +22,7 @@ struct ParamInfo {
   std::vector<int64_t> shape;  // PyTorch shape, e.g. {64, 3, 3, 3}
   InitRule init = InitRule::Uniform;
   int64_t fan_in = 0;    // for Uniform
+  double std = 1.0;      // for Normal
   bool conv3x3 = false;  // 4-D [Co,Ci,3,3] stored as [Co,3,3,Ci] in the engine
   size_t offset = 0;     // floats from the start of the arena (256-byte aligned)
   size_t numel = 0;
@@ -36,6 +37,10 @@ struct ParamTable {
 };
 
 ParamTable build_param_table(const ModelConfig& cfg);
+// guided-diffusion's EncoderUNetModel (pool "attention"): time_embed, input_blocks, middle_block
+// as the UNet's, then out.0 (GroupNorm) and out.2 (AttentionPool2d: positional_embedding [C, T],
+// qkv_proj [3C, C, 1], c_proj [num_classes, C, 1]).
+ParamTable build_param_table(const ClassifierConfig& cfg);
 struct Layer;
 // The parameters of one layer of the UNet alone, named as in the UNet (for one-layer networks).
 ParamTable build_layer_param_table(const ModelConfig& cfg, const Layer& l);

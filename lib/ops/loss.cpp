@@ -21,12 +21,23 @@ void stats(const LossStats& o) {
   ref::loss_stats<float>(o.terms.f32(), o.coef.f32(), o.stats.f32(), (int)o.terms.dim[0]);
 }
 
+void xent(const CrossEntropy& o) {
+  ref::cross_entropy<float>(o.logits.f32(), o.labels.i32(), o.terms.defined() ? o.terms.f32() : nullptr,
+                            o.dlogits.defined() ? o.dlogits.f32() : nullptr, o.scale, (int)o.logits.dim[0],
+                            (int)o.logits.dim[1]);
+}
+void cstats(const ClassifierStats& o) {
+  ref::classifier_stats<float>(o.terms.f32(), o.quartile.i32(), o.stats.f32(), (int)o.terms.dim[0]);
+}
+
 }  // namespace
 
 void register_loss_cpu(CpuOps& ops) {
   ops.variants<MseLoss>().push_back(cpu_ref<MseLoss, mse>());
   ops.variants<DiffusionLoss>().push_back(cpu_ref<DiffusionLoss, dloss>());
   ops.variants<LossStats>().push_back(cpu_ref<LossStats, stats>());
+  ops.variants<CrossEntropy>().push_back(cpu_ref<CrossEntropy, xent>());
+  ops.variants<ClassifierStats>().push_back(cpu_ref<ClassifierStats, cstats>());
 }
 
 }  // namespace unet

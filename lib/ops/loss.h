@@ -1,8 +1,11 @@
 // The loss family (reference): the MSE and its gradient; guided-diffusion's training objective
 // and variational-bound terms per sample (DiffusionLoss, math in loss_math.h) and the log's
-// running sums (LossStats).
+// running sums (LossStats); the classifier's cross-entropy with top-k hits (CrossEntropy) and its
+// log sums (ClassifierStats).
 #pragma once
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #include "loss_math.h"
 #include "reduce.h"
@@ -71,6 +74,52 @@ void loss_stats(const T* terms, const T* coef, T* stats, int B) {
     if (q >= 0 && q < 4) s[3 + q] += w * (double)t[kTermLoss];
   }
   for (int k = 0; k < 7; ++k) stats[k] = (T)((double)stats[k] + s[k]);
+}
+
+// CrossEntropy on logits [B,K] and labels [B]: terms [B,kClassTerms] (nullable) = (logsumexp -
+// logit[y], top-1 hit, top-5 hit), dlogits (nullable) = scale (softmax - onehot(y)). Per row: the
+// max, then sum_k exp(l_k - max) serially in double.
+template <class T>
+void cross_entropy(const T* logits, const int32_t* labels, T* terms, T* dlogits, T scale, int B, int K) {
+#pragma omp parallel for schedule(static) if ((size_t)B * K > 65536)
+  for (int b = 0; b < B; ++b) {
+    const T* l = logits + (size_t)b * K;
+    const int y = labels[b];
+    T mx = l[0];
+    for (int k = 1; k < K; ++k) mx = l[k] > mx ? l[k] : mx;
+    double z = 0;
+    int above = 0;  // logits strictly greater than the label's: its rank
+    for (int k = 0; k < K; ++k) {
+      z += std::exp((double)(l[k] - mx));
+      above += l[k] > l[y];
+    }
+    if (terms) {
+      T* t = terms + (size_t)b * kClassTerms;
+      t[kClassLoss] = (T)((double)mx + std::log(z) - (double)l[y]);
+      t[kClassTop1] = above < 1 ? T(1) : T(0);
+      t[kClassTop5] = above < 5 ? T(1) : T(0);
+    }
+    if (dlogits) {
+      T* d = dlogits + (size_t)b * K;
+      for (int k = 0; k < K; ++k)
+        d[k] = scale * ((T)(std::exp((double)(l[k] - mx)) / z) - (k == y ? T(1) : T(0)));
+    }
+  }
+}
+
+// ClassifierStats: stats[j] += sum_b terms[b][j]; stats[3 + 3 q_b + j] += terms[b][j] (q_b in 0..3).
+template <class T>
+void classifier_stats(const T* terms, const int32_t* quartile, T* stats, int B) {
+  double s[kClassStats] = {};
+  for (int b = 0; b < B; ++b) {
+    const int q = quartile[b];
+    for (int j = 0; j < kClassTerms; ++j) {
+      const double v = (double)terms[(size_t)b * kClassTerms + j];
+      s[j] += v;
+      if (q >= 0 && q < 4) s[kClassTerms + kClassTerms * q + j] += v;
+    }
+  }
+  for (int k = 0; k < kClassStats; ++k) stats[k] = (T)((double)stats[k] + s[k]);
 }
 
 }  // namespace unet::ref

@@ -14,5 +14,6 @@
 #include "linear.h"
 #include "loss.h"
 #include "optimizer.h"
+#include "pool.h"
 #include "reduce.h"
 #include "resample.h"

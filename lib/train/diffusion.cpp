@@ -220,18 +220,34 @@ void Diffusion::predict_x0(Ops& ops, int k, const Tensor& x, const Tensor& eps, 
 }
 
 void Diffusion::ddpm_step(Ops& ops, int k, const Tensor& x, const Tensor& eps, const Tensor& x0,
-                          const Tensor& noise, float noise_scale, bool clip) const {
+                          const Tensor& noise, float noise_scale, bool clip, const Tensor& guide,
+                          float guide_scale) const {
   const DdpmCoeffs c = ddpm_coeffs(k);
   predict_x0(ops, k, x, eps, x0, clip);
+  if (guide.defined()) {  // mean = posterior mean + variance * grad, then the noise
+    ops.run(
+        Axpbypcz{x0, x, guide, static_cast<float>(c.mean_x0), static_cast<float>(c.mean_xt), guide_scale});
+    if (c.noise && noise.defined()) ops.run(Axpbypcz{noise, x, {}, noise_scale, 1.0f, 0.0f});
+    return;
+  }
   const bool add = c.noise && noise.defined();
   ops.run(Axpbypcz{x0, x, add ? noise : Tensor{}, static_cast<float>(c.mean_x0),
                    static_cast<float>(c.mean_xt), add ? noise_scale : 0.0f});
 }
 
+double Diffusion::fixed_large_variance(int k) const { return std::exp(ddpm_coeffs(k).fixed_large_log_var); }
+
 void Diffusion::ddim_step(Ops& ops, int k, double eta, const Tensor& x, const Tensor& eps, const Tensor& x0,
-                          const Tensor& z, bool clip) const {
+                          const Tensor& z, bool clip, const Tensor& guide_grad) const {
   const DdimCoeffs c = ddim_coeffs(k, eta);
   predict_x0(ops, k, x, eps, x0, clip);
+  if (guide_grad.defined())
+    ops.run(Axpbypcz{guide_grad,
+                     x0,
+                     {},
+                     static_cast<float>(c.x0_from_eps * std::sqrt(1.0 - alphas_cumprod[k])),
+                     1.0f,
+                     0.0f});
   const bool add = c.noise && z.defined();
   ops.run(Axpbypcz{x0, x, add ? z : Tensor{}, static_cast<float>(c.out_x0), static_cast<float>(c.out_xt),
                    add ? static_cast<float>(c.sigma) : 0.0f});

@@ -103,11 +103,20 @@ class Diffusion {
   // x <- posterior mean(x0, x) + noise_scale*noise; noise is ignored at k == 0 (may be absent).
   // Fixed-large variance: noise = z, noise_scale = fixed_large_std(k). Learned range: noise =
   // LearnedRangeNoise{v, z} (learned_range_bounds), noise_scale = 1.
+  // Classifier guidance (guided-diffusion's condition_mean): the mean gains guide_scale * guide,
+  // where guide * guide_scale = variance * grad (guided_mean_term()).
   void ddpm_step(Ops& ops, int k, const Tensor& x, const Tensor& eps, const Tensor& x0, const Tensor& noise,
-                 float noise_scale, bool clip) const;
+                 float noise_scale, bool clip, const Tensor& guide = {}, float guide_scale = 0) const;
   // x <- DDIM update with eta; z is used only when ddim_coeffs(k, eta).noise (may be absent else).
+  // Classifier guidance (guided-diffusion's condition_score): with grad = s * d log p(y|x_t)/dx_t,
+  // eps <- eps(x0) - sqrt(1 - abar) grad, i.e. the (clipped) predicted x0 moves by
+  // sqrt(1/abar - 1) sqrt(1 - abar) grad, unclipped, before the update.
   void ddim_step(Ops& ops, int k, double eta, const Tensor& x, const Tensor& eps, const Tensor& x0,
-                 const Tensor& z, bool clip) const;
+                 const Tensor& z, bool clip, const Tensor& guide_grad = {}) const;
+  // The DDPM guidance term variance * grad for the fixed-large variance: the scalar variance
+  // (guide = grad, guide_scale = this). With learned sigma the variance is per element:
+  // LearnedRangeNoise{v, grad, guide, 2 min_log, 2 max_log} gives exp(logvar) * grad (scale 1).
+  double fixed_large_variance(int k) const;
 
   // exp(0.5 * fixed-large log variance at k).
   double fixed_large_std(int k) const;

@@ -35,7 +35,11 @@ Sampler::Sampler(Engine& eng, SamplerNet net, int max_batch)
   x0_ = img(C);
   z_ = img(C);
   t_ = eng_.alloc(DType::F32, {Bm});
-  if (net_.class_cond) y_ = eng_.alloc(DType::I32, {Bm});
+  if (net_.class_cond || net_.cond_fn) y_ = eng_.alloc(DType::I32, {Bm});
+  if (net_.cond_fn) {
+    grad_ = img(C);
+    if (net_.learn_sigma) vgrad_ = img(C);
+  }
   hz_.resize((size_t)Bm * H * H * C);
   ht_.resize(bmax_);
   hy_.resize(bmax_);
@@ -60,11 +64,18 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
   const size_t numel = static_cast<size_t>(H) * H * C;
   const int Bmax = std::min(opt.batch_size > 0 ? std::min(opt.batch_size, n) : n, bmax_);
 
-  if (net_.class_cond && labels)
+  // The labels' range: the model's classes, and the classifier's when guided.
+  const bool labelled = net_.class_cond || net_.cond_fn;
+  const int n_classes = net_.class_cond ? net_.num_classes : net_.guide_classes;
+  if (net_.cond_fn && net_.class_cond && net_.guide_classes > 0 && net_.guide_classes < n_classes)
+    throw UserError("sample: the model has " + std::to_string(n_classes) + " classes but the classifier " +
+                    std::to_string(net_.guide_classes));
+  if (labelled && n_classes < 1) throw UserError("sample: no classes to draw labels from");
+  if (labelled && labels)
     for (int i = 0; i < n; ++i)
-      if (labels[i] < 0 || labels[i] >= net_.num_classes)
+      if (labels[i] < 0 || labels[i] >= n_classes)
         throw UserError("sample: class " + std::to_string(labels[i]) + " is out of range [0, " +
-                        std::to_string(net_.num_classes) + ")");
+                        std::to_string(n_classes) + ")");
 
   const int batches = (n + Bmax - 1) / Bmax;
   const int total = batches * S;
@@ -87,14 +98,15 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       eng_.upload(x, hz);
     }
     Tensor y;
-    if (net_.class_cond) {
+    if (labelled) {
       for (int b = 0; b < B; ++b)
         hy_[b] = labels ? labels[first + b]
                         : static_cast<int32_t>(randint(opt.seed, Stream::SampleLabel,
-                                                       static_cast<uint64_t>(first + b), net_.num_classes));
+                                                       static_cast<uint64_t>(first + b), n_classes));
       y = y_.batch(B);
       eng_.upload(y, hy_.data());
     }
+    const Tensor y_model = net_.class_cond ? y : Tensor{};
 
     for (int k = S - 1; k >= 0; --k) {
       const int t_orig = d.timestep_map[k];
@@ -104,9 +116,12 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
                                 : static_cast<float>(t_orig);
       std::fill(ht_.begin(), ht_.begin() + B, t_model);
       eng_.upload(t, ht_.data());
-      net_.denoise(x, t, y, out);
+      net_.denoise(x, t, y_model, out);
       // Model output is NHWC with [eps | variance value] along channels when sigma is learned.
       if (net_.learn_sigma) ops.run(ConcatBwd{out, eps, var_.batch(B)});
+      // Classifier guidance: s * d log p(y | x_t) / d x_t, at x_t (before the step).
+      const Tensor grad = net_.cond_fn ? grad_.batch(B) : Tensor{};
+      if (net_.cond_fn) net_.cond_fn(x, t, y, grad);
 
       if (ddim) {
         const Diffusion::DdimCoeffs c = d.ddim_coeffs(k, opt.eta);
@@ -114,7 +129,7 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
           step_noise(opt.seed, t_orig, first, B, numel, hz_.data());
           eng_.upload(z, hz_.data());
         }
-        d.ddim_step(ops, k, opt.eta, x, eps, x0, c.noise ? z : Tensor{}, opt.clip);
+        d.ddim_step(ops, k, opt.eta, x, eps, x0, c.noise ? z : Tensor{}, opt.clip, grad);
       } else {
         const bool add_noise = d.ddpm_coeffs(k).noise;
         float scale = 0.0f;
@@ -132,7 +147,20 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
             scale = static_cast<float>(d.fixed_large_std(k));
           }
         }
-        d.ddpm_step(ops, k, x, eps, x0, noise, scale, opt.clip);
+        // Guidance: the mean gains variance * grad (condition_mean).
+        Tensor guide = grad;
+        float guide_scale = 0.0f;
+        if (grad.defined()) {
+          if (net_.learn_sigma) {
+            const Diffusion::LogRange r = d.learned_range_bounds(k);
+            guide = vgrad_.batch(B);
+            ops.run(LearnedRangeNoise{var_.batch(B), grad, guide, 2.0f * r.min_log, 2.0f * r.max_log});
+            guide_scale = 1.0f;
+          } else {
+            guide_scale = static_cast<float>(d.fixed_large_variance(k));
+          }
+        }
+        d.ddpm_step(ops, k, x, eps, x0, noise, scale, opt.clip, guide, guide_scale);
       }
       if (progress) progress(++done, total);
     }

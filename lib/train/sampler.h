@@ -41,6 +41,13 @@ struct SamplerNet {
   bool predict_xstart = false;     // the mean channels are x0, not eps
   bool rescale_timesteps = false;  // denoise gets t * 1000/T (float32), not t
   std::function<void(const Tensor& x, const Tensor& t, const Tensor& labels, const Tensor& out)> denoise;
+  // Classifier guidance (guided-diffusion's cond_fn; guidance.h), optional: grad(x, t, labels, g)
+  // writes g [B,H,W,C] f32 = s * d log p(labels | x) / dx at the timesteps `t` the model sees. The
+  // sampler then conditions each step's mean (DDPM: condition_mean) or score (DDIM:
+  // condition_score). guide_classes: the labels it reads are 0..guide_classes-1; an
+  // unconditional net then still gets labels (random unless given).
+  std::function<void(const Tensor& x, const Tensor& t, const Tensor& labels, const Tensor& grad)> cond_fn;
+  int guide_classes = 0;
 };
 
 // Sampler state: device and host buffers for batches of up to max_batch, allocated once
@@ -62,7 +69,7 @@ class Sampler {
   Engine& eng_;
   SamplerNet net_;
   int bmax_;
-  Tensor x_, out_, eps_, var_, x0_, z_, noise_, t_, y_;
+  Tensor x_, out_, eps_, var_, x0_, z_, noise_, t_, y_, grad_, vgrad_;
   std::vector<float> hz_, ht_;
   std::vector<int32_t> hy_;
 };

@@ -1,0 +1,450 @@
+#include "blocks.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "planner.h"
+#include "rng.h"
+#include "util.h"
+
+namespace unet {
+
+int layer_out_res(const Layer& l) {
+  if (l.kind == Layer::Down || (l.kind == Layer::Res && l.updown < 0)) return l.res / 2;
+  if (l.kind == Layer::Up || (l.kind == Layer::Res && l.updown > 0)) return l.res * 2;
+  return l.res;
+}
+
+size_t Blocks::L::lowest_param() const {
+  return std::min({w0, b0, n1w, n1b, ew, eb, n2w, n2b, w2, b2, sw, sb});
+}
+
+Blocks::Blocks(Engine& e, const ModelConfig& c, const ParamTable& t, const Tensor& params,
+               const Tensor& shadow, const Tensor& grads)
+    : eng(e), cfg(c), table(t), A(e.act_dtype()), params_(params), shadow_(shadow), grads_(grads) {}
+
+Blocks::L Blocks::make(const Layer& l) {
+  L s;
+  s.l = l;
+  s.index = next_index_++;
+  s.ro = layer_out_res(l);
+  s.fwd_name = l.prefix + " fwd";
+  s.bwd_name = l.prefix + " bwd";
+  auto off = [&](const std::string& n) { return table.at(l.prefix + n).offset; };
+  switch (l.kind) {
+    case Layer::Conv:
+      s.w0 = off(".weight"), s.b0 = off(".bias");
+      break;
+    case Layer::Down:
+      s.w0 = off(".op.weight"), s.b0 = off(".op.bias");
+      break;
+    case Layer::Up:
+      s.w0 = off(".conv.weight"), s.b0 = off(".conv.bias");
+      break;
+    case Layer::Res:
+      s.n1w = off(".in_layers.0.weight"), s.n1b = off(".in_layers.0.bias");
+      s.w0 = off(".in_layers.2.weight"), s.b0 = off(".in_layers.2.bias");
+      s.ew = off(".emb_layers.1.weight"), s.eb = off(".emb_layers.1.bias");
+      s.n2w = off(".out_layers.0.weight"), s.n2b = off(".out_layers.0.bias");
+      s.w2 = off(".out_layers.3.weight"), s.b2 = off(".out_layers.3.bias");
+      if (l.cin != l.cout) s.sw = off(".skip_connection.weight"), s.sb = off(".skip_connection.bias");
+      break;
+    case Layer::Attn:
+      s.n1w = off(".norm.weight"), s.n1b = off(".norm.bias");
+      s.w0 = off(".qkv.weight"), s.b0 = off(".qkv.bias");
+      s.w2 = off(".proj_out.weight"), s.b2 = off(".proj_out.bias");
+      break;
+  }
+  return s;
+}
+
+// ---- parameters ----
+Tensor Blocks::P(size_t off, std::initializer_list<int64_t> d) const {
+  return Tensor(params_.f32() + off, DType::F32, d);
+}
+Tensor Blocks::W(size_t off, std::initializer_list<int64_t> d) const {
+  if (A == DType::BF16) return Tensor(shadow_.bf16() + off, DType::BF16, d);
+  return P(off, d);
+}
+Tensor Blocks::G(size_t off, std::initializer_list<int64_t> d) const {
+  if (!wgrad) return Tensor{};
+  if (!grads_.defined()) throw std::logic_error("parameter gradients need plan(B, Mode::Train)");
+  return Tensor(grads_.f32() + off, DType::F32, d);
+}
+
+void Blocks::conv_filter_grad(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db,
+                              const Tensor& demb, int stride) {
+  if (dw.defined() || db.defined() || demb.defined()) run(ConvBwdFilter{x, dy, dw, db, demb, stride});
+}
+
+uint64_t Blocks::dseed(const L& s) const { return hash64(seed, (uint64_t)s.index); }
+
+// ---------------- buffer declarations ----------------
+void Blocks::declare_embedding(Planner& pl, int Bp, Mode mode, bool mlp) {
+  const int64_t b = Bp, ed = cfg.time_embed_dim();
+  auto f32 = [&](const std::string& n, std::initializer_list<int64_t> d) {
+    return pl.declare(n, DType::F32, d);
+  };
+  if (mlp) {
+    temb = f32("temb", {b, cfg.num_channels});
+    a1 = f32("a1", {b, ed}), a1s = f32("a1s", {b, ed}), emb = f32("emb", {b, ed});
+  }
+  semb = f32("semb", {b, ed});
+  if (mode == Mode::Train) {
+    d_semb = f32("d_semb", {b, ed});
+    if (mlp) d_emb = f32("d_emb", {b, ed}), d_a1s = f32("d_a1s", {b, ed}), d_a1 = f32("d_a1", {b, ed});
+  }
+}
+
+void Blocks::declare_layer(Planner& pl, L& s, int Bp, Mode mode, bool with_dx) {
+  const bool bw = mode != Mode::Sample, wg = mode == Mode::Train;
+  const int64_t b = Bp, ed = cfg.time_embed_dim();
+  auto act = [&](const std::string& n, int64_t h, int64_t c) { return pl.declare(n, A, {b, h, h, c}); };
+  auto f32 = [&](const std::string& n, std::initializer_list<int64_t> d) {
+    return pl.declare(n, DType::F32, d);
+  };
+  const bool ss = cfg.use_scale_shift_norm;
+  const Layer& l = s.l;
+  const std::string& p = l.prefix;
+  const int64_t ri = l.res, ro = s.ro, ci = l.cin, co = l.cout;
+  s.out = act(p + ".out", ro, co);
+  if (bw && with_dx) s.dx = act(p + ".dx", ri, ci);
+  switch (l.kind) {
+    case Layer::Conv:
+    case Layer::Down:
+      break;
+    case Layer::Up:
+      s.f_up = act(p + ".f_up", ro, ci);
+      if (wg) s.b_up = act(p + ".b_up", ro, ci);
+      if (bw) s.b_dup = act(p + ".b_dup", ro, ci);
+      break;
+    case Layer::Res: {
+      const int64_t ec = ss ? 2 * co : co;
+      s.h1 = act(p + ".h1", ro, co);
+      s.e = f32(p + ".e", {b, ec});
+      s.mean1 = f32(p + ".mean1", {b, kGroups}), s.rstd1 = f32(p + ".rstd1", {b, kGroups});
+      s.mean2 = f32(p + ".mean2", {b, kGroups}), s.rstd2 = f32(p + ".rstd2", {b, kGroups});
+      if (l.updown) s.xu = act(p + ".xu", ro, ci);
+      s.f_n1 = act(p + ".f_n1", ri, ci);
+      if (l.updown) s.f_n1r = act(p + ".f_n1r", ro, ci);
+      s.f_n2 = act(p + ".f_n2", ro, co);
+      if (s.sw != SIZE_MAX) s.f_sk = act(p + ".f_sk", ro, co);
+      if (bw) {
+        if (wg) s.b_n2 = act(p + ".b_n2", ro, co);
+        s.b_dn2 = act(p + ".b_dn2", ro, co);
+        s.b_dh1 = act(p + ".b_dh1", ro, co);
+        if (wg) s.b_de = f32(p + ".b_de", {b, ec}), s.b_dpart = f32(p + ".b_dpart", {b, ed});
+        if (wg) s.b_n1 = act(p + ".b_n1", ri, ci);
+        if (wg && l.updown) s.b_n1r = act(p + ".b_n1r", ro, ci);
+        if (l.updown) s.b_dn1 = act(p + ".b_dn1", ri, ci);
+        s.b_dn1r = act(p + ".b_dn1r", ro, ci);
+        if (s.sw != SIZE_MAX) s.b_dxs = act(p + ".b_dxs", ro, ci);
+        if (l.updown) s.b_dxs2 = act(p + ".b_dxs2", ri, ci);
+      }
+      break;
+    }
+    case Layer::Attn:
+      s.mean1 = f32(p + ".mean", {b, kGroups}), s.rstd1 = f32(p + ".rstd", {b, kGroups});
+      s.f_n1 = act(p + ".f_n", ri, ci);
+      s.qkv = act(p + ".qkv", ri, 3 * ci);
+      s.att = act(p + ".att", ri, ci);
+      s.lse = f32(p + ".lse", {b, l.heads, ri * ri});
+      if (bw) {
+        s.b_datt = act(p + ".b_datt", ri, ci), s.b_dqkv = act(p + ".b_dqkv", ri, 3 * ci);
+        if (wg) s.b_n = act(p + ".b_n", ri, ci);
+        s.b_dn = act(p + ".b_dn", ri, ci);
+      }
+      break;
+  }
+}
+
+// ---------------- forward ----------------
+void Blocks::refresh_shadow() {
+  if (A == DType::F32) return;
+  run(Cast{params_, shadow_});
+}
+
+void Blocks::embedding_fwd(const Tensor& t_in, const Tensor& labels) {
+  const int mc = cfg.num_channels, ed = cfg.time_embed_dim();
+  ScopedRange r(eng.device(), "time_embed fwd");
+  run(TimestepEmbedding{t_in, at(temb)});
+  // The embedding MLP stays f32 in every precision (tiny; autocast-level accuracy is not needed).
+  run(LinearFwd{at(temb), P(table.at("time_embed.0.weight").offset, {ed, mc}),
+                vec(table.at("time_embed.0.bias").offset, ed), at(a1)});
+  run(SiluFwd{at(a1), at(a1s)});
+  run(LinearFwd{at(a1s), P(table.at("time_embed.2.weight").offset, {ed, ed}),
+                vec(table.at("time_embed.2.bias").offset, ed), at(emb)});
+  if (cfg.class_cond)
+    run(EmbeddingAdd{labels, P(table.at("label_emb.weight").offset, {cfg.num_classes, ed}), at(emb)});
+  run(SiluFwd{at(emb), at(semb)});
+}
+
+void Blocks::resample(int updown, const Tensor& x, const Tensor& y) {
+  if (updown < 0)
+    run(AvgPoolFwd{x, y});
+  else
+    run(UpsampleFwd{x, y});
+}
+void Blocks::resample_bwd(int updown, const Tensor& dy, const Tensor& dx) {
+  if (updown < 0)
+    run(AvgPoolBwd{dy, dx});
+  else
+    run(UpsampleBwd{dy, dx});
+}
+
+// SiLU(GN1(in)), resampled with updown: conv1's input, in n1 (and n1r). In backward (recompute)
+// the forward's statistics are reused.
+Tensor Blocks::res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute) {
+  const Layer& l = s.l;
+  if (recompute)
+    run(GroupNormApply{
+        at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, at(s.mean1), at(s.rstd1), at(n1), true});
+  else
+    run(GroupNormFwd{
+        at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, at(n1), at(s.mean1), at(s.rstd1), true});
+  if (!l.updown) return at(n1);
+  resample(l.updown, at(n1), at(n1r));
+  return at(n1r);
+}
+// SiLU(GN2(h1) [* (1 + scale) + shift]) with dropout: conv2's input, in n2.
+void Blocks::res_conv2_input(L& s, const Tensor& n2, bool recompute) {
+  const Layer& l = s.l;
+  const Tensor ss = cfg.use_scale_shift_norm ? at(s.e) : Tensor{};
+  if (recompute)
+    run(GroupNormApply{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(s.mean2), at(s.rstd2), at(n2),
+                       true});
+  else
+    run(GroupNormFwd{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(n2), at(s.mean2), at(s.rstd2),
+                     true});
+  if (dropout_p() > 0) run(DropoutFwd{at(n2), at(n2), dropout_p(), dseed(s)});
+}
+
+void Blocks::res_fwd(L& s) {
+  const Layer& l = s.l;
+  const int ed = cfg.time_embed_dim(), ci = l.cin, co = l.cout;
+  const bool ss = cfg.use_scale_shift_norm;
+  Device& d = eng.device();
+  {
+    ScopedRange r(d, "emb_layers");
+    run(LinearFwd{at(semb), P(s.ew, {ss ? 2 * co : co, ed}), vec(s.eb, ss ? 2 * co : co), at(s.e)});
+  }
+  Tensor xs = at(s.in);
+  {
+    ScopedRange r(d, "in_layers");
+    const Tensor c1in = res_conv1_input(s, s.f_n1, s.f_n1r);
+    if (l.updown) {
+      resample(l.updown, at(s.in), at(s.xu));
+      xs = at(s.xu);
+    }
+    run(ConvFwd{c1in, Wc(s.w0, co, 3, ci), vec(s.b0, co), ss ? Tensor{} : at(s.e), {}, at(s.h1), 1});
+  }
+  Tensor res = xs;
+  if (s.sw != SIZE_MAX) {
+    ScopedRange r(d, "skip_connection");
+    run(ConvFwd{xs, Wc(s.sw, co, 1, ci), vec(s.sb, co), {}, {}, at(s.f_sk), 1});
+    res = at(s.f_sk);
+  }
+  ScopedRange r(d, "out_layers");
+  res_conv2_input(s, s.f_n2);
+  run(ConvFwd{at(s.f_n2), Wc(s.w2, co, 3, co), vec(s.b2, co), {}, res, at(s.out), 1});
+}
+
+void Blocks::attn_fwd(L& s) {
+  const int C = s.l.cin;
+  Device& d = eng.device();
+  {
+    ScopedRange r(d, "norm");
+    run(GroupNormFwd{
+        at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.f_n1), at(s.mean1), at(s.rstd1), false});
+  }
+  {
+    ScopedRange r(d, "qkv");
+    run(ConvFwd{at(s.f_n1), Wc(s.w0, 3 * C, 1, C), vec(s.b0, 3 * C), {}, {}, at(s.qkv), 1});
+  }
+  {
+    ScopedRange r(d, "attention");
+    run(AttentionFwd{at(s.qkv), at(s.att), at(s.lse), !cfg.use_new_attention_order});
+  }
+  ScopedRange r(d, "proj_out");
+  run(ConvFwd{at(s.att), Wc(s.w2, C, 1, C), vec(s.b2, C), {}, at(s.in), at(s.out), 1});
+}
+
+void Blocks::layer_fwd(L& s, const Tensor& in) {
+  s.in = in;
+  ScopedRange r(eng.device(), s.fwd_name.c_str());
+  const Layer& l = s.l;
+  switch (l.kind) {
+    case Layer::Conv:
+      run(ConvFwd{in, Wc(s.w0, l.cout, 3, l.cin), vec(s.b0, l.cout), {}, {}, at(s.out), 1});
+      break;
+    case Layer::Down:
+      run(ConvFwd{in, Wc(s.w0, l.cout, 3, l.cin), vec(s.b0, l.cout), {}, {}, at(s.out), 2});
+      break;
+    case Layer::Up:
+      run(UpsampleFwd{in, at(s.f_up)});
+      run(ConvFwd{at(s.f_up), Wc(s.w0, l.cout, 3, l.cin), vec(s.b0, l.cout), {}, {}, at(s.out), 1});
+      break;
+    case Layer::Res:
+      res_fwd(s);
+      break;
+    case Layer::Attn:
+      attn_fwd(s);
+      break;
+  }
+}
+
+// ---------------- backward ----------------
+// Without parameter gradients (wgrad false) only the data path runs: no recompute of the convs'
+// inputs, no filter gradients, no embedding gradients.
+void Blocks::res_bwd(L& s, const Tensor& dout) {
+  const Layer& l = s.l;
+  const int ed = cfg.time_embed_dim(), ci = l.cin, co = l.cout;
+  const bool ss = cfg.use_scale_shift_norm;
+  const Tensor xs = l.updown ? at(s.xu) : at(s.in);
+  Device& d = eng.device();
+  {
+    // out_layers: recompute conv2's input, then back through conv2, dropout, SiLU/scale-shift/norm
+    ScopedRange r(d, "out_layers");
+    if (wgrad) {
+      res_conv2_input(s, s.b_n2, true);
+      conv_filter_grad(at(s.b_n2), dout, Gc(s.w2, co, 3, co), gvec(s.b2, co), {}, 1);
+    }
+    run(ConvBwdData{dout, Wc(s.w2, co, 3, co), at(s.b_dn2), 1});
+    if (dropout_p() > 0) run(DropoutBwd{at(s.b_dn2), at(s.b_dn2), dropout_p(), dseed(s)});
+    run(GroupNormBwd{at(s.h1), vec(s.n2w, co), vec(s.n2b, co), ss ? at(s.e) : Tensor{}, at(s.mean2),
+                     at(s.rstd2), at(s.b_dn2), at(s.b_dh1), gvec(s.n2w, co), gvec(s.n2b, co),
+                     ss && wgrad ? at(s.b_de) : Tensor{}, true});
+  }
+  {
+    // in_layers: recompute SiLU(GN1(x)) (resampled); conv1's filter gradient also yields the
+    // embedding gradient (per-sample sums of dh1) when the embedding was added, not scale-shifted
+    ScopedRange r(d, "in_layers");
+    if (wgrad) {
+      const Tensor c1in = res_conv1_input(s, s.b_n1, s.b_n1r, true);
+      conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), gvec(s.b0, co), ss ? Tensor{} : at(s.b_de), 1);
+    }
+    run(ConvBwdData{at(s.b_dh1), Wc(s.w0, co, 3, ci), at(s.b_dn1r), 1});
+    Tensor dg1 = at(s.b_dn1r);
+    if (l.updown) {
+      resample_bwd(l.updown, at(s.b_dn1r), at(s.b_dn1));
+      dg1 = at(s.b_dn1);
+    }
+    run(GroupNormBwd{at(s.in),
+                     vec(s.n1w, ci),
+                     vec(s.n1b, ci),
+                     {},
+                     at(s.mean1),
+                     at(s.rstd1),
+                     dg1,
+                     at(s.dx),
+                     gvec(s.n1w, ci),
+                     gvec(s.n1b, ci),
+                     {},
+                     true});
+  }
+  if (wgrad) {
+    ScopedRange r(d, "emb_layers");
+    const int ec = ss ? 2 * co : co;
+    run(LinearBwd{at(semb), P(s.ew, {ec, ed}), at(s.b_de), at(s.b_dpart), G(s.ew, {ec, ed}), gvec(s.eb, ec)});
+    run(Add{at(d_semb), at(s.b_dpart), at(d_semb)});
+  }
+  ScopedRange r(d, "skip_connection");
+  Tensor dxs = dout;
+  if (s.sw != SIZE_MAX) {
+    conv_filter_grad(xs, dout, Gc(s.sw, co, 1, ci), gvec(s.sb, co), {}, 1);
+    run(ConvBwdData{dout, Wc(s.sw, co, 1, ci), at(s.b_dxs), 1});
+    dxs = at(s.b_dxs);
+  }
+  if (l.updown) {
+    resample_bwd(l.updown, dxs, at(s.b_dxs2));
+    dxs = at(s.b_dxs2);
+  }
+  run(Add{at(s.dx), dxs, at(s.dx)});
+}
+
+void Blocks::attn_bwd(L& s, const Tensor& dout) {
+  const int C = s.l.cin;
+  Device& d = eng.device();
+  {
+    ScopedRange r(d, "proj_out");
+    conv_filter_grad(at(s.att), dout, Gc(s.w2, C, 1, C), gvec(s.b2, C), {}, 1);
+    run(ConvBwdData{dout, Wc(s.w2, C, 1, C), at(s.b_datt), 1});
+  }
+  {
+    ScopedRange r(d, "attention");
+    run(AttentionBwd{at(s.qkv), at(s.att), at(s.lse), at(s.b_datt), at(s.b_dqkv),
+                     !cfg.use_new_attention_order});
+  }
+  {
+    ScopedRange r(d, "qkv");
+    if (wgrad) {
+      run(GroupNormApply{
+          at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.mean1), at(s.rstd1), at(s.b_n), false});
+      conv_filter_grad(at(s.b_n), at(s.b_dqkv), Gc(s.w0, 3 * C, 1, C), gvec(s.b0, 3 * C), {}, 1);
+    }
+    run(ConvBwdData{at(s.b_dqkv), Wc(s.w0, 3 * C, 1, C), at(s.b_dn), 1});
+  }
+  ScopedRange r(d, "norm");
+  run(GroupNormBwd{at(s.in),
+                   vec(s.n1w, C),
+                   vec(s.n1b, C),
+                   {},
+                   at(s.mean1),
+                   at(s.rstd1),
+                   at(s.b_dn),
+                   at(s.dx),
+                   gvec(s.n1w, C),
+                   gvec(s.n1b, C),
+                   {},
+                   false});
+  run(Add{dout, at(s.dx), at(s.dx)});
+}
+
+Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {
+  ScopedRange r(eng.device(), s.bwd_name.c_str());
+  const Layer& l = s.l;
+  switch (l.kind) {
+    case Layer::Conv:
+    case Layer::Down: {
+      const int stride = l.kind == Layer::Down ? 2 : 1;
+      conv_filter_grad(at(s.in), dout, Gc(s.w0, l.cout, 3, l.cin), gvec(s.b0, l.cout), {}, stride);
+      if (s.dx.defined()) run(ConvBwdData{dout, Wc(s.w0, l.cout, 3, l.cin), at(s.dx), stride});
+      break;
+    }
+    case Layer::Up:
+      if (wgrad) {
+        run(UpsampleFwd{at(s.in), at(s.b_up)});
+        conv_filter_grad(at(s.b_up), dout, Gc(s.w0, l.cout, 3, l.cin), gvec(s.b0, l.cout), {}, 1);
+      }
+      run(ConvBwdData{dout, Wc(s.w0, l.cout, 3, l.cin), at(s.b_dup), 1});
+      run(UpsampleBwd{at(s.b_dup), at(s.dx)});
+      break;
+    case Layer::Res:
+      res_bwd(s, dout);
+      break;
+    case Layer::Attn:
+      attn_bwd(s, dout);
+      break;
+  }
+  return at(s.dx);
+}
+
+void Blocks::embedding_bwd_begin() {
+  if (wgrad) run(Fill{at(d_semb), 0.0f});
+}
+
+void Blocks::embedding_bwd(const Tensor& labels) {
+  if (!wgrad) return;
+  const int ed = cfg.time_embed_dim(), mc = cfg.num_channels;
+  ScopedRange r(eng.device(), "time_embed bwd");
+  run(SiluBwd{at(emb), at(d_semb), at(d_emb)});
+  if (cfg.class_cond)
+    run(EmbeddingBwd{labels, at(d_emb), G(table.at("label_emb.weight").offset, {cfg.num_classes, ed})});
+  const size_t w2 = table.at("time_embed.2.weight").offset, b2 = table.at("time_embed.2.bias").offset;
+  const size_t w0 = table.at("time_embed.0.weight").offset, b0 = table.at("time_embed.0.bias").offset;
+  run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), G(w2, {ed, ed}), gvec(b2, ed)});
+  run(SiluBwd{at(a1), at(d_a1s), at(d_a1)});
+  run(LinearBwd{at(temb), P(w0, {ed, mc}), at(d_a1), {}, G(w0, {ed, mc}), gvec(b0, ed)});
+}
+
+}  // namespace unet

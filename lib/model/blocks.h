@@ -1,0 +1,142 @@
+// The blocks guided-diffusion's networks are made of — the timestep-embedding MLP, the first
+// conv, ResBlock (plain, down, up), AttentionBlock, Downsample, Upsample — written once on the op
+// table, forward and explicit backward, with the buffers each declares to the planner. The UNet
+// (model.cpp) and the classifier (classifier.cpp) hold a Blocks and walk its layers in their own
+// order; neither has block code of its own.
+//
+// Buffers per layer (packed by the planner by lifetime):
+//  * saved for backward: the layer's output, a ResBlock's first conv output h1 (+ the timestep
+//    embedding add), its embedding projection e, GroupNorm statistics, resampled skip inputs,
+//    attention qkv / output / log-sum-exp;
+//  * recomputed in backward instead of saved: GroupNorm(+scale-shift)+SiLU outputs, resampled
+//    and dropped-out copies (memory-bound work, about half the activation memory);
+//  * forward scratch and backward scratch are separate buffers, so neither keeps the other alive.
+// Fusions every engine is asked for: the embedding add and residual add in the conv epilogue
+// (ConvFwd emb/res), scale-shift and SiLU in GroupNorm, the embedding gradient from the conv's
+// filter gradient (ConvBwdFilter demb).
+//
+// Precision follows the engine: activations (and the GEMMs' weights, a bf16 copy of the master
+// weights) in the engine's activation dtype; the timestep-embedding MLP, the embedding
+// projections, GroupNorm statistics, biases and every gradient of a parameter in f32.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "arch.h"
+#include "config.h"
+#include "engine.h"
+#include "network.h"
+#include "params.h"
+
+namespace unet {
+
+class Planner;
+
+struct Blocks {
+  static constexpr int kGroups = 32;
+
+  // One layer of the network: its place, parameter offsets and buffers.
+  struct L {
+    Layer l;
+    int index = 0;  // position in the network (dropout seed)
+    int ro = 0;     // output resolution
+    std::string fwd_name, bwd_name;
+    // parameters (SIZE_MAX = absent)
+    size_t w0 = SIZE_MAX, b0 = SIZE_MAX;    // Conv/Down/Up conv, Attn qkv, Res in_layers.2
+    size_t n1w = SIZE_MAX, n1b = SIZE_MAX;  // Res in_layers.0, Attn norm
+    size_t ew = SIZE_MAX, eb = SIZE_MAX;    // Res emb_layers.1
+    size_t n2w = SIZE_MAX, n2b = SIZE_MAX;  // Res out_layers.0
+    size_t w2 = SIZE_MAX, b2 = SIZE_MAX;    // Res out_layers.3, Attn proj_out
+    size_t sw = SIZE_MAX, sb = SIZE_MAX;    // Res skip_connection
+    Tensor in;                              // input of the last forward (owned elsewhere)
+    // saved
+    Tensor out, h1, e, xu, mean1, rstd1, mean2, rstd2, qkv, att, lse;
+    // forward scratch
+    Tensor f_n1, f_n1r, f_n2, f_sk, f_up;
+    // backward scratch
+    Tensor b_n1, b_n1r, b_n2, b_dn2, b_dh1, b_de, b_dpart, b_dn1r, b_dn1, b_dxs, b_dxs2, b_up, b_dup, b_datt,
+        b_dqkv, b_n, b_dn;
+    Tensor dx;                    // gradient of the input (absent for a first conv that needs none)
+    size_t lowest_param() const;  // the lowest arena offset of the layer's parameters
+  };
+
+  // cfg: the network's UNet configuration (the classifier's body()); table: its parameters;
+  // net: the arenas (params/shadow/grads, read at each call).
+  Blocks(Engine& eng, const ModelConfig& cfg, const ParamTable& table, const Tensor& params,
+         const Tensor& shadow, const Tensor& grads);
+
+  L make(const Layer& l);  // indices in call order
+
+  // ---- per call ----
+  Engine& eng;
+  const ModelConfig& cfg;
+  const ParamTable& table;
+  const DType A;           // activation dtype
+  int B = 0;               // batch of the current call (<= planned)
+  bool train = false;      // dropout on
+  bool wgrad = true;       // backward computes parameter gradients (false: input gradients only)
+  uint64_t seed = 0;       // dropout
+  Ops* tracing = nullptr;  // the planner's tracer while planning
+
+  // The timestep embedding (f32): temb = sinusoids of t, emb = MLP(temb) (+ label_emb), and the
+  // SiLU'd semb every ResBlock's emb_layers read; their gradients.
+  Tensor temb, a1, a1s, emb, semb, d_semb, d_emb, d_a1s, d_a1;
+
+  // ---- buffer declarations (the same sequence in both planner phases) ----
+  // The embedding buffers: with mlp, the MLP's (else semb is an input the caller fills).
+  void declare_embedding(Planner& pl, int Bp, Mode mode, bool mlp);
+  // A layer's buffers; with_dx: backward writes the gradient of the layer's input.
+  void declare_layer(Planner& pl, L& s, int Bp, Mode mode, bool with_dx);
+
+  // ---- forward ----
+  void refresh_shadow();  // the bf16 weights the GEMMs read, from the f32 masters
+  void embedding_fwd(const Tensor& t, const Tensor& labels);  // labels: read when class_cond
+  void layer_fwd(L& s, const Tensor& in);
+  // ---- backward ----  (d_semb is zeroed by embedding_bwd_begin and summed by every ResBlock)
+  void embedding_bwd_begin();
+  void embedding_bwd(const Tensor& labels);
+  Tensor layer_bwd(L& s, const Tensor& dout);  // the gradient of the layer's input (s.dx)
+
+  // ---- access ----
+  Ops& ops() { return tracing ? *tracing : eng.ops(); }
+  template <class Op>
+  void run(const Op& op) {
+    ops().run(op);
+  }
+  Tensor at(const Tensor& t) const { return t.defined() ? t.batch(B) : t; }
+  // Parameters: f32 master views, the views a GEMM reads (bf16 copy in the bf16 engine), gradient
+  // views (absent without parameter gradients).
+  Tensor P(size_t off, std::initializer_list<int64_t> d) const;
+  Tensor W(size_t off, std::initializer_list<int64_t> d) const;
+  Tensor G(size_t off, std::initializer_list<int64_t> d) const;
+  Tensor Wc(size_t off, int co, int k, int ci) const { return W(off, {co, k, k, ci}); }
+  Tensor Gc(size_t off, int co, int k, int ci) const { return G(off, {co, k, k, ci}); }
+  Tensor vec(size_t off, int n) const { return P(off, {n}); }
+  Tensor gvec(size_t off, int n) const { return G(off, {n}); }
+  // ConvBwdFilter when it has anything to compute.
+  void conv_filter_grad(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db,
+                        const Tensor& demb, int stride);
+
+ private:
+  const Tensor& params_;
+  const Tensor& shadow_;
+  const Tensor& grads_;
+  int next_index_ = 0;
+
+  float dropout_p() const { return train ? cfg.dropout : 0.0f; }
+  uint64_t dseed(const L& s) const;
+  void resample(int updown, const Tensor& x, const Tensor& y);
+  void resample_bwd(int updown, const Tensor& dy, const Tensor& dx);
+  Tensor res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute = false);
+  void res_conv2_input(L& s, const Tensor& n2, bool recompute = false);
+  void res_fwd(L& s);
+  void attn_fwd(L& s);
+  void res_bwd(L& s, const Tensor& dout);
+  void attn_bwd(L& s, const Tensor& dout);
+};
+
+// A layer's output resolution.
+int layer_out_res(const Layer& l);
+
+}  // namespace unet

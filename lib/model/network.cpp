@@ -1,0 +1,61 @@
+#include "network.h"
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "planner.h"
+#include "util.h"
+
+namespace unet {
+
+namespace {
+std::string gib(size_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f GB", b / 1e9);
+  return s;
+}
+}  // namespace
+
+Network::Network(Engine& eng, ParamTable table) : eng_(eng), table_(std::move(table)) {
+  params_ = Tensor(eng_.device().alloc(table_.total * 4), DType::F32, {(int64_t)table_.total});
+  if (eng_.act_dtype() == DType::BF16)
+    shadow_ = Tensor(eng_.device().alloc(table_.total * 2), DType::BF16, {(int64_t)table_.total});
+}
+
+Network::~Network() = default;
+
+void Network::plan(int B, Mode m) {
+  if (B < 1) throw UserError("batch size must be >= 1, got " + std::to_string(B));
+  if (planned_) {
+    const bool covered = m == mode_ || m == Mode::Sample || (m == Mode::InputGrad && mode_ == Mode::Train);
+    if (B <= planned_ && covered) return;
+    throw std::logic_error("Network::plan: already planned for a smaller batch or another mode");
+  }
+  Planner pl;
+  if (m == Mode::Train && !grads_.defined()) {
+    // The gradient arena is planned memory too (its own allocation: the all-reduce of
+    // several GPUs and the optimizer read it as one flat tensor).
+    grads_ = Tensor(eng_.device().alloc(table_.total * 4), DType::F32, {(int64_t)table_.total});
+  }
+  declare(pl, B, m);
+  trace(pl.tracer(eng_.ops()), B, m);
+  pl.pack();
+  const size_t need = pl.arena_bytes();
+  const size_t free = eng_.device().bytes_free();
+  if (need > free)
+    throw UserError(std::string(m == Mode::Train ? "training" : "sampling") + " at batch size " +
+                    std::to_string(B) + " needs " + gib(need + eng_.device().bytes_held()) + " of " +
+                    (eng_.is_cuda() ? "GPU" : "host") + " memory, " + gib(free + eng_.device().bytes_held()) +
+                    " available; use a smaller --batch-size");
+  void* arena = eng_.device().alloc(need);
+  pl.bind(arena);
+  declare(pl, B, m);
+  eng_.ops().finalize();
+  report_ = pl.report();
+  arena_bytes_ = need;
+  planned_ = B;
+  mode_ = m;
+  if (m == Mode::Train) eng_.ops().run(Fill{grads_, 0.f});
+}
+
+}  // namespace unet
