@@ -21,6 +21,14 @@ TrainStep::TrainStep(Engine& eng, Model& model, Optimizer& opt, int B)
   eng.ops().run(Fill{loss_sum, 0.f});
 }
 
+void TrainStep::set_communicator(Communicator* comm) {
+  comm_ = comm && comm->size() > 1 ? comm : nullptr;
+  if (comm_)
+    model_.set_grad_ready_hook([c = comm_](size_t first_final) { c->grads_ready(first_final); });
+  else
+    model_.set_grad_ready_hook(nullptr);
+}
+
 void TrainStep::forward(uint64_t dropout_seed) {
   {
     ScopedRange r(eng_.device(), "q_sample");
@@ -44,10 +52,17 @@ void TrainStep::backward() {
     }
   }
   ScopedRange r(eng_.device(), "backward");
+  if (comm_) comm_->begin_grads(model_.grads());
   model_.backward(dout_);
 }
 
 void TrainStep::update() {
+  if (comm_) {
+    // Every rank continues with the mean gradient of the global batch: norm, clipping and the
+    // NaN checks below decide the same on all ranks.
+    ScopedRange r(eng_.device(), "all-reduce");
+    comm_->end_grads();
+  }
   ScopedRange r(eng_.device(), "optimizer");
   opt_.step(model_.params(), model_.grads());
   eng_.ops().run(Add{loss_sum, loss_, loss_sum});

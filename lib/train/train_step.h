@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "comm.h"
 #include "model.h"
 #include "optim.h"
 
@@ -20,9 +21,13 @@ class TrainStep {
   Tensor x0, noise, t, coef, labels;
   Tensor loss_sum;  // f32 [1]: the losses of the steps since the last reset
 
+  // Data-parallel training: the gradients are averaged over the ranks between backward and the
+  // optimizer (in buckets during backward where the communicator can). nullptr: one process.
+  void set_communicator(Communicator* comm);
+
   void forward(uint64_t dropout_seed);  // q_sample, model forward
   void backward();                      // loss, model backward
-  void update();                        // optimizer (clip, AdamW, EMA), loss accumulation
+  void update();                        // gradient average, optimizer (clip, AdamW, EMA), loss sum
   void enqueue(uint64_t dropout_seed) {
     forward(dropout_seed);
     backward();
@@ -34,6 +39,7 @@ class TrainStep {
   Model& model_;
   Optimizer& opt_;
   const ModelConfig& cfg_;
+  Communicator* comm_ = nullptr;
   Tensor xt_, out_, dout_, eps_, var_, deps_, zeros_, loss_;
 };
 

@@ -41,12 +41,15 @@ std::string ckpt_name(int64_t step) {
 void atomic_copy(const std::string& src, const std::string& dst) { copy_file_atomic(src, dst); }
 }  // namespace
 
-TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
-                  const TrainOptions& o) {
+TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume, const TrainOptions& o,
+                  Communicator* comm) {
   namespace fs = std::filesystem;
   const ModelConfig& cfg = ck.cfg;
   Device& dev = eng.device();
-  const int B = o.batch_size;
+  const int B = o.batch_size;  // global
+  const bool multi = comm && comm->size() > 1;
+  const bool root = !multi || comm->root();
+  const bool quiet = o.quiet || !root;
   const int R = cfg.image_size, Cin = cfg.in_channels;
   const size_t n_img = (size_t)R * R * Cin;
   TrainResult res;
@@ -56,8 +59,11 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   // a flag overrode them (resolve_resume), so `o` is authoritative here.
   const uint64_t seed = o.seed;
 
-  DataLoader loader(dataset, B, cfg.diffusion_steps, seed, o.flip, step, 3,
-                    [&dev](size_t bytes) { return dev.alloc_host(bytes); });
+  DataLoader loader(
+      dataset, B, cfg.diffusion_steps, seed, o.flip, step, 3,
+      [&dev](size_t bytes) { return dev.alloc_host(bytes); }, multi ? comm->rank() : 0,
+      multi ? comm->size() : 1);
+  const int Bl = loader.local_batch();  // this rank's slice
   const DatasetInfo& info = loader.info();
   if (info.image_size != R)
     throw UserError(dataset + ": images are " + std::to_string(info.image_size) + "x" +
@@ -79,27 +85,33 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   oo.lr = o.lr, oo.weight_decay = o.weight_decay, oo.beta1 = kBeta1, oo.beta2 = kBeta2, oo.eps = kEps;
   oo.ema_rate = o.ema_rate, oo.grad_clip = o.grad_clip, oo.warmup = o.lr_warmup;
   Optimizer opt(eng, P, oo);
-  TrainStep ts(eng, model, opt, B);
+  TrainStep ts(eng, model, opt, Bl);
+  ts.set_communicator(multi ? comm : nullptr);
   eng.upload(model.params(), ck.model.data());
+  if (multi) comm->broadcast(model.params(), 0);  // every rank starts from rank 0's weights
   const bool have_opt = resume && ck.has_optimizer;
   opt.load(have_opt ? ck.opt.m.data() : nullptr, have_opt ? ck.opt.v.data() : nullptr,
            ck.ema.empty() ? nullptr : ck.ema.data(), step);
   if (ck.ema.empty()) opt.init_ema(model.params());
 
   Diffusion diff(cfg.diffusion_steps, cfg.noise_schedule, cfg.learn_sigma);
-  float* host_coef = (float*)dev.alloc_host(sizeof(float) * 2 * B);
-  int32_t* host_labels = (int32_t*)dev.alloc_host(sizeof(int32_t) * B);
+  float* host_coef = (float*)dev.alloc_host(sizeof(float) * 2 * Bl);
+  int32_t* host_labels = (int32_t*)dev.alloc_host(sizeof(int32_t) * Bl);
 
-  if (!o.quiet)
-    std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d)\n", dev.bytes_held() / 1e9,
-                eng.name().c_str(), model.activation_bytes() / 1e9, B);
+  if (!quiet)
+    std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d%s)%s\n",
+                dev.bytes_held() / 1e9, eng.name().c_str(), model.activation_bytes() / 1e9, Bl,
+                multi ? " per rank" : "", loader.streaming() ? "; dataset streamed from disk" : "");
 
-  if (!fs::exists(o.rundir)) fs::create_directories(o.rundir);
   const std::string metrics = o.rundir + "/metrics.csv";
-  const bool new_metrics = !fs::exists(metrics);
-  std::ofstream csv(metrics, std::ios::app);
-  if (!csv) throw UserError(metrics + ": cannot write");
-  if (new_metrics) csv << "step,loss,grad_norm,lr,images_per_s,ms_per_step\n";
+  std::ofstream csv;
+  if (root) {  // rank 0 alone writes the run directory
+    if (!fs::exists(o.rundir)) fs::create_directories(o.rundir);
+    const bool new_metrics = !fs::exists(metrics);
+    csv.open(metrics, std::ios::app);
+    if (!csv) throw UserError(metrics + ": cannot write");
+    if (new_metrics) csv << "step,loss,grad_norm,lr,images_per_s,ms_per_step\n";
+  }
 
   int64_t saved_at = -1;
   const ParamTable table = build_param_table(cfg);
@@ -132,8 +144,19 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     saved_at = at;
     return true;
   };
+  // Rank 0 saves; every rank learns whether the weights were still finite, so all stop alike.
+  auto save_all = [&](int64_t at) -> bool {
+    bool ok = true;
+    if (root) ok = save(at);
+    if (multi) {
+      const std::string r = comm->broadcast_host(ok ? std::string("1") : "0" + nonfinite);
+      ok = r == "1";
+      if (!ok) nonfinite = r.substr(1);
+    }
+    return ok;
+  };
   auto diverged = [&](const std::string& what) {
-    if (!o.quiet && stderr_is_tty()) std::fprintf(stderr, "\n");  // end the progress line
+    if (!quiet && stderr_is_tty()) std::fprintf(stderr, "\n");  // end the progress line
     res.stop_reason = what + " at step " + std::to_string(step);
     res.diverged = true;
     res.step = step;
@@ -146,7 +169,8 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     // EMA weights for the preview, then the training weights back (device copies, no host trip).
     const int n = std::min(16, B);
     if (!preview) {
-      preview = std::make_unique<Sampler>(eng, sampler_net(model), n);
+      preview =
+          std::make_unique<Sampler>(eng, sampler_net(model), std::min(n, Bl));  // the model is planned for Bl
       kept = eng.alloc(DType::F32, {(int64_t)P});
     }
     eng.ops().run(Copy{model.params(), kept});
@@ -174,21 +198,27 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   bool captured = false;
   Ops& ops = eng.ops();
 
+  // Ranks agree on stopping (Ctrl-C reaches them at different steps) every few steps: every step
+  // on the CPU, every 8th on a GPU (a round trip to rank 0 each time).
+  const int64_t agree_every = eng.is_cuda() ? 8 : 1;
+
   const int64_t start = step;
   Progress prog("train", o.steps > 0 ? o.steps : step, "step");
   double t_window = now_seconds();
   int64_t window_steps = 0;
   bool first_window = true;
   while (o.steps == 0 || step < o.steps) {
-    if (stop_requested().load()) {
+    bool stop = stop_requested().load();
+    if (multi) stop = step % agree_every == 0 ? comm->any(stop) : false;
+    if (stop) {
       res.interrupted = true;
       break;
     }
     Batch* b = loader.next();
-    for (int i = 0; i < B; ++i) {
+    for (int i = 0; i < Bl; ++i) {
       const int ti = (int)b->t[i];
       host_coef[i] = (float)std::sqrt(diff.alphas_cumprod[ti]);
-      host_coef[B + i] = (float)std::sqrt(1.0 - diff.alphas_cumprod[ti]);
+      host_coef[Bl + i] = (float)std::sqrt(1.0 - diff.alphas_cumprod[ti]);
       host_labels[i] = b->labels[i];
     }
     eng.upload(ts.x0, b->x0.data());
@@ -197,7 +227,9 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     eng.upload(ts.coef, host_coef);
     if (cfg.class_cond) eng.upload(ts.labels, host_labels);
     const uint64_t fence = dev.fence();
-    if (!use_graph) {
+    // Several ranks: the first step runs eagerly, so that NCCL sets up its connections before
+    // the step is captured.
+    if (!use_graph || (multi && step == start)) {
       ts.enqueue(hash64(seed, (uint64_t)Stream::Dropout, (uint64_t)step));
     } else {
       if (!captured) {  // record once (nothing runs), then replay every step
@@ -210,14 +242,22 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     }
     ++step;
     ++window_steps;
-    dev.fence_wait(fence);  // this step's batch has been copied: the loader may refill its buffer
+    if (multi) comm->set_progress(step);
+    {
+      ControlPlane::Wait w(multi ? comm->control() : nullptr);
+      dev.fence_wait(fence);  // this step's batch has been copied: the loader may refill its buffer
+    }
 
     const bool last = o.steps > 0 && step >= o.steps;
     const bool log_now = (o.log_every > 0 && step % o.log_every == 0) || last;
     const bool save_now = (o.save_every > 0 && step % o.save_every == 0) || last;
     if (log_now || save_now) {
       float h[2];
-      eng.download(&h[0], ts.loss_sum);
+      if (multi) comm->all_reduce(ts.loss_sum, ReduceOp::Mean);  // the loss of the global batch
+      {
+        ControlPlane::Wait w(multi ? comm->control() : nullptr);
+        eng.download(&h[0], ts.loss_sum);
+      }
       eng.download(&h[1], opt.norm_sum());
       const double mean_loss = h[0] / window_steps, mean_norm = h[1] / window_steps;
       if (!std::isfinite(mean_loss))
@@ -227,11 +267,13 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       const double ms = 1000.0 * dt / window_steps, ips = B * window_steps / dt;
       if (first_window) res.first_loss = mean_loss, first_window = false;
       res.last_loss = mean_loss;
-      csv << step << ',' << mean_loss << ',' << mean_norm << ',' << opt.lr_at(step - 1) << ',' << ips << ','
-          << ms << '\n';
-      csv.flush();
-      if (!csv) throw UserError(metrics + ": cannot write (" + errno_text(errno) + ")");  // disk full
-      if (!o.quiet) {
+      if (root) {
+        csv << step << ',' << mean_loss << ',' << mean_norm << ',' << opt.lr_at(step - 1) << ',' << ips << ','
+            << ms << '\n';
+        csv.flush();
+        if (!csv) throw UserError(metrics + ": cannot write (" + errno_text(errno) + ")");  // disk full
+      }
+      if (!quiet) {
         if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
         std::printf("step %lld | loss %.5f | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step\n",
                     (long long)step, mean_loss, mean_norm, opt.lr_at(step - 1), ips, ms);
@@ -241,17 +283,21 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       opt.reset_norm_sum();
       window_steps = 0;
       t_window = now_seconds();
-      if (save_now && !save(step)) return diverged("the weights became non-finite: " + nonfinite);
+      if (save_now && !save_all(step)) return diverged("the weights became non-finite: " + nonfinite);
     }
-    if (o.sample_every > 0 && step % o.sample_every == 0) sample_grid(step);
-    if (!o.quiet)
+    if (root && o.sample_every > 0 && step % o.sample_every == 0) sample_grid(step);
+    if (!quiet)
       prog.update(step, res.last_loss > 0 ? "loss " + std::to_string(res.last_loss).substr(0, 7) : "");
   }
-  if (!o.quiet) prog.finish();
+  if (!quiet) prog.finish();
   if (res.interrupted && step > start && saved_at != step) {
     float h = 0;
-    eng.download(&h, ts.loss_sum);
-    if (std::isfinite(h) && !save(step)) return diverged("the weights became non-finite: " + nonfinite);
+    if (multi) comm->all_reduce(ts.loss_sum, ReduceOp::Mean);
+    {
+      ControlPlane::Wait w(multi ? comm->control() : nullptr);
+      eng.download(&h, ts.loss_sum);
+    }
+    if (std::isfinite(h) && !save_all(step)) return diverged("the weights became non-finite: " + nonfinite);
   }
   res.step = step;
   return res;
