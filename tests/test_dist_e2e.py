@@ -210,19 +210,23 @@ def main():
     check(p.returncode not in (0, None) and time.time() - t0 < 30, f"frozen rank 1: the run stops ({time.time() - t0:.1f} s)")
     check(any("rank 1" in l and "responding" in l for l in lines), f"a line naming the frozen rank 1: {lines}")
 
-    # ---- Ctrl-C on the launcher: every rank stops at one step, rank 0 saves ----
-    p = start(["train", data, *long, "--save-every", "0", "--gpus", "2", "-o", P("int")])
-    ok = wait_for(lambda: os.path.exists(P("int", "metrics.csv")) and len(losses(P("int"))) >= 2, 120, p)
-    p.send_signal(signal.SIGINT)
-    try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-    check(ok and p.returncode == 0 and "interrupted at step" in out, f"SIGINT to the launcher: exit 0 ({p.returncode}, {err[-300:]})")
-    if "interrupted at step" in out:
-        at = int(out.split("interrupted at step ")[1].split(";")[0].split()[0])
-        check(arenas(P("int", "latest.h5"))["step"] == at, f"checkpoint of step {at} saved on the way out")
+    # ---- Ctrl-C on the launcher: every rank stops at one step, rank 0 saves (on the way out, or
+    # at that step's regular save: the ranks must agree which) ----
+    for every in ("0", "1"):
+        tag = "int" + every
+        p = start(["train", data, *long, "--save-every", every, "--gpus", "2", "-o", P(tag)])
+        ok = wait_for(lambda: os.path.exists(P(tag, "metrics.csv")) and len(losses(P(tag))) >= 2, 120, p)
+        p.send_signal(signal.SIGINT)
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        check(ok and p.returncode == 0 and "interrupted at step" in out,
+              f"SIGINT to the launcher (--save-every {every}): exit 0 ({p.returncode}, {err[-300:]})")
+        if "interrupted at step" in out:
+            at = int(out.split("interrupted at step ")[1].split(";")[0].split()[0])
+            check(arenas(P(tag, "latest.h5"))["step"] == at, f"checkpoint of step {at} saved")
 
     # ---- streaming: > 2 GB of images, bounded memory ----
     big = P("big.h5")

@@ -153,6 +153,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       ok = r == "1";
       if (!ok) nonfinite = r.substr(1);
     }
+    if (ok) saved_at = at;  // on every rank: the decision to save on the way out must agree
     return ok;
   };
   auto diverged = [&](const std::string& what) {
