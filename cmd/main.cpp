@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   unet::register_prepare(app);
   unet::register_init(app);
   unet::register_train(app);
+  unet::register_train_classifier(app);
   unet::register_sample(app);
   unet::register_profile(app);
   unet::register_eval(app);

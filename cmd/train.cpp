@@ -1,4 +1,5 @@
-// unet train DATA.h5 — thin: parse flags, pick the starting checkpoint, call lib/trainer.
+// unet train DATA.h5 — thin: parse flags, pick the starting checkpoint, call lib/trainer. The same
+// code runs `unet train-classifier` (train_classifier.cpp registers its flags).
 #include <omp.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "checkpoint.h"
+#include "classifier_train.h"
 #include "comm.h"
 #include "commands.h"
 #include "init.h"
@@ -17,27 +19,22 @@
 #include "preflight.h"
 #include "resume.h"
 #include "spawn.h"
+#include "train_args.h"
 #include "trainer.h"
 #include "util.h"
 
 namespace unet {
 namespace {
-struct TrainArgs {
-  std::string data, init, resume, rundir;
-  TrainOptions opt;
-  bool no_flip = false;
-  ModelFlags model;
-  DeviceFlags dev;
-  int gpus = 0;              // --gpus N: launch N local ranks
-  double dist_timeout = 60;  // --dist-timeout
-  CLI::App* app = nullptr;
-};
-
-// Flags whose explicit use on --resume overrides the checkpoint's setting (resume.h).
-const char* const kSettingFlags[] = {
-    "--batch-size", "--seed",         "--lr",         "--lr-warmup",       "--ema-rate",
-    "--grad-clip",  "--weight-decay", "--no-flip",    "--steps",           "--save-every",
-    "--log-every",  "--sample-every", "--microbatch", "--schedule-sampler"};
+// Flags whose explicit use on --resume overrides the checkpoint's setting (resume.h); those a
+// command does not have are skipped.
+const char* const kSettingFlags[] = {"--batch-size",   "--seed",
+                                     "--lr",           "--lr-warmup",
+                                     "--ema-rate",     "--grad-clip",
+                                     "--weight-decay", "--no-flip",
+                                     "--steps",        "--save-every",
+                                     "--log-every",    "--sample-every",
+                                     "--microbatch",   "--schedule-sampler",
+                                     "--noised",       "--eval-every"};
 
 void on_signal(int) { stop_requested().store(true); }
 
@@ -85,10 +82,15 @@ std::string describe_ranks(const std::vector<std::string>& all, int* nodes) {
   return out;
 }
 
-void run(TrainArgs& a) {
+}  // namespace
+
+void run_train(TrainArgs& a) {
   namespace fs = std::filesystem;
   TrainOptions o = a.opt;
   o.flip = !a.no_flip;
+  const bool cls = a.classifier;
+  const char* const cmd = cls ? "unet train-classifier" : "unet train";
+  const std::string net = cls ? "classifier" : "model";
 
   // Data-parallel: this process is a rank started by a launcher (torchrun, mpirun, srun, --gpus),
   // or the --gpus launcher itself, or a single process (no launcher).
@@ -104,22 +106,26 @@ void run(TrainArgs& a) {
   // Connected first, so that a rank failing a check below stops the others at once.
   std::unique_ptr<ControlPlane> cp = connect_control_plane(env, a.dist_timeout);
   if (!a.init.empty() && !a.resume.empty()) throw UserError("--init and --resume are exclusive");
-  if ((!a.init.empty() || !a.resume.empty()) && a.model.any_given())
-    throw UserError(
-        "model flags cannot be combined with --init/--resume: the model comes from the checkpoint");
+  if ((!a.init.empty() || !a.resume.empty()) && (cls ? a.cmodel.any_given() : a.model.any_given()))
+    throw UserError(net + " flags cannot be combined with --init/--resume: the " + net +
+                    " comes from the checkpoint");
   if (!fs::exists(a.data)) throw UserError(a.data + ": no such file");
+  if (cls && !o.val_data.empty() && !fs::exists(o.val_data)) throw UserError(o.val_data + ": no such file");
+  auto load = [&](const std::string& path, bool opt) {
+    return cls ? load_classifier_checkpoint(path, opt) : load_checkpoint(path, opt);
+  };
 
   Checkpoint ck;
   std::vector<std::string> warnings;
   const bool resume = !a.resume.empty();
-  std::string model_src = "the model flags";
+  std::string model_src = "the " + net + " flags";
   if (resume) {
-    ck = load_checkpoint(a.resume, /*need_optimizer=*/true);
+    ck = load(a.resume, /*need_optimizer=*/true);
     if (!ck.state.count("step"))
       throw UserError(a.resume + ": no training state (state/step); use --init to start from it");
     std::set<std::string> given;
     for (const char* f : kSettingFlags)
-      if (a.app->get_option(f)->count()) given.insert(f);
+      if (CLI::Option* opt = a.app->get_option_no_throw(f); opt && opt->count()) given.insert(f);
     ResumeSettings rs = resolve_resume(ck, a.resume, o, given);
     o = rs.opt;
     warnings = rs.warnings;
@@ -130,21 +136,24 @@ void run(TrainArgs& a) {
                       std::to_string(ck.state.at("step")) + " (--steps counts from the start of training)");
     model_src = a.resume;
   } else if (!a.init.empty()) {
-    ck = load_checkpoint(a.init);
+    ck = load(a.init, false);
     if (!ck.ema.empty()) ck.ema.clear();  // a fresh run's EMA starts from the weights it trains
     model_src = a.init;
+  } else if (cls) {
+    ck.is_classifier = true;
+    ck.ccfg = a.cmodel.resolve();
   } else {
     ck.cfg = a.model.resolve();
   }
-  const ParamTable t = build_param_table(ck.cfg);
+  const ParamTable t = ck.table();
   if (o.batch_size % world != 0)
     throw UserError((resume && !a.app->get_option("--batch-size")->count() ? "the checkpoint's batch size "
                                                                            : "--batch-size ") +
                     std::to_string(o.batch_size) + " is not divisible by the " + std::to_string(world) +
                     " ranks (the batch size is global: each rank takes an equal slice)");
   if (o.microbatch > 0 && o.microbatch < o.batch_size / world && (o.batch_size / world) % o.microbatch != 0)
-    throw UserError("--microbatch " + std::to_string(o.microbatch) + " does not divide the batch of each rank (" +
-                    std::to_string(o.batch_size / world) + ")");
+    throw UserError("--microbatch " + std::to_string(o.microbatch) +
+                    " does not divide the batch of each rank (" + std::to_string(o.batch_size / world) + ")");
   if (a.rundir.empty()) a.rundir = default_rundir();
   if (cp) a.rundir = cp->broadcast(a.rundir);  // rank 0's (the default name has the time in it)
   o.rundir = a.rundir;
@@ -154,9 +163,11 @@ void run(TrainArgs& a) {
   if (fs::exists(o.rundir, ec) && !fs::is_directory(o.rundir, ec))
     throw UserError(o.rundir + ": exists and is not a directory (-o names the run directory)");
   check_input_not_in_outputs(o.rundir, a.data, "dataset");
+  check_input_not_in_outputs(o.rundir, o.val_data, "--val-data dataset");
   check_input_not_in_outputs(o.rundir, a.init, "--init checkpoint");
   for (const char* name : {"/metrics.csv", "/latest.h5"}) {  // also through links planted there
     check_not_input(o.rundir + name, a.data, "dataset");
+    check_not_input(o.rundir + name, o.val_data, "--val-data dataset");
     check_not_input(o.rundir + name, a.init, "--init checkpoint");
     if (std::string(name) != "/latest.h5") check_not_input(o.rundir + name, a.resume, "--resume checkpoint");
   }
@@ -165,7 +176,9 @@ void run(TrainArgs& a) {
                     "/latest.h5 or choose another -o");
 
   // The dataset against the model (and, on resume, against the run's), then host memory.
-  TrainData data = check_train_data(a.data, ck.cfg, model_src);
+  TrainData data =
+      cls ? check_train_data(a.data, ck.ccfg, model_src) : check_train_data(a.data, ck.cfg, model_src);
+  if (cls && !o.val_data.empty()) check_train_data(o.val_data, ck.ccfg, model_src);
   if (resume) check_resume_dataset(ck, a.resume, a.data, data.info, data.fingerprint);
   o.dataset_fingerprint = data.fingerprint;
   const int ckpt_arenas = 1 + (ck.ema.empty() ? 0 : 1) + (ck.has_optimizer ? 2 : 0);
@@ -173,7 +186,7 @@ void run(TrainArgs& a) {
                "training (batch " + std::to_string(o.batch_size) + ", " + std::to_string(t.count / 1000000) +
                    " M parameters, " + std::to_string(data.info.count) + " images)");
   if (!resume && a.init.empty()) {
-    check_model_size(t, 1, "the model flags");
+    check_model_size(t, 1, "the " + net + " flags");
     if (!launcher) ck.model = init_params(t, o.seed);  // the ranks make their own
   }
 
@@ -194,7 +207,7 @@ void run(TrainArgs& a) {
     }
     fs::create_directories(o.rundir, ec);
     if (!fs::is_directory(o.rundir, ec)) throw UserError(o.rundir + ": cannot create the run directory");
-    lock = std::make_unique<DirLock>(o.rundir, "unet train");
+    lock = std::make_unique<DirLock>(o.rundir, cmd);
     if (!resume && fs::exists(o.rundir + "/latest.h5"))  // written by a trainer that just finished
       throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
                       "/latest.h5 or choose another -o");
@@ -239,13 +252,19 @@ void run(TrainArgs& a) {
   std::signal(SIGTERM, on_signal);
   if (root)
     std::printf(
-        "unet train: %.2f M parameters, batch %d%s, %s, %s step %lld%s -> %s\n", t.count / 1e6, o.batch_size,
+        "%s: %.2f M parameters, batch %d%s, %s, %s step %lld%s -> %s\n", cmd, t.count / 1e6, o.batch_size,
         env.distributed() ? (" (" + std::to_string(o.batch_size / world) + " per rank)").c_str() : "",
         device.c_str(), resume ? "resuming at" : "starting at", resume ? (long long)ck.state.at("step") : 0LL,
         o.steps ? (" until step " + std::to_string(o.steps)).c_str() : " (until interrupted)",
         o.rundir.c_str());
   std::fflush(stdout);
-  TrainResult r = train(*eng, a.data, std::move(ck), resume, o, comm.get());
+  TrainResult r;
+  if (cls) {
+    ClassifierTask task(ck.ccfg, o);
+    r = run_training(*eng, a.data, std::move(ck), resume, o, comm.get(), task);
+  } else {
+    r = train(*eng, a.data, std::move(ck), resume, o, comm.get());
+  }
   comm->finish();  // every rank is done: none takes another's exit for a failure
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
@@ -269,20 +288,13 @@ void run(TrainArgs& a) {
   std::printf("peak %s memory %.2f GB (planned buffers and workspaces%s)\n", eng->is_cuda() ? "GPU" : "host",
               eng->device().bytes_held() / 1e9, eng->is_cuda() ? "; the CUDA context not counted" : "");
 }
-}  // namespace
-
-void register_train(CLI::App& app) {
-  auto a = std::make_shared<TrainArgs>();
-  auto* sub = app.add_subcommand("train", "train a model on a dataset made by `unet prepare`");
+void add_train_flags(CLI::App* sub, TrainArgs* a) {
   a->app = sub;
-  sub->footer(
-      "--resume takes every training setting from the checkpoint: batch size, seed, lr and warmup, EMA "
-      "rate,\n"
-      "grad clip, weight decay, flips, schedule sampler, the save/log/sample intervals and the --steps "
-      "target;\n"
-      "a flag given explicitly overrides one (with a warning when that changes the continuation). It also\n"
-      "checks that DATA is the dataset the run was trained on.");
-  sub->add_option("data", a->data, "dataset (HDF5 from unet prepare)")->required();
+  const bool cls = a->classifier;
+  sub->add_option("data", a->data,
+                  cls ? "labelled dataset (HDF5 from unet prepare --labels subdirs)"
+                      : "dataset (HDF5 from unet prepare)")
+      ->required();
   sub->add_option("--init", a->init, "start from this checkpoint's weights (fresh optimizer)");
   sub->add_option(
       "--resume", a->resume,
@@ -290,12 +302,22 @@ void register_train(CLI::App& app) {
   sub->add_option("-o,--output", a->rundir,
                   "run directory (default runs/<date>-<time>, or the --resume checkpoint's directory)");
   auto& o = a->opt;
-  sub->add_option("--batch-size", o.batch_size, "images per step (default 32)")
+  auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  sub->add_option("--batch-size", o.batch_size,
+                  "images per step (default " + std::to_string(o.batch_size) + ")")
       ->check(int_range(1, kMaxBatch));
-  sub->add_option("--lr", o.lr, "AdamW learning rate (default 1e-4)")->check(real_range(0, INFINITY, true));
+  sub->add_option("--lr", o.lr, "AdamW learning rate (default " + num(o.lr) + ")")
+      ->check(real_range(0, INFINITY, true));
   sub->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (default 0)")
       ->check(real_range(0, INFINITY));
-  sub->add_option("--ema-rate", o.ema_rate, "EMA decay of the weights (default 0.9999)")
+  sub->add_option(
+         "--ema-rate", o.ema_rate,
+         cls ? "keep an EMA of the weights with this decay (default 0 = none, as classifier_train.py)"
+             : "EMA decay of the weights (default 0.9999)")
       ->check(real_range(0, 1));
   sub->add_option("--steps", o.steps,
                   "stop at this global step, counting steps before a resume (default: until Ctrl-C)")
@@ -306,22 +328,26 @@ void register_train(CLI::App& app) {
   sub->add_option("--log-every", o.log_every,
                   "log loss/grad norm/speed every N steps (default 10; 0 = at the end)")
       ->check(int_range(0, INT64_MAX));
-  sub->add_option("--sample-every", o.sample_every,
-                  "write a sample grid (EMA, DDIM 50) every N steps (default 0 = never)")
-      ->check(int_range(0, INT64_MAX));
+  if (!cls)
+    sub->add_option("--sample-every", o.sample_every,
+                    "write a sample grid (EMA, DDIM 50) every N steps (default 0 = never)")
+        ->check(int_range(0, INT64_MAX));
   sub->add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (default 0 = off)")
       ->check(real_range(0, INFINITY));
   sub->add_option("--lr-warmup", o.lr_warmup, "linear learning-rate warmup over N steps (default 0)")
       ->check(int_range(0, INT64_MAX));
   sub->add_option(
          "--microbatch", o.microbatch,
-         "accumulate gradients over micro-batches of N samples (must divide --batch-size; the model is "
-         "planned for N: less memory, same result up to summation order; default 0 = whole batch)")
+         "accumulate gradients over micro-batches of N samples (must divide --batch-size; the " +
+             std::string(cls ? "classifier" : "model") +
+             " is planned for N: less memory, same result up to summation order; default 0 = whole batch)")
       ->check(int_range(0, kMaxBatch));
-  sub->add_option("--schedule-sampler", o.schedule_sampler,
-                  "timestep sampler: uniform (default) or loss-second-moment (guided-diffusion's importance "
-                  "sampling; reads each step's losses back)")
-      ->check(CLI::IsMember({"uniform", "loss-second-moment"}));
+  if (!cls)
+    sub->add_option(
+           "--schedule-sampler", o.schedule_sampler,
+           "timestep sampler: uniform (default) or loss-second-moment (guided-diffusion's importance "
+           "sampling; reads each step's losses back)")
+        ->check(CLI::IsMember({"uniform", "loss-second-moment"}));
   sub->add_flag("--no-flip", a->no_flip,
                 "disable random horizontal flips (--no-flip=false turns them back on)");
   sub->add_option(
@@ -335,9 +361,22 @@ void register_train(CLI::App& app) {
   sub->add_option("--dist-timeout", a->dist_timeout,
                   "seconds after which a rank that died or hangs stops every rank of the run (default 60)")
       ->check(real_range(1, 86400));
-  a->model.add(sub);
   a->dev.add(sub);
-  sub->callback([a] { run(*a); });
+}
+
+void register_train(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  auto* sub = app.add_subcommand("train", "train a model on a dataset made by `unet prepare`");
+  sub->footer(
+      "--resume takes every training setting from the checkpoint: batch size, seed, lr and warmup, EMA "
+      "rate,\n"
+      "grad clip, weight decay, flips, schedule sampler, the save/log/sample intervals and the --steps "
+      "target;\n"
+      "a flag given explicitly overrides one (with a warning when that changes the continuation). It also\n"
+      "checks that DATA is the dataset the run was trained on.");
+  add_train_flags(sub, a.get());
+  a->model.add(sub);
+  sub->callback([a] { run_train(*a); });
 }
 
 }  // namespace unet

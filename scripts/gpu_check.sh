@@ -5,6 +5,10 @@
 #   parity  unet sample on the GPU vs guided-diffusion's sampler in float64 (fp32: 1e-4, tf32: 1e-3)
 #   objective  issue 12 on the GPU: unet eval / sample flags vs the PyTorch transcription (fp32 1e-4,
 #           tf32 2e-3), hybrid-loss training, bitwise resume with loss-second-moment and --microbatch
+#   classifier  issue 13 on the GPU: the classifier's CUDA parity tests (CUDA vs CPU in fp32/tf32/bf16,
+#           CUDA vs float64 PyTorch, the pool and cross-entropy kernels), guided sampling vs the
+#           transcription (fp32 1e-4, tf32 2e-3), train-classifier (loss, bitwise resume with CUDA
+#           graphs, SIGINT), and the released 64x64 classifier's configuration at batch 32
 #   bench   scripts/bench.py: unet fp32/tf32 vs PyTorch eager/compile, seed64 batch 32
 #   profile unet profile tables, CSV/JSON and a trace
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
@@ -16,7 +20,7 @@ OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 U="$BUILD/bin/unet"
 export UNET_BINARY=$(readlink -f "$U") UNET_SOURCE_DIR=$(pwd) PYTHONPATH=$(pwd)/scripts PYTHONUNBUFFERED=1
-parts=${*:-tests e2e parity objective bench profile imagenet64 demo}
+parts=${*:-tests e2e parity objective classifier bench profile imagenet64 demo}
 for p in $parts; do
   echo "=== $p"
   t0=$(date +%s)
@@ -37,6 +41,43 @@ for p in $parts; do
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=fp32 timeout 300 python3 tests/test_objective_e2e.py > "$OUT/objective_fp32.txt" 2>&1
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=2e-3 timeout 300 python3 tests/test_objective_e2e.py > "$OUT/objective_tf32.txt" 2>&1
       grep -hE "FAIL|failed|rel L2" "$OUT"/objective_*.txt ;;
+    classifier)
+      bash scripts/gpu_tests.sh "$BUILD" 'Classifier*:Pool*:PoolVariants*:Loss*:LossVariants*' \
+        > "$OUT/classifier_tests.txt" 2>&1
+      for b in test_classifier test_pool test_loss; do  # the measured errors, not only pass/fail
+        (cd "$BUILD" && ./bin/$b --gtest_filter='*Cuda*:*Variants*' 2>&1 | grep -E "^\[classifier|FAIL|OK ]|SKIP") \
+          >> "$OUT/classifier_tests.txt"
+      done
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=fp32 timeout 300 python3 tests/test_classifier_guidance.py \
+        > "$OUT/guidance_fp32.txt" 2>&1
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=2e-3 timeout 300 \
+        python3 tests/test_classifier_guidance.py > "$OUT/guidance_tf32.txt" 2>&1
+      UNET_TEST_DEVICE=cuda timeout 400 python3 tests/test_train_classifier_e2e.py > "$OUT/train_classifier.txt" 2>&1
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=bf16 timeout 400 python3 tests/test_train_classifier_e2e.py \
+        > "$OUT/train_classifier_bf16.txt" 2>&1
+      # The released 64x64 classifier's configuration (65 M parameters) at batch 32: a few steps,
+      # then guidance of the imagenet64 model with it.
+      python3 - "$OUT/cls64.h5" <<'PY'
+import h5py, numpy as np, sys
+rng = np.random.default_rng(0)
+img = np.repeat(np.repeat(rng.integers(0, 256, (64, 8, 8, 3)), 8, 1), 8, 2).astype(np.uint8)
+with h5py.File(sys.argv[1], "w") as f:
+    f["images"] = img
+    f["labels"] = rng.integers(0, 10, 64).astype(np.int64)
+    f["labels"].attrs["class_names"] = [f"c{i}" for i in range(10)]
+    f.attrs.update(format="unet-dataset", version=1, image_size=64, count=64)
+PY
+      "$U" train-classifier "$OUT/cls64.h5" --preset imagenet64 --batch-size 32 --steps 20 --log-every 10 \
+        -o "$OUT/cls64run" > "$OUT/classifier64.txt" 2>&1
+      "$U" init --preset imagenet64 -o "$OUT/m64.h5" >> "$OUT/classifier64.txt" 2>&1
+      "$U" sample "$OUT/m64.h5" --classifier "$OUT/cls64run/latest.h5" --classifier-scale 1 -n 8 --sampler ddim \
+        --steps 10 -o "$OUT/guided64.png" >> "$OUT/classifier64.txt" 2>&1
+      tail -n 4 "$OUT/classifier_tests.txt"
+      grep -hE "^\[classifier" "$OUT/classifier_tests.txt"
+      grep -hE "FAIL|failed|rel L2|device=" "$OUT"/guidance_*.txt
+      grep -hE "FAIL|failed|bitwise" "$OUT"/train_classifier*.txt
+      grep -E "step 20|memory|unet sample|error" "$OUT/classifier64.txt"
+      rm -rf "$OUT/cls64run" "$OUT/cls64.h5" "$OUT/m64.h5" ;;
     bench) timeout 400 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
     profile)
       "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 \

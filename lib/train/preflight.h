@@ -21,6 +21,9 @@ struct TrainData {
 // class-conditional model, and every label inside the model's classes. `model_src` names where
 // the model comes from in messages ("init.h5", "the model flags"). UserError naming the dataset.
 TrainData check_train_data(const std::string& path, const ModelConfig& cfg, const std::string& model_src);
+// The same for a classifier (unet train-classifier): labels are required.
+TrainData check_train_data(const std::string& path, const ClassifierConfig& cfg,
+                           const std::string& model_src);
 
 // Lower bounds of the host memory (bytes) of the big buffers of a run, from its configuration:
 // train: the starting checkpoint (`ckpt_arenas` arenas of the model), the copy every save makes

@@ -22,17 +22,19 @@ struct Setting {
   bool exact;
   int64_t TrainOptions::*i = nullptr;
   double TrainOptions::*r = nullptr;
+  bool TrainOptions::*b = nullptr;  // Flip kind: a boolean other than flip
+  bool classifier_only = false;     // a setting of train-classifier runs only
 };
 
 int64_t get_int(const TrainOptions& o, const Setting& s) {
-  if (s.kind == Setting::Flip) return o.flip ? 1 : 0;
+  if (s.kind == Setting::Flip) return (s.b ? o.*s.b : o.flip) ? 1 : 0;
   if (s.i) return o.*s.i;
   if (std::string(s.key) == "batch_size") return o.batch_size;
   return (int64_t)o.seed;
 }
 void set_int(TrainOptions& o, const Setting& s, int64_t v) {
   if (s.kind == Setting::Flip)
-    o.flip = v != 0;
+    (s.b ? o.*s.b : o.flip) = v != 0;
   else if (s.i)
     o.*s.i = v;
   else if (std::string(s.key) == "batch_size")
@@ -42,6 +44,7 @@ void set_int(TrainOptions& o, const Setting& s, int64_t v) {
 }
 std::string show(const TrainOptions& o, const Setting& s) {
   if (s.kind == Setting::Real) return num(o.*s.r);
+  if (s.kind == Setting::Flip && s.b) return std::string(s.key) + (o.*s.b ? " on" : " off");
   if (s.kind == Setting::Flip) return o.flip ? "flips on" : "flips off";
   return std::to_string(get_int(o, s));
 }
@@ -61,6 +64,9 @@ const std::vector<Setting>& settings() {
     s.push_back({"--save-every", "save_every", Setting::Int, false, &TrainOptions::save_every});
     s.push_back({"--log-every", "log_every", Setting::Int, false, &TrainOptions::log_every});
     s.push_back({"--sample-every", "sample_every", Setting::Int, false, &TrainOptions::sample_every});
+    s.push_back({"--noised", "noised", Setting::Flip, true, nullptr, nullptr, &TrainOptions::noised, true});
+    s.push_back({"--eval-every", "eval_every", Setting::Int, false, &TrainOptions::eval_every, nullptr,
+                 nullptr, true});
     return s;
   }();
   return v;
@@ -75,6 +81,7 @@ std::string join(const std::vector<std::string>& v) {
 
 void store_train_settings(const TrainOptions& o, const DatasetInfo& data, Checkpoint& c) {
   for (const Setting& s : settings()) {
+    if (s.classifier_only && !c.is_classifier) continue;
     if (s.kind == Setting::Real)
       c.state_f64[s.key] = o.*s.r;
     else
@@ -94,6 +101,7 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
   r.opt = given;
   std::vector<std::string> changed, missing;
   for (const Setting& s : settings()) {
+    if (s.classifier_only && !ck.is_classifier) continue;
     const bool is_explicit = explicit_flags.count(s.flag) > 0;
     const bool real = s.kind == Setting::Real;
     bool have = real ? ck.state_f64.count(s.key) > 0 : ck.state.count(s.key) > 0;
@@ -115,10 +123,9 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
     if (is_explicit) {
       const bool differs = real ? rec.*s.r != given.*s.r : get_int(rec, s) != get_int(given, s);
       if (differs && s.exact)
-        changed.push_back(std::string(s.flag) == "--no-flip"
-                              ? show(given, s) + " (checkpoint: " + show(rec, s) + ")"
-                              : std::string(s.flag) + " " + show(given, s) + " (checkpoint: " + show(rec, s) +
-                                    ")");
+        changed.push_back(s.kind == Setting::Flip ? show(given, s) + " (checkpoint: " + show(rec, s) + ")"
+                                                  : std::string(s.flag) + " " + show(given, s) +
+                                                        " (checkpoint: " + show(rec, s) + ")");
       continue;
     }
     if (real)

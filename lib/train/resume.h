@@ -14,6 +14,8 @@
 //   microbatch           --microbatch          yes  (absent in older checkpoints: 0, whole batch)
 //   steps                --steps               no (restored while still ahead of the step)
 //   save_every, log_every, sample_every        no
+//   noised               --noised              yes  (train-classifier runs only)
+//   eval_every           --eval-every          no   (train-classifier runs only)
 //   dataset_count, dataset_image_size, dataset_fingerprint: the dataset trained on
 #pragma once
 #include <set>

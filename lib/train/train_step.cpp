@@ -7,23 +7,68 @@
 
 namespace unet {
 
-namespace {
-// Samples [off, off + n) of a per-sample buffer (dimension 0 is the batch).
-Tensor rows(const Tensor& t, int64_t off, int64_t n) {
+Tensor StepBase::rows(const Tensor& t, int64_t off, int64_t n) {
   if (!t.defined()) return t;
   Tensor r = t;
   r.data = static_cast<char*>(t.data) + (size_t)off * t.per_sample() * dtype_size(t.dtype);
   r.dim[0] = n;
   return r;
 }
-}  // namespace
 
-TrainStep::TrainStep(Engine& eng, Model& model, Optimizer& opt, int B, int microbatch)
-    : eng_(eng), model_(model), opt_(opt), cfg_(model.config()), obj_(model.config()), B_(B) {
+StepBase::StepBase(Engine& eng, Network& net, Optimizer& opt, int B, int microbatch)
+    : eng_(eng), net_(net), opt_(opt), B_(B) {
   m_ = microbatch <= 0 || microbatch > B ? B : microbatch;
   if (B % m_ != 0)
     throw UserError("--microbatch " + std::to_string(m_) + " does not divide --batch-size " +
                     std::to_string(B));
+  if (m_ < B_) acc_ = eng.alloc(DType::F32, {(int64_t)net.arena_floats()});
+}
+
+void StepBase::set_communicator(Communicator* comm) {
+  comm_ = comm && comm->size() > 1 ? comm : nullptr;
+  // Buckets during backward only with one micro-batch: with several, the sum is final after the
+  // last one (update reduces it whole).
+  if (comm_ && !acc_.defined())
+    net_.set_grad_ready_hook([c = comm_](size_t first_final) { c->grads_ready(first_final); });
+  else
+    net_.set_grad_ready_hook(nullptr);
+}
+
+void StepBase::grads_begin() {
+  if (comm_ && !acc_.defined()) comm_->begin_grads(net_.grads());
+}
+
+void StepBase::grads_end(int micro) {
+  if (!acc_.defined()) return;
+  // weight gradients overwrite grads(): sum them in acc_
+  if (micro == 0)
+    eng_.ops().run(Copy{net_.grads(), acc_});
+  else
+    eng_.ops().run(Add{acc_, net_.grads(), acc_});
+}
+
+void StepBase::update() {
+  if (comm_) {
+    // Every rank continues with the mean gradient of the global batch: norm, clipping and the
+    // NaN checks decide the same on all ranks.
+    ScopedRange r(eng_.device(), "all-reduce");
+    if (acc_.defined()) comm_->begin_grads(acc_);
+    comm_->end_grads();
+  }
+  ScopedRange r(eng_.device(), "optimizer");
+  opt_.step(net_.params(), acc_.defined() ? acc_ : net_.grads());
+}
+
+void StepBase::enqueue(uint64_t dropout_seed) {
+  for (int k = 0; k < micro_batches(); ++k) {
+    forward(dropout_seed, k);
+    backward(k);
+  }
+  update();
+}
+
+TrainStep::TrainStep(Engine& eng, Model& model, Optimizer& opt, int B, int microbatch)
+    : StepBase(eng, model, opt, B, microbatch), model_(model), cfg_(model.config()), obj_(model.config()) {
   model.plan(m_, Mode::Train);
   const int64_t b = B, m = m_, R = cfg_.image_size, C = cfg_.in_channels, Co = cfg_.out_channels();
   auto img = [&](int64_t n, int64_t c) { return eng.alloc(DType::F32, {n, R, R, c}); };
@@ -35,7 +80,6 @@ TrainStep::TrainStep(Engine& eng, Model& model, Optimizer& opt, int B, int micro
   stats = eng.alloc(DType::F32, {7});
   if (cfg_.class_cond) labels = eng.alloc(DType::I32, {b});
   out_ = img(m, Co), dout_ = img(m, Co);
-  if (m_ < B_) acc_ = eng.alloc(DType::F32, {(int64_t)model.arena_floats()});
   Device& dev = eng.device();
   h_t_ = static_cast<float*>(dev.alloc_host(sizeof(float) * B));
   h_coef_ = static_cast<float*>(dev.alloc_host(sizeof(float) * 2 * B));
@@ -63,16 +107,6 @@ void TrainStep::set_timesteps(const Diffusion& d, const int* ti, const float* w)
   eng_.upload(loss_coef, h_loss_coef_);
 }
 
-void TrainStep::set_communicator(Communicator* comm) {
-  comm_ = comm && comm->size() > 1 ? comm : nullptr;
-  // Buckets during backward only with one micro-batch: with several, the sum is final after the
-  // last one (update reduces it whole).
-  if (comm_ && !acc_.defined())
-    model_.set_grad_ready_hook([c = comm_](size_t first_final) { c->grads_ready(first_final); });
-  else
-    model_.set_grad_ready_hook(nullptr);
-}
-
 void TrainStep::reset_stats() { eng_.ops().run(Fill{stats, 0.f}); }
 
 void TrainStep::forward(uint64_t dropout_seed, int micro) {
@@ -98,34 +132,9 @@ void TrainStep::backward(int micro) {
     ops.run(LossStats{tm, lc, stats});
   }
   ScopedRange r(eng_.device(), "backward");
-  if (comm_ && !acc_.defined()) comm_->begin_grads(model_.grads());
+  grads_begin();
   model_.backward(dout_);
-  if (acc_.defined()) {  // weight gradients overwrite grads(): sum them in acc_
-    if (micro == 0)
-      ops.run(Copy{model_.grads(), acc_});
-    else
-      ops.run(Add{acc_, model_.grads(), acc_});
-  }
-}
-
-void TrainStep::update() {
-  if (comm_) {
-    // Every rank continues with the mean gradient of the global batch: norm, clipping and the
-    // NaN checks decide the same on all ranks.
-    ScopedRange r(eng_.device(), "all-reduce");
-    if (acc_.defined()) comm_->begin_grads(acc_);
-    comm_->end_grads();
-  }
-  ScopedRange r(eng_.device(), "optimizer");
-  opt_.step(model_.params(), acc_.defined() ? acc_ : model_.grads());
-}
-
-void TrainStep::enqueue(uint64_t dropout_seed) {
-  for (int k = 0; k < micro_batches(); ++k) {
-    forward(dropout_seed, k);
-    backward(k);
-  }
-  update();
+  grads_end(micro);
 }
 
 }  // namespace unet

@@ -1,6 +1,7 @@
 // One training step on the device — q_sample, model forward, loss, backward, optimizer — with
 // its buffers planned once. `unet train` enqueues it per batch (or captures it as a CUDA graph);
-// `unet profile --layer model` times exactly this.
+// `unet profile --layer model` times exactly this. (The classifier's step, classifier_train.h,
+// shares StepBase.)
 //
 // The loss is guided-diffusion's training_losses for the model's objective (objective.h): the
 // eps- (or x0-) MSE, plus the vb term with learned sigma (hybrid loss, stop-gradient on the mean),
@@ -20,7 +21,53 @@
 
 namespace unet {
 
-class TrainStep {
+// What every training step shares, whatever the network and the loss: micro-batches (the network
+// planned for `microbatch` samples, weight gradients summed in an f32 arena), the gradient
+// all-reduce of data-parallel training, and the optimizer (clip, AdamW, EMA). A step is
+// forward + backward per micro-batch, then update(); derived steps supply forward and backward.
+class StepBase {
+ public:
+  // `microbatch` 0 = the whole batch B; it must divide B (UserError). The derived step plans the
+  // network for microbatch() samples.
+  StepBase(Engine& eng, Network& net, Optimizer& opt, int B, int microbatch);
+  virtual ~StepBase() = default;
+  StepBase(const StepBase&) = delete;
+  StepBase& operator=(const StepBase&) = delete;
+
+  int batch() const { return B_; }
+  int microbatch() const { return m_; }
+  int micro_batches() const { return B_ / m_; }
+  // The gradient the optimizer steps on: the network's, or the micro-batches' sum.
+  Tensor gradients() const { return acc_.defined() ? acc_ : net_.grads(); }
+
+  virtual void forward(uint64_t dropout_seed, int micro = 0) = 0;  // inputs, network forward
+  virtual void backward(int micro = 0) = 0;                        // loss, network backward, sum
+  void update();                        // gradient average, optimizer (clip, AdamW, EMA)
+  void enqueue(uint64_t dropout_seed);  // every micro-batch, then update
+
+  // Data-parallel training: the gradients are averaged over the ranks between backward and the
+  // optimizer (in buckets during backward where the communicator can and there is one
+  // micro-batch). nullptr: one process.
+  void set_communicator(Communicator* comm);
+
+ protected:
+  // Around the network's backward of micro-batch `micro`: the all-reduce's start (one
+  // micro-batch), the gradient sum (several).
+  void grads_begin();
+  void grads_end(int micro);
+  // Samples [off, off + n) of a per-sample buffer (dimension 0 is the batch).
+  static Tensor rows(const Tensor& t, int64_t off, int64_t n);
+
+  Engine& eng_;
+  Network& net_;
+  Optimizer& opt_;
+  Communicator* comm_ = nullptr;
+  int B_, m_;
+  Tensor acc_;
+};
+
+// The diffusion model's step: q_sample, model forward, guided-diffusion's loss, backward.
+class TrainStep : public StepBase {
  public:
   // Plans the model for training at micro-batches of `microbatch` samples (0 = the whole batch B;
   // it must divide B) and allocates the step's inputs.
@@ -41,31 +88,16 @@ class TrainStep {
   // fences (as for the batch) before calling again.
   void set_timesteps(const Diffusion& d, const int* ti, const float* w);
   void reset_stats();
-  int microbatch() const { return m_; }
-  int micro_batches() const { return B_ / m_; }
   const Objective& objective() const { return obj_; }
-  // The gradient the optimizer steps on: the model's, or the micro-batches' sum.
-  Tensor gradients() const { return acc_.defined() ? acc_ : model_.grads(); }
 
-  void forward(uint64_t dropout_seed, int micro = 0);  // q_sample (at micro 0), model forward
-  void backward(int micro = 0);                        // loss, model backward, gradient sum
-  void update();                                       // gradient average, optimizer (clip, AdamW, EMA)
-  void enqueue(uint64_t dropout_seed);                 // every micro-batch, then update
-
-  // Data-parallel training: the gradients are averaged over the ranks between backward and the
-  // optimizer (in buckets during backward where the communicator can and there is one
-  // micro-batch). nullptr: one process.
-  void set_communicator(Communicator* comm);
+  void forward(uint64_t dropout_seed, int micro = 0) override;  // q_sample (at micro 0), model forward
+  void backward(int micro = 0) override;                        // loss, model backward, gradient sum
 
  private:
-  Engine& eng_;
   Model& model_;
-  Optimizer& opt_;
   const ModelConfig& cfg_;
-  Communicator* comm_ = nullptr;
   Objective obj_;
-  int B_, m_;
-  Tensor xt_, out_, dout_, acc_;
+  Tensor xt_, out_, dout_;
   float *h_t_ = nullptr, *h_coef_ = nullptr, *h_loss_coef_ = nullptr;
 };
 

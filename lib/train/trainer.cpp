@@ -60,19 +60,230 @@ std::string fmt_g(double v, int digits) {
 // Copies src to dst atomically (temp + rename): latest.h5 is never half-written; a failed copy
 // (disk full) is a UserError naming dst and the cause.
 void atomic_copy(const std::string& src, const std::string& dst) { copy_file_atomic(src, dst); }
+
+// Samples per quartile of a log window: this rank's, summed over the ranks when several.
+void gather_quartiles(Communicator* comm, int64_t* quartile_n) {
+  if (!comm || comm->size() <= 1) return;
+  std::string mine(4 * sizeof(int64_t), '\0');
+  std::memcpy(&mine[0], quartile_n, 4 * sizeof(int64_t));
+  int64_t total[4] = {0, 0, 0, 0};
+  for (const std::string& r : comm->all_gather(mine)) {
+    int64_t q[4];
+    std::memcpy(q, r.data(), sizeof q);
+    for (int k = 0; k < 4; ++k) total[k] += q[k];
+  }
+  std::memcpy(quartile_n, total, sizeof total);
+}
+
+// ---- the diffusion model (unet train) ----------------------------------------------------------
+class DiffusionTask final : public TrainTask {
+ public:
+  DiffusionTask(const ModelConfig& cfg, const TrainOptions& o) : cfg_(cfg), o_(o) {}
+
+  int diffusion_steps() const override { return cfg_.diffusion_steps; }
+  bool dropout() const override { return cfg_.dropout != 0.0f; }
+
+  void check_data(const DatasetInfo& info, const std::string& dataset) const override {
+    if (info.image_size != cfg_.image_size)
+      throw UserError(dataset + ": images are " + std::to_string(info.image_size) + "x" +
+                      std::to_string(info.image_size) + " but the model's --image-size is " +
+                      std::to_string(cfg_.image_size));
+    if (cfg_.in_channels != 3)
+      throw UserError(dataset + ": datasets are RGB but the model has --in-channels " +
+                      std::to_string(cfg_.in_channels));
+    if (cfg_.class_cond && !info.has_labels)
+      throw UserError(
+          dataset +
+          ": the model is class-conditional but the dataset has no labels (prepare --labels subdirs)");
+    if (cfg_.class_cond && (int64_t)info.class_names.size() > cfg_.num_classes)
+      throw UserError(dataset + ": " + std::to_string(info.class_names.size()) +
+                      " classes but the model has --num-classes " + std::to_string(cfg_.num_classes));
+  }
+
+  Network& build(Engine& eng) override {
+    model_ = std::make_unique<Model>(cfg_, eng);
+    return *model_;
+  }
+
+  void make_step(Engine& eng, Optimizer& opt, int Bl, int microbatch, Communicator* comm) override {
+    eng_ = &eng;
+    ts_ = std::make_unique<TrainStep>(eng, *model_, opt, Bl, microbatch);
+    ts_->set_communicator(comm && comm->size() > 1 ? comm : nullptr);
+    comm_ = comm && comm->size() > 1 ? comm : nullptr;
+    Bl_ = Bl;
+    host_labels_ = (int32_t*)eng.device().alloc_host(sizeof(int32_t) * Bl);
+    host_t_.resize(Bl), host_w_.assign(Bl, 1.0f), host_terms_.resize((size_t)Bl * kLossTerms),
+        host_loss_.resize(Bl);
+  }
+
+  void start(Engine&, const Checkpoint& ck, bool resume, int64_t, int, int) override {
+    diff_ = std::make_unique<Diffusion>(cfg_.diffusion_steps, cfg_.noise_schedule, cfg_.learn_sigma);
+    // Timesteps: the loader's uniform draws, or guided-diffusion's LossSecondMomentResampler, whose
+    // history is part of the checkpoint (exact resume).
+    if (o_.schedule_sampler == "loss-second-moment") {
+      lsm_ = std::make_unique<LossSecondMomentResampler>(cfg_.diffusion_steps);
+      if (resume && !ck.loss_counts.empty())
+        lsm_->load(ck.loss_history, ck.loss_counts, "the resumed checkpoint");
+    } else if (o_.schedule_sampler != "uniform") {
+      throw UserError("--schedule-sampler must be uniform or loss-second-moment, not '" +
+                      o_.schedule_sampler + "'");
+    }
+  }
+
+  std::vector<std::string> columns() const override {
+    // guided-diffusion's mse/vb with the hybrid loss, and its per-quartile losses.
+    std::vector<std::string> c;
+    if (hybrid()) c.insert(c.end(), {"mse", "vb"});
+    c.insert(c.end(), {"loss_q0", "loss_q1", "loss_q2", "loss_q3"});
+    return c;
+  }
+
+  void set_batch(const Batch& b, int64_t step, int first) override {
+    for (int i = 0; i < Bl_; ++i) host_labels_[i] = b.labels[i];
+    if (lsm_)
+      lsm_->sample(o_.seed, step, Bl_, b.t.data(), host_t_.data(), host_w_.data(), first);
+    else
+      for (int i = 0; i < Bl_; ++i) host_t_[i] = (int)b.t[i];
+    for (int i = 0; i < Bl_; ++i) ++quartile_n_[quartile(host_t_[i], cfg_.diffusion_steps)];
+    ts_->set_timesteps(*diff_, host_t_.data(), lsm_ ? host_w_.data() : nullptr);
+    eng_->upload(ts_->x0, b.x0.data());
+    eng_->upload(ts_->noise, b.noise.data());
+    if (cfg_.class_cond) eng_->upload(ts_->labels, host_labels_);
+  }
+
+  void enqueue(uint64_t dropout_seed) override { ts_->enqueue(dropout_seed); }
+
+  void after_step(int64_t) override {
+    if (!lsm_) return;
+    // The step's per-sample losses feed the history (waits for the step).
+    {
+      ControlPlane::Wait w(comm_ ? comm_->control() : nullptr);
+      eng_->download(host_terms_.data(), ts_->terms);
+    }
+    for (int i = 0; i < Bl_; ++i) host_loss_[i] = host_terms_[(size_t)i * kLossTerms + kTermLoss];
+    if (!comm_) {
+      lsm_->update(host_t_.data(), host_loss_.data(), Bl_);
+      return;
+    }
+    // Every rank updates with the global batch in rank order: the same history everywhere.
+    std::string mine((size_t)Bl_ * (sizeof(int) + sizeof(float)), '\0');
+    std::memcpy(&mine[0], host_t_.data(), sizeof(int) * Bl_);
+    std::memcpy(&mine[sizeof(int) * Bl_], host_loss_.data(), sizeof(float) * Bl_);
+    for (const std::string& r : comm_->all_gather(mine)) {
+      std::vector<int> rt(Bl_);
+      std::vector<float> rl(Bl_);
+      std::memcpy(rt.data(), r.data(), sizeof(int) * Bl_);
+      std::memcpy(rl.data(), r.data() + sizeof(int) * Bl_, sizeof(float) * Bl_);
+      lsm_->update(rt.data(), rl.data(), Bl_);
+    }
+  }
+
+  double window(Communicator* comm, double n_samples, std::map<std::string, double>& row, std::string& terms,
+                std::string& tail) override {
+    float st[7];
+    if (comm_) {  // the global batch: sums over the ranks
+      comm->all_reduce(ts_->stats, ReduceOp::Sum);
+      gather_quartiles(comm, quartile_n_);
+    }
+    {
+      ControlPlane::Wait w(comm_ ? comm_->control() : nullptr);
+      eng_->download(st, ts_->stats);
+    }
+    row["mse"] = st[1] / n_samples, row["vb"] = st[2] / n_samples;
+    if (hybrid())
+      terms = " (mse " + fmt_g(st[1] / n_samples, 5) + ", vb " + fmt_g(st[2] / n_samples, 5) + ")";
+    for (int q = 0; q < 4; ++q) {
+      if (quartile_n_[q] == 0) continue;  // no sample in this quartile: an empty cell
+      const double v = st[3 + q] / quartile_n_[q];
+      row["loss_q" + std::to_string(q)] = v;
+      tail += " q" + std::to_string(q) + " " + fmt_g(v, 4);
+    }
+    return st[0] / n_samples;
+  }
+
+  void reset_window() override {
+    ts_->reset_stats();
+    for (int64_t& n : quartile_n_) n = 0;
+  }
+
+  bool window_finite(Communicator* comm) override {
+    float h[7];
+    if (comm_) comm->all_reduce(ts_->stats, ReduceOp::Sum);
+    {
+      ControlPlane::Wait w(comm_ ? comm_->control() : nullptr);
+      eng_->download(h, ts_->stats);
+    }
+    return std::isfinite(h[0]);
+  }
+
+  void fill_checkpoint(Checkpoint& c) const override {
+    c.cfg = cfg_;
+    if (lsm_) c.loss_history = lsm_->history(), c.loss_counts = lsm_->counts();
+  }
+
+  void preview(Engine& eng, Optimizer& opt, const TrainOptions& o, const DatasetInfo& info,
+               int64_t at) override {
+    // EMA weights for the preview, then the training weights back (device copies, no host trip).
+    const int n = std::min(16, o.batch_size);
+    const int R = cfg_.image_size, Cin = cfg_.in_channels;
+    if (!preview_) {
+      preview_ =
+          std::make_unique<Sampler>(eng, sampler_net(*model_), std::min(n, ts_->microbatch()));  // planned
+      kept_ = eng.alloc(DType::F32, {(int64_t)model_->arena_floats()});
+    }
+    eng.ops().run(Copy{model_->params(), kept_});
+    eng.ops().run(Copy{opt.ema(), model_->params()});
+    SampleOptions so;
+    so.sampler = "ddim";
+    so.steps = std::min(50, cfg_.diffusion_steps);
+    so.seed = o.seed;
+    so.batch_size = n;
+    std::vector<int32_t> lab(n);
+    for (int i = 0; i < n; ++i)
+      lab[i] = (int32_t)(i % std::max<int64_t>(1, (int64_t)info.class_names.size()));
+    std::vector<float> imgs((size_t)n * R * R * Cin);
+    preview_->run(so, n, nullptr, cfg_.class_cond ? lab.data() : nullptr, imgs.data(), nullptr);
+    eng.ops().run(Copy{kept_, model_->params()});
+    char name[48];
+    std::snprintf(name, sizeof name, "/samples_%07lld.png", (long long)at);
+    save_grid_png(o.rundir + name, imgs.data(), n, R, R, Cin);
+  }
+
+ private:
+  bool hybrid() const { return cfg_.learn_sigma && !cfg_.use_kl; }  // mse and vb columns
+
+  ModelConfig cfg_;
+  TrainOptions o_;
+  Engine* eng_ = nullptr;
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<TrainStep> ts_;
+  std::unique_ptr<Diffusion> diff_;
+  std::unique_ptr<LossSecondMomentResampler> lsm_;
+  int Bl_ = 0;
+  int32_t* host_labels_ = nullptr;
+  std::vector<int> host_t_;
+  std::vector<float> host_w_, host_terms_, host_loss_;
+  int64_t quartile_n_[4] = {0, 0, 0, 0};  // samples per quartile in the log window (this rank)
+  std::unique_ptr<Sampler> preview_;      // allocated once, at the first preview
+  Tensor kept_;                           // the training weights while the preview uses the EMA
+};
 }  // namespace
 
 TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume, const TrainOptions& o,
                   Communicator* comm) {
+  DiffusionTask task(ck.cfg, o);
+  return run_training(eng, dataset, std::move(ck), resume, o, comm, task);
+}
+
+TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
+                         const TrainOptions& o, Communicator* comm, TrainTask& task) {
   namespace fs = std::filesystem;
-  const ModelConfig& cfg = ck.cfg;
   Device& dev = eng.device();
   const int B = o.batch_size;  // global
   const bool multi = comm && comm->size() > 1;
   const bool root = !multi || comm->root();
   const bool quiet = o.quiet || !root;
-  const int R = cfg.image_size, Cin = cfg.in_channels;
-  const size_t n_img = (size_t)R * R * Cin;
   TrainResult res;
 
   int64_t step = resume ? ck.state.at("step") : 0;
@@ -81,71 +292,38 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   const uint64_t seed = o.seed;
 
   DataLoader loader(
-      dataset, B, cfg.diffusion_steps, seed, o.flip, step, 3,
+      dataset, B, task.diffusion_steps(), seed, o.flip, step, 3,
       [&dev](size_t bytes) { return dev.alloc_host(bytes); }, multi ? comm->rank() : 0,
       multi ? comm->size() : 1);
   const int Bl = loader.local_batch();  // this rank's slice
   const DatasetInfo& info = loader.info();
-  if (info.image_size != R)
-    throw UserError(dataset + ": images are " + std::to_string(info.image_size) + "x" +
-                    std::to_string(info.image_size) + " but the model's --image-size is " +
-                    std::to_string(R));
-  if (Cin != 3)
-    throw UserError(dataset + ": datasets are RGB but the model has --in-channels " + std::to_string(Cin));
-  if (cfg.class_cond && !info.has_labels)
-    throw UserError(
-        dataset +
-        ": the model is class-conditional but the dataset has no labels (prepare --labels subdirs)");
-  if (cfg.class_cond && (int64_t)info.class_names.size() > cfg.num_classes)
-    throw UserError(dataset + ": " + std::to_string(info.class_names.size()) +
-                    " classes but the model has --num-classes " + std::to_string(cfg.num_classes));
+  task.check_data(info, dataset);
 
-  Model model(cfg, eng);
-  const size_t P = model.arena_floats();
+  Network& net = task.build(eng);
+  const size_t P = net.arena_floats();
   OptimizerOptions oo;
   oo.lr = o.lr, oo.weight_decay = o.weight_decay, oo.beta1 = kBeta1, oo.beta2 = kBeta2, oo.eps = kEps;
   oo.ema_rate = o.ema_rate, oo.grad_clip = o.grad_clip, oo.warmup = o.lr_warmup;
   Optimizer opt(eng, P, oo);
-  TrainStep ts(eng, model, opt, Bl, (int)o.microbatch);
-  ts.set_communicator(multi ? comm : nullptr);
-  eng.upload(model.params(), ck.model.data());
-  if (multi) comm->broadcast(model.params(), 0);  // every rank starts from rank 0's weights
+  task.make_step(eng, opt, Bl, (int)o.microbatch, multi ? comm : nullptr);
+  eng.upload(net.params(), ck.model.data());
+  if (multi) comm->broadcast(net.params(), 0);  // every rank starts from rank 0's weights
   const bool have_opt = resume && ck.has_optimizer;
   opt.load(have_opt ? ck.opt.m.data() : nullptr, have_opt ? ck.opt.v.data() : nullptr,
            ck.ema.empty() ? nullptr : ck.ema.data(), step);
-  if (ck.ema.empty()) opt.init_ema(model.params());
-
-  Diffusion diff(cfg.diffusion_steps, cfg.noise_schedule, cfg.learn_sigma);
-  int32_t* host_labels = (int32_t*)dev.alloc_host(sizeof(int32_t) * Bl);
-  // Timesteps: the loader's uniform draws, or guided-diffusion's LossSecondMomentResampler, whose
-  // history is part of the checkpoint (exact resume).
-  std::unique_ptr<LossSecondMomentResampler> lsm;
-  if (o.schedule_sampler == "loss-second-moment") {
-    lsm = std::make_unique<LossSecondMomentResampler>(cfg.diffusion_steps);
-    if (resume && !ck.loss_counts.empty())
-      lsm->load(ck.loss_history, ck.loss_counts, "the resumed checkpoint");
-  } else if (o.schedule_sampler != "uniform") {
-    throw UserError("--schedule-sampler must be uniform or loss-second-moment, not '" + o.schedule_sampler +
-                    "'");
-  }
-  std::vector<int> host_t(Bl);
-  std::vector<float> host_w(Bl, 1.0f), host_terms((size_t)Bl * kLossTerms), host_loss(Bl);
-  const Objective& obj = ts.objective();
-  const bool hybrid = obj.learn_sigma && !obj.use_kl;  // mse and vb columns
-  int64_t quartile_n[4] = {0, 0, 0, 0};                // samples per quartile in the log window (this rank)
-  const int first = multi ? comm->rank() * Bl : 0;      // this rank's slice of the global batch
+  if (ck.ema.empty()) opt.init_ema(net.params());
+  task.start(eng, ck, resume, step, multi ? comm->rank() : 0, multi ? comm->size() : 1);
+  const int first = multi ? comm->rank() * Bl : 0;  // this rank's slice of the global batch
 
   if (!quiet)
     std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d%s)%s\n",
-                dev.bytes_held() / 1e9, eng.name().c_str(), model.activation_bytes() / 1e9, Bl,
+                dev.bytes_held() / 1e9, eng.name().c_str(), net.activation_bytes() / 1e9, Bl,
                 multi ? " per rank" : "", loader.streaming() ? "; dataset streamed from disk" : "");
 
   const std::string metrics = o.rundir + "/metrics.csv";
-  // Columns: guided-diffusion's mse/vb with the hybrid loss, and its per-quartile losses. A run
-  // resumed on an older metrics.csv keeps that file's columns.
+  // A resumed run on an older metrics.csv keeps that file's columns.
   std::vector<std::string> columns = {"step", "loss", "grad_norm", "lr", "images_per_s", "ms_per_step"};
-  if (hybrid) columns.insert(columns.end(), {"mse", "vb"});
-  columns.insert(columns.end(), {"loss_q0", "loss_q1", "loss_q2", "loss_q3"});
+  for (const std::string& c : task.columns()) columns.push_back(c);
   std::ofstream csv;
   if (root) {  // rank 0 alone writes the run directory
     if (!fs::exists(o.rundir)) fs::create_directories(o.rundir);
@@ -161,16 +339,18 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   }
 
   int64_t saved_at = -1;
-  const ParamTable table = build_param_table(cfg);
+  const ParamTable& table = net.table();
+  const bool keep_ema = task.keep_ema();
   std::string nonfinite;  // the tensor that stopped a save
   // Returns false (and saves nothing) when the weights are no longer finite: a checkpoint must
   // never replace the last good one with a diverged state.
   auto save = [&](int64_t at) -> bool {
     Checkpoint c;
-    c.cfg = cfg;
+    task.fill_checkpoint(c);
     c.model.resize(P), c.ema.resize(P), c.opt.m.resize(P), c.opt.v.resize(P);
-    eng.download(c.model.data(), model.params());
+    eng.download(c.model.data(), net.params());
     opt.save(c.opt.m.data(), c.opt.v.data(), c.ema.data());
+    if (!keep_ema) c.ema.clear();
     // Never replace the last good checkpoint with a diverged state; say which tensor went bad.
     const std::pair<const std::vector<float>*, const char*> arenas[] = {
         {&c.model, "model"}, {&c.ema, "ema"}, {&c.opt.m, "optimizer/m"}, {&c.opt.v, "optimizer/v"}};
@@ -183,7 +363,6 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     c.opt.lr = o.lr, c.opt.beta1 = kBeta1, c.opt.beta2 = kBeta2, c.opt.eps = kEps,
     c.opt.weight_decay = o.weight_decay;
     store_train_settings(o, info, c);  // batch size, seed, lr, warmup, EMA, clip, flips, dataset, ...
-    if (lsm) c.loss_history = lsm->history(), c.loss_counts = lsm->counts();
     c.state["step"] = at;
     const std::string path = o.rundir + "/" + ckpt_name(at);
     save_checkpoint(path, c);
@@ -212,38 +391,10 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     return res;
   };
 
-  std::unique_ptr<Sampler> preview;  // allocated once, at the first preview
-  Tensor kept;                       // the training weights while the preview uses the EMA
-  auto sample_grid = [&](int64_t at) {
-    // EMA weights for the preview, then the training weights back (device copies, no host trip).
-    const int n = std::min(16, B);
-    if (!preview) {
-      preview =
-          std::make_unique<Sampler>(eng, sampler_net(model), std::min(n, ts.microbatch()));  // planned for that
-      kept = eng.alloc(DType::F32, {(int64_t)P});
-    }
-    eng.ops().run(Copy{model.params(), kept});
-    eng.ops().run(Copy{opt.ema(), model.params()});
-    SampleOptions so;
-    so.sampler = "ddim";
-    so.steps = std::min(50, cfg.diffusion_steps);
-    so.seed = seed;
-    so.batch_size = n;
-    std::vector<int32_t> lab(n);
-    for (int i = 0; i < n; ++i)
-      lab[i] = (int32_t)(i % std::max<int64_t>(1, (int64_t)info.class_names.size()));
-    std::vector<float> imgs((size_t)n * n_img);
-    preview->run(so, n, nullptr, cfg.class_cond ? lab.data() : nullptr, imgs.data(), nullptr);
-    eng.ops().run(Copy{kept, model.params()});
-    char name[48];
-    std::snprintf(name, sizeof name, "/samples_%07lld.png", (long long)at);
-    save_grid_png(o.rundir + name, imgs.data(), n, R, R, Cin);
-  };
-
   // One training step on the device, from the uploaded batch to the EMA. With CUDA graphs
   // (GPU, no dropout: its per-step seed would be baked into the graph) it is captured once and
   // replayed.
-  const bool use_graph = dev.supports_graphs() && cfg.dropout == 0.0f && !std::getenv("UNET_NO_CUDA_GRAPH");
+  const bool use_graph = dev.supports_graphs() && !task.dropout() && !std::getenv("UNET_NO_CUDA_GRAPH");
   bool captured = false;
 
   // Ranks agree on stopping (Ctrl-C reaches them at different steps) every few steps: every step
@@ -263,25 +414,16 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       break;
     }
     Batch* b = loader.next();
-    for (int i = 0; i < Bl; ++i) host_labels[i] = b->labels[i];
-    if (lsm)
-      lsm->sample(seed, step, Bl, b->t.data(), host_t.data(), host_w.data(), first);
-    else
-      for (int i = 0; i < Bl; ++i) host_t[i] = (int)b->t[i];
-    for (int i = 0; i < Bl; ++i) ++quartile_n[quartile(host_t[i], cfg.diffusion_steps)];
-    ts.set_timesteps(diff, host_t.data(), lsm ? host_w.data() : nullptr);
-    eng.upload(ts.x0, b->x0.data());
-    eng.upload(ts.noise, b->noise.data());
-    if (cfg.class_cond) eng.upload(ts.labels, host_labels);
+    task.set_batch(*b, step, first);
     const uint64_t fence = dev.fence();
     // Several ranks: the first step runs eagerly, so that NCCL sets up its connections before
     // the step is captured.
     if (!use_graph || (multi && step == start)) {
-      ts.enqueue(hash64(seed, (uint64_t)Stream::Dropout, (uint64_t)step));
+      task.enqueue(hash64(seed, (uint64_t)Stream::Dropout, (uint64_t)step));
     } else {
       if (!captured) {  // record once (nothing runs), then replay every step
         dev.graph_begin();
-        ts.enqueue(0);
+        task.enqueue(0);
         dev.graph_end();
         captured = true;
       }
@@ -294,52 +436,19 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       ControlPlane::Wait w(multi ? comm->control() : nullptr);
       dev.fence_wait(fence);  // this step's batch has been copied: the loader may refill its buffer
     }
-    if (lsm) {  // the step's per-sample losses feed the history (waits for the step)
-      {
-        ControlPlane::Wait w(multi ? comm->control() : nullptr);
-        eng.download(host_terms.data(), ts.terms);
-      }
-      for (int i = 0; i < Bl; ++i) host_loss[i] = host_terms[(size_t)i * kLossTerms + kTermLoss];
-      if (!multi) {
-        lsm->update(host_t.data(), host_loss.data(), Bl);
-      } else {  // every rank updates with the global batch in rank order: the same history everywhere
-        std::string mine((size_t)Bl * (sizeof(int) + sizeof(float)), '\0');
-        std::memcpy(&mine[0], host_t.data(), sizeof(int) * Bl);
-        std::memcpy(&mine[sizeof(int) * Bl], host_loss.data(), sizeof(float) * Bl);
-        for (const std::string& r : comm->all_gather(mine)) {
-          std::vector<int> rt(Bl);
-          std::vector<float> rl(Bl);
-          std::memcpy(rt.data(), r.data(), sizeof(int) * Bl);
-          std::memcpy(rl.data(), r.data() + sizeof(int) * Bl, sizeof(float) * Bl);
-          lsm->update(rt.data(), rl.data(), Bl);
-        }
-      }
-    }
+    task.after_step(step);
 
     const bool last = o.steps > 0 && step >= o.steps;
     const bool log_now = (o.log_every > 0 && step % o.log_every == 0) || last;
     const bool save_now = (o.save_every > 0 && step % o.save_every == 0) || last;
     if (log_now || save_now) {
-      float st[7], norm_sum = 0;
-      if (multi) {  // the global batch: sums over the ranks
-        comm->all_reduce(ts.stats, ReduceOp::Sum);
-        std::string mine(sizeof quartile_n, '\0');
-        std::memcpy(&mine[0], quartile_n, sizeof quartile_n);
-        int64_t total[4] = {0, 0, 0, 0};
-        for (const std::string& r : comm->all_gather(mine)) {
-          int64_t q[4];
-          std::memcpy(q, r.data(), sizeof q);
-          for (int k = 0; k < 4; ++k) total[k] += q[k];
-        }
-        std::memcpy(quartile_n, total, sizeof total);
-      }
-      {
-        ControlPlane::Wait w(multi ? comm->control() : nullptr);
-        eng.download(st, ts.stats);
-      }
-      eng.download(&norm_sum, opt.norm_sum());
+      float norm_sum = 0;
       const double n_samples = (double)window_steps * B;
-      const double mean_loss = st[0] / n_samples, mean_norm = norm_sum / window_steps;
+      std::map<std::string, double> row;
+      std::string terms, tail;
+      const double mean_loss = task.window(multi ? comm : nullptr, n_samples, row, terms, tail);
+      eng.download(&norm_sum, opt.norm_sum());
+      const double mean_norm = norm_sum / window_steps;
       if (!std::isfinite(mean_loss))
         return diverged(std::string("the loss became ") + (std::isnan(mean_loss) ? "NaN" : "Inf") +
                         (std::isfinite(mean_norm) ? "" : " (and the gradient norm non-finite)"));
@@ -347,17 +456,8 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       const double ms = 1000.0 * dt / window_steps, ips = B * window_steps / dt;
       if (first_window) res.first_loss = mean_loss, first_window = false;
       res.last_loss = mean_loss;
-      std::map<std::string, double> row = {{"step", (double)step},     {"loss", mean_loss},
-                                           {"grad_norm", mean_norm},   {"lr", opt.lr_at(step - 1)},
-                                           {"images_per_s", ips},      {"ms_per_step", ms},
-                                           {"mse", st[1] / n_samples}, {"vb", st[2] / n_samples}};
-      std::string quart;
-      for (int q = 0; q < 4; ++q) {
-        if (quartile_n[q] == 0) continue;  // no sample in this quartile: an empty cell
-        const double v = st[3 + q] / quartile_n[q];
-        row["loss_q" + std::to_string(q)] = v;
-        quart += " q" + std::to_string(q) + " " + fmt_g(v, 4);
-      }
+      row["step"] = (double)step, row["loss"] = mean_loss, row["grad_norm"] = mean_norm;
+      row["lr"] = opt.lr_at(step - 1), row["images_per_s"] = ips, row["ms_per_step"] = ms;
       if (root) {
         for (size_t i = 0; i < columns.size(); ++i) {
           if (i) csv << ',';
@@ -374,34 +474,25 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       }
       if (!quiet) {
         if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
-        const std::string terms =
-            hybrid ? " (mse " + fmt_g(st[1] / n_samples, 5) + ", vb " + fmt_g(st[2] / n_samples, 5) + ")"
-                   : "";
         std::printf("step %lld | loss %.5f%s | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step |%s\n",
                     (long long)step, mean_loss, terms.c_str(), mean_norm, opt.lr_at(step - 1), ips, ms,
-                    quart.c_str());
+                    tail.c_str());
         std::fflush(stdout);
       }
-      ts.reset_stats();
-      for (int64_t& n : quartile_n) n = 0;
+      task.reset_window();
       opt.reset_norm_sum();
       window_steps = 0;
       t_window = now_seconds();
       if (save_now && !save_all(step)) return diverged("the weights became non-finite: " + nonfinite);
     }
-    if (root && o.sample_every > 0 && step % o.sample_every == 0) sample_grid(step);
+    if (root && o.sample_every > 0 && step % o.sample_every == 0) task.preview(eng, opt, o, info, step);
     if (!quiet)
       prog.update(step, res.last_loss > 0 ? "loss " + std::to_string(res.last_loss).substr(0, 7) : "");
   }
   if (!quiet) prog.finish();
   if (res.interrupted && step > start && saved_at != step) {
-    float h[7];
-    if (multi) comm->all_reduce(ts.stats, ReduceOp::Sum);
-    {
-      ControlPlane::Wait w(multi ? comm->control() : nullptr);
-      eng.download(h, ts.stats);
-    }
-    if (std::isfinite(h[0]) && !save_all(step)) return diverged("the weights became non-finite: " + nonfinite);
+    if (task.window_finite(multi ? comm : nullptr) && !save_all(step))
+      return diverged("the weights became non-finite: " + nonfinite);
   }
   res.step = step;
   return res;

@@ -4,11 +4,18 @@
 // time. The loss-second-moment schedule sampler is the exception: it reads each step's
 // per-sample losses back (one host sync per step) to update its history before drawing the next
 // step's timesteps, exactly as guided-diffusion orders it.
+//
+// One loop serves `unet train` (the diffusion model) and `unet train-classifier` (the noisy-image
+// classifier, classifier_train.h): the data order, CUDA-graph capture, stop agreement, logging
+// cadence, metrics.csv, checkpoints and exact resume are the loop's; a TrainTask supplies the
+// network, its step, its timesteps and its metrics.
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "checkpoint.h"
 #include "comm.h"
@@ -33,6 +40,11 @@ struct TrainOptions {
   std::string schedule_sampler = "uniform";  // uniform | loss-second-moment (guided-diffusion's names)
   int64_t microbatch = 0;                    // samples per micro-batch (0 = the whole batch)
   uint64_t dataset_fingerprint = 0;          // DatasetReader::fingerprint(), recorded for resume
+  // train-classifier: inputs noised at uniform t (guided-diffusion's --noised; else t = 0, clean
+  // images), and a validation batch every eval_every steps when val_data is given.
+  bool noised = true;
+  int64_t eval_every = 5;
+  std::string val_data;
   std::string rundir;
   bool quiet = false;  // no progress line (tests)
 };
@@ -49,6 +61,56 @@ struct TrainResult {
 
 // Set by the signal handler of `unet train`; the loop saves and stops at the next step boundary.
 std::atomic<bool>& stop_requested();
+
+class Network;
+class Optimizer;
+struct Batch;
+struct DatasetInfo;
+
+// What a run trains. The loop calls, in order: check_data, build (the network), make_step (after
+// the optimizer exists), start; then per step set_batch, enqueue, (fence), after_step; per log
+// window window + reset_window; per save fill_checkpoint; and preview at --sample-every.
+class TrainTask {
+ public:
+  virtual ~TrainTask() = default;
+  virtual int diffusion_steps() const = 0;  // T of the loader's uniform timesteps
+  virtual bool dropout() const = 0;         // a per-step dropout seed: no CUDA graph
+  // The dataset against the network: UserError naming `path`.
+  virtual void check_data(const DatasetInfo& info, const std::string& path) const = 0;
+  virtual Network& build(Engine& eng) = 0;
+  // The step for this rank's batch Bl (planned for micro-batches of `microbatch`).
+  virtual void make_step(Engine& eng, Optimizer& opt, int Bl, int microbatch, Communicator* comm) = 0;
+  // Before the first step: resumed state (ck), this rank's place (rank of world), the step reached.
+  virtual void start(Engine& eng, const Checkpoint& ck, bool resume, int64_t step, int rank, int world) = 0;
+  // metrics.csv columns after step, the loss, the grad norm, lr, images/s and ms/step.
+  virtual std::vector<std::string> columns() const = 0;
+  // Host side of `step`: this rank's timesteps and inputs (first = its offset in the global
+  // batch), uploaded asynchronously (the loop fences before the next call).
+  virtual void set_batch(const Batch& b, int64_t step, int first) = 0;
+  virtual void enqueue(uint64_t dropout_seed) = 0;  // the device work of the step
+  // After the step (its batch copied; a host synchronisation is allowed). step = steps done.
+  virtual void after_step(int64_t step) { (void)step; }
+  // The log window of n_samples samples (global): sums over the ranks, the metrics by column
+  // name into row, text after the loss (" (mse ...)") and at the end of the log line; the mean loss.
+  virtual double window(Communicator* comm, double n_samples, std::map<std::string, double>& row,
+                        std::string& terms, std::string& tail) = 0;
+  virtual void reset_window() = 0;
+  // Whether the window so far has a finite loss (the save on the way out of an interrupted run).
+  virtual bool window_finite(Communicator* comm) = 0;
+  // The checkpoint's configuration and the task's state (the sampler history); whether the EMA
+  // is worth saving.
+  virtual void fill_checkpoint(Checkpoint& c) const = 0;
+  virtual bool keep_ema() const { return true; }
+  // --sample-every: a preview in the run directory (EMA weights).
+  virtual void preview(Engine& eng, Optimizer& opt, const TrainOptions& o, const DatasetInfo& info,
+                       int64_t at) {
+    (void)eng, (void)opt, (void)o, (void)info, (void)at;
+  }
+};
+
+// The loop, for any task (`train` below is it with the diffusion task).
+TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
+                         const TrainOptions& opt, Communicator* comm, TrainTask& task);
 
 // `ck` holds the starting point: model (and, on resume, ema/optimizer/state). `resume` says
 // whether ck.state/optimizer continue a previous run.

@@ -1,0 +1,29 @@
+// What `unet train` and `unet train-classifier` share: their arguments, the flags of the training
+// loop (both), and the command itself (train.cpp; the classifier's flags in train_classifier.cpp).
+#pragma once
+#include <string>
+
+#include "commands.h"
+#include "trainer.h"
+
+namespace unet {
+
+struct TrainArgs {
+  bool classifier = false;  // train-classifier
+  std::string data, init, resume, rundir;
+  TrainOptions opt;
+  bool no_flip = false;
+  ModelFlags model;        // unet train
+  ClassifierFlags cmodel;  // unet train-classifier
+  DeviceFlags dev;
+  int gpus = 0;              // --gpus N: launch N local ranks
+  double dist_timeout = 60;  // --dist-timeout
+  CLI::App* app = nullptr;
+};
+
+// The data, checkpoint, loop, run-directory, distributed and device flags (set a->classifier and
+// the option defaults first); the network's flags are added by the command.
+void add_train_flags(CLI::App* sub, TrainArgs* a);
+void run_train(TrainArgs& a);
+
+}  // namespace unet
