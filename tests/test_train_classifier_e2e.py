@@ -157,6 +157,29 @@ def main():
     check(r.returncode == 0 and "noised off (checkpoint: noised on)" in r.stderr and "not continue exactly" in r.stderr,
           f"overriding a recorded setting warns: {r.stderr.strip()}")
 
+    # Data-parallel (two CPU ranks, rank 0's TCP reduction): the run of one process, up to the order of
+    # the gradient sum.
+    if DEVICE == "cpu":
+        one, two = os.path.join(TMP, "one"), os.path.join(TMP, "two")
+        dp = ["--batch-size", "4", "--steps", "4", "--log-every", "1", "--val-data", data, "--eval-every", "2",
+              "--seed", "3", "--device", "cpu"]
+        unet("train-classifier", data, *net, "-o", one, *dp)
+        r = unet("train-classifier", data, *net, "-o", two, "--gpus", "2", *dp)
+        check(r.returncode == 0, f"train-classifier --gpus 2 --device cpu: {r.stderr.strip()[-200:]}")
+        m1, m2 = metrics(one)[1], metrics(two)[1]
+        close = len(m1) == len(m2) == 4 and all(
+            abs(float(x[k]) - float(y[k])) <= 1e-4 * abs(float(x[k])) + 1e-6
+            for x, y in zip(m1, m2) for k in ("loss", "acc1", "val_loss") if x[k] != "" or y[k] != "")
+        check(close, "two ranks log the losses, accuracies and validation of one process")
+        # (AdamW's normalised update turns the order of a near-zero gradient's sum into steps of up to lr:
+        # compare the whole weights, relative L2.)
+        w1, w2 = tensors(os.path.join(one, "latest.h5")), tensors(os.path.join(two, "latest.h5"))
+        keys = [k for k in w1 if k.startswith("model/")]
+        a1 = np.concatenate([w1[k].ravel() for k in keys]).astype(np.float64)
+        a2 = np.concatenate([w2[k].ravel() for k in keys]).astype(np.float64)
+        err = float(np.linalg.norm(a1 - a2) / np.linalg.norm(a1))
+        check(err < 1e-4, f"and train the same weights (relative L2 {err:.1e})")
+
     # SIGINT saves.
     c = os.path.join(TMP, "c")
     p = subprocess.Popen([BINARY, "train-classifier", data, *net, "-o", c, "--steps", "100000", "--batch-size", "4",

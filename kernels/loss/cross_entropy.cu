@@ -81,9 +81,10 @@ __global__ void cstats_kernel(const float* terms, const int32_t* quartile, float
 void xent(const CrossEntropy& o, CudaCtx& ctx) {
   const int B = (int)o.logits.dim[0], K = (int)o.logits.dim[1];
   if (!B) return;
-  xent_kernel < <<B<65535 ? B : 65535, kXentThreads, 0, ctx.stream>>>(
-                    dptr<float>(o.logits), dptr<int32_t>(o.labels), dptr<float>(o.terms),
-                    dptr<float>(o.dlogits), o.scale, B, K);
+  const unsigned grid = (unsigned)(B < 65535 ? B : 65535);  // one block per sample (grid-stride beyond)
+  xent_kernel<<<grid, kXentThreads, 0, ctx.stream>>>(dptr<float>(o.logits), dptr<int32_t>(o.labels),
+                                                     dptr<float>(o.terms), dptr<float>(o.dlogits), o.scale, B,
+                                                     K);
   KERNEL_CHECK();
 }
 
