@@ -246,6 +246,9 @@ void run(TrainArgs& a) {
         o.rundir.c_str());
   std::fflush(stdout);
   TrainResult r = train(*eng, a.data, std::move(ck), resume, o, comm.get());
+  // The step's graph holds the captured NCCL calls: gone before the communicator (it is destroyed
+  // first, as it was made from the engine), or ncclCommDestroy waits for it forever.
+  eng->device().graph_drop();
   comm->finish();  // every rank is done: none takes another's exit for a failure
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
