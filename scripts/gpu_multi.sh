@@ -118,7 +118,7 @@ for p in $parts; do
       say "=== fail: rank 1 killed at step ~100"
       $T --batch-size 32 --steps 100000 --log-every 50 --gpus 2 --dist-timeout 30 -o "$W/fail" > "$W/logs/fail.out" 2> "$W/logs/fail.err" &
       L=$!
-      for i in $(seq 1 600); do [ "$(wc -l < "$W/fail/metrics.csv" 2> /dev/null || echo 0)" -ge 3 ] && break; sleep 0.1; done
+      for i in $(seq 1 600); do [ "$(wc -l 2> /dev/null < "$W/fail/metrics.csv" || echo 0)" -ge 3 ] && break; sleep 0.1; done
       R1=$(for c in $(pgrep -P $L); do tr '\0' '\n' < /proc/$c/environ | grep -qx RANK=1 && echo $c; done)
       t1=$(date +%s.%N)
       [ -n "$R1" ] && kill -9 $R1
