@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 
+#include "classifier_free.h"
 #include "dataloader.h"
 #include "diffusion.h"
 #include "grid.h"
@@ -93,6 +94,14 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     throw UserError(dataset + ": " + std::to_string(info.class_names.size()) +
                     " classes but the model has --num-classes " + std::to_string(cfg.num_classes));
 
+  // Classifier-free guidance's class dropout needs the null class's row of label_emb.
+  if (!(o.class_dropout >= 0 && o.class_dropout < 1))
+    throw UserError("--class-dropout must be in [0, 1), not " + std::to_string(o.class_dropout));
+  if (o.class_dropout > 0 && !cfg.null_class)
+    throw UserError(std::string("--class-dropout: ") +
+                    (cfg.class_cond ? "the model has no null class (a label_emb row beyond its classes)"
+                                    : "the model is not class-conditional"));
+
   Model model(cfg, eng);
   const size_t P = model.arena_floats();
   OptimizerOptions oo;
@@ -154,6 +163,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   auto save = [&](int64_t at) -> bool {
     Checkpoint c;
     c.cfg = cfg;
+    c.cfg.class_dropout = o.class_dropout;  // the rate this run trains with (what --resume continues)
     c.model.resize(P), c.ema.resize(P), c.opt.m.resize(P), c.opt.v.resize(P);
     eng.download(c.model.data(), model.params());
     opt.save(c.opt.m.data(), c.opt.v.data(), c.ema.data());
@@ -231,6 +241,11 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     }
     Batch* b = loader.next();
     for (int i = 0; i < B; ++i) host_labels[i] = b->labels[i];
+    if (cfg.class_cond && o.class_dropout > 0) {  // sample i of the (global) batch of `step`
+      res.labels_dropped +=
+          apply_class_dropout(seed, step, 0, B, o.class_dropout, cfg.num_classes, host_labels);
+      res.labels_seen += B;
+    }
     if (lsm)
       lsm->sample(seed, step, B, b->t.data(), host_t.data(), host_w.data());
     else
