@@ -569,6 +569,14 @@ struct Model::Impl {
     return at(s.dx);
   }
 
+  // Tells the grad-ready hook that every gradient from `first` on is final (not while planning).
+  void ready(size_t first) {
+    if (m.grad_ready_ && !tracing) m.grad_ready_(first);
+  }
+  static size_t lowest(const L& s) {
+    return std::min({s.w0, s.b0, s.n1w, s.n1b, s.ew, s.eb, s.n2w, s.n2b, s.w2, s.b2, s.sw, s.sb});
+  }
+
   void backward(const Tensor& dy_in) {
     const int ed = cfg.time_embed_dim(), mc = cfg.num_channels;
     run(Fill{at(d_semb), 0.0f});
@@ -603,19 +611,20 @@ struct Model::Impl {
                        true});
       g = at(d_hlast);
     }
+    ready(std::min(on_w, oc_w));
     const size_t n_in = in_blocks.size();
     for (size_t bi = out_blocks.size(); bi-- > 0;) {
       auto& blk = out_blocks[bi];
-      for (size_t j = blk.size(); j-- > 0;) g = layer_bwd(blk[j], g);
+      for (size_t j = blk.size(); j-- > 0;) g = layer_bwd(blk[j], g), ready(lowest(blk[j]));
       ScopedRange r(eng.device(), "concat bwd");
       run(ConcatBwd{g, at(dcat_h[bi]), at(dskip[bi])});
       g = at(dcat_h[bi]);
     }
-    for (size_t j = mid.size(); j-- > 0;) g = layer_bwd(mid[j], g);
+    for (size_t j = mid.size(); j-- > 0;) g = layer_bwd(mid[j], g), ready(lowest(mid[j]));
     for (size_t bi = n_in; bi-- > 0;) {
       auto& blk = in_blocks[bi];
       run(Add{g, at(dskip[out_blocks.size() - 1 - bi]), g});
-      for (size_t j = blk.size(); j-- > 0;) g = layer_bwd(blk[j], g);
+      for (size_t j = blk.size(); j-- > 0;) g = layer_bwd(blk[j], g), ready(lowest(blk[j]));
     }
     // embeddings
     const ParamTable& t = m.table_;
@@ -628,6 +637,7 @@ struct Model::Impl {
     run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), G(w2, {ed, ed}), gvec(b2, ed)});
     run(SiluBwd{at(a1), at(d_a1s), at(d_a1)});
     run(LinearBwd{at(temb), P(w0, {ed, mc}), at(d_a1), {}, G(w0, {ed, mc}), gvec(b0, ed)});
+    ready(0);
   }
 };
 
@@ -754,6 +764,8 @@ void Model::forward(const Tensor& x, const Tensor& t, const Tensor& labels, cons
   I.labels_in = cfg_.class_cond ? labels : Tensor();
   I.forward(out);
 }
+
+void Model::set_grad_ready_hook(std::function<void(size_t)> hook) { grad_ready_ = std::move(hook); }
 
 void Model::backward(const Tensor& dout) {
   Impl& I = *impl_;

@@ -90,7 +90,7 @@ void LossSecondMomentResampler::update(const int* t, const float* loss, int n) {
 }
 
 void LossSecondMomentResampler::sample(uint64_t seed, int64_t step, int B, const float* t_uniform, int* t,
-                                       float* w) const {
+                                       float* w, int first) const {
   if (!warmed_up()) {
     for (int b = 0; b < B; ++b) t[b] = (int)t_uniform[b], w[b] = 1.0f;
     return;
@@ -104,7 +104,7 @@ void LossSecondMomentResampler::sample(uint64_t seed, int64_t step, int B, const
   for (double& c : cdf) c /= cdf.back();
   const uint64_t key = rng_key(seed, Stream::TrainTimestepIS, (uint64_t)step);
   for (int b = 0; b < B; ++b) {
-    const double u = uniform01_f64(key, Stream::TrainTimestepIS, (uint64_t)b);
+    const double u = uniform01_f64(key, Stream::TrainTimestepIS, (uint64_t)(first + b));
     const int i = (int)(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
     t[b] = std::min(i, T_ - 1);
     w[b] = (float)(1.0 / (T_ * (wt[t[b]] / total)));

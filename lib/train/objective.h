@@ -62,8 +62,9 @@ class LossSecondMomentResampler {
   // (seed, step, state): before warm-up t = t_uniform (the data loader's uniform draws) with
   // weight 1; after it, t_b = the first index whose normalised cumulative weight exceeds
   // u_b = uniform01_f64(rng_key(seed, TrainTimestepIS, step), TrainTimestepIS, b) (numpy's
-  // choice: searchsorted(cdf, u, 'right')), weight float32(1 / (T p_t)).
-  void sample(uint64_t seed, int64_t step, int B, const float* t_uniform, int* t, float* w) const;
+  // choice: searchsorted(cdf, u, 'right')), weight float32(1 / (T p_t)). `first`: the index of
+  // sample 0 in the global batch (a rank's slice of a data-parallel step draws u_{first + b}).
+  void sample(uint64_t seed, int64_t step, int B, const float* t_uniform, int* t, float* w, int first = 0) const;
 
   // Checkpoint state: history [T, kHistory] (float64, oldest first) and counts [T].
   const std::vector<double>& history() const { return hist_; }

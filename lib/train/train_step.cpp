@@ -63,6 +63,16 @@ void TrainStep::set_timesteps(const Diffusion& d, const int* ti, const float* w)
   eng_.upload(loss_coef, h_loss_coef_);
 }
 
+void TrainStep::set_communicator(Communicator* comm) {
+  comm_ = comm && comm->size() > 1 ? comm : nullptr;
+  // Buckets during backward only with one micro-batch: with several, the sum is final after the
+  // last one (update reduces it whole).
+  if (comm_ && !acc_.defined())
+    model_.set_grad_ready_hook([c = comm_](size_t first_final) { c->grads_ready(first_final); });
+  else
+    model_.set_grad_ready_hook(nullptr);
+}
+
 void TrainStep::reset_stats() { eng_.ops().run(Fill{stats, 0.f}); }
 
 void TrainStep::forward(uint64_t dropout_seed, int micro) {
@@ -88,6 +98,7 @@ void TrainStep::backward(int micro) {
     ops.run(LossStats{tm, lc, stats});
   }
   ScopedRange r(eng_.device(), "backward");
+  if (comm_ && !acc_.defined()) comm_->begin_grads(model_.grads());
   model_.backward(dout_);
   if (acc_.defined()) {  // weight gradients overwrite grads(): sum them in acc_
     if (micro == 0)
@@ -98,6 +109,13 @@ void TrainStep::backward(int micro) {
 }
 
 void TrainStep::update() {
+  if (comm_) {
+    // Every rank continues with the mean gradient of the global batch: norm, clipping and the
+    // NaN checks decide the same on all ranks.
+    ScopedRange r(eng_.device(), "all-reduce");
+    if (acc_.defined()) comm_->begin_grads(acc_);
+    comm_->end_grads();
+  }
   ScopedRange r(eng_.device(), "optimizer");
   opt_.step(model_.params(), acc_.defined() ? acc_ : model_.grads());
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "comm.h"
 #include "diffusion.h"
 #include "model.h"
 #include "objective.h"
@@ -48,14 +49,20 @@ class TrainStep {
 
   void forward(uint64_t dropout_seed, int micro = 0);  // q_sample (at micro 0), model forward
   void backward(int micro = 0);                        // loss, model backward, gradient sum
-  void update();                                       // optimizer (clip, AdamW, EMA)
+  void update();                                       // gradient average, optimizer (clip, AdamW, EMA)
   void enqueue(uint64_t dropout_seed);                 // every micro-batch, then update
+
+  // Data-parallel training: the gradients are averaged over the ranks between backward and the
+  // optimizer (in buckets during backward where the communicator can and there is one
+  // micro-batch). nullptr: one process.
+  void set_communicator(Communicator* comm);
 
  private:
   Engine& eng_;
   Model& model_;
   Optimizer& opt_;
   const ModelConfig& cfg_;
+  Communicator* comm_ = nullptr;
   Objective obj_;
   int B_, m_;
   Tensor xt_, out_, dout_, acc_;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "checkpoint.h"
+#include "comm.h"
 #include "config.h"
 #include "engine.h"
 
@@ -53,7 +54,13 @@ std::atomic<bool>& stop_requested();
 
 // `ck` holds the starting point: model (and, on resume, ema/optimizer/state). `resume` says
 // whether ck.state/optimizer continue a previous run.
+//
+// Data-parallel (comm with several ranks): opt.batch_size is the global batch, each rank trains on
+// its slice and the gradients are averaged before the optimizer; every rank starts from the same
+// weights (ck) and so stays identical. Rank 0 alone writes metrics, checkpoints and sample grids;
+// logged losses are averaged over the ranks; a stop (Ctrl-C, divergence) happens at the same step
+// on every rank.
 TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
-                  const TrainOptions& opt);
+                  const TrainOptions& opt, Communicator* comm = nullptr);
 
 }  // namespace unet
