@@ -15,6 +15,8 @@ struct InitArgs {
   std::string out;
   uint64_t seed = 0;
   bool print_params = false;
+  double class_dropout = 0;
+  CLI::Option* class_dropout_opt = nullptr;
   ModelFlags flags;
 };
 }  // namespace
@@ -34,9 +36,24 @@ void register_init(CLI::App& app) {
   // Lets the 550 M-parameter presets be checked against PyTorch without writing 2.2 GB.
   sub->add_flag("--print-params", args->print_params,
                 "write nothing; print the configuration and every tensor's name and PyTorch shape");
+  args->class_dropout_opt =
+      sub->add_option(
+             "--class-dropout", args->class_dropout,
+             "classifier-free guidance: P in [0, 1) with --class-cond; P > 0 gives label_emb the null "
+             "class's row (num_classes + 1 rows) and records P as `unet train`'s default class dropout")
+          ->group("Model")
+          ->check(real_range(0, 1));
   args->flags.add(sub);
   sub->callback([args] {
-    const ModelConfig cfg = args->flags.resolve();
+    ModelConfig cfg = args->flags.resolve();
+    if (args->class_dropout_opt->count()) {
+      cfg.class_dropout = args->class_dropout;
+      cfg.null_class = args->class_dropout > 0;
+      if (!cfg.class_cond)
+        throw UserError("--class-dropout needs --class-cond (the null class is a row of label_emb)");
+      const std::string err = cfg.validate();
+      if (!err.empty()) throw UserError("invalid model: " + err);
+    }
     if (args->print_params) {
       const ParamTable t = build_param_table(cfg);
       std::printf("# %s\n# %zu tensors, %zu parameters; name, then PyTorch shape\n", cfg.describe().c_str(),
@@ -62,6 +79,8 @@ void register_init(CLI::App& app) {
     std::string overrides;
     for (auto& o : args->flags.opts)
       if (o.first->count()) overrides += (overrides.empty() ? "" : " ") + o.first->get_name();
+    if (args->class_dropout_opt->count())
+      overrides += (overrides.empty() ? "" : " ") + std::string("--class-dropout");
     if (!overrides.empty()) what += " with " + overrides;
     std::printf("%s: %s, %.2f M parameters, seed %llu\n", args->out.c_str(), what.c_str(), t.count / 1e6,
                 (unsigned long long)args->seed);

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "checkpoint.h"
+#include "classifier_free.h"
 #include "commands.h"
 #include "grid.h"
 #include "h5.h"
@@ -23,11 +24,12 @@ struct SampleArgs {
   std::string sampler = "ddpm";
   int steps = 0;
   float eta = 0;
+  float guidance_scale = 1;
   int cls = 0;
   bool no_ema = false, no_clip = false;
   uint64_t seed = 0;
   DeviceFlags dev;
-  CLI::Option *n_opt = nullptr, *steps_opt = nullptr, *cls_opt = nullptr;
+  CLI::Option *n_opt = nullptr, *steps_opt = nullptr, *cls_opt = nullptr, *gs_opt = nullptr;
 };
 
 // Reads NOISE.h5 dataset `noise` float32 [N,C,H,W] (PyTorch layout) and returns NHWC.
@@ -75,10 +77,17 @@ void run(SampleArgs& a) {
                     std::to_string(cfg.diffusion_steps) + " diffusion steps");
   const bool cls_given = a.cls_opt->count() > 0;
   if (cls_given && !cfg.class_cond) throw UserError("--class: " + a.ckpt + " is not class-conditional");
-  if (cls_given && a.cls >= cfg.num_classes)
-    throw UserError("--class " + std::to_string(a.cls) + " is out of range (the model has " +
-                    std::to_string(cfg.num_classes) + " classes: 0 to " +
-                    std::to_string(cfg.num_classes - 1) + ")");
+  // A model with a null class (classifier-free guidance) takes it as --class num_classes.
+  if (cls_given && a.cls >= cfg.label_rows())
+    throw UserError(
+        "--class " + std::to_string(a.cls) + " is out of range (the model has " +
+        std::to_string(cfg.num_classes) + " classes: 0 to " + std::to_string(cfg.num_classes - 1) +
+        (cfg.null_class ? ", and " + std::to_string(cfg.num_classes) + " for the null class" : "") + ")");
+  const bool cf_guided = a.gs_opt->count() > 0;
+  if (cf_guided && !cfg.null_class)
+    throw UserError("--guidance-scale: " + a.ckpt +
+                    (cfg.class_cond ? " has no null class" : " is not class-conditional") +
+                    " (classifier-free guidance needs a model trained with unet train --class-dropout P)");
   std::vector<float> noise;
   int n = a.n;
   if (!a.noise.empty()) {
@@ -122,18 +131,29 @@ void run(SampleArgs& a) {
   so.clip = !a.no_clip;
   so.seed = a.seed;
   so.batch_size = a.batch_size ? std::min(a.batch_size, n) : std::min(n, 64);
-  std::printf("unet sample: %d images, %s %d steps, %s weights, %s\n", n, a.sampler.c_str(),
-              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", device.c_str());
+  char gs[48] = "";
+  if (cf_guided) std::snprintf(gs, sizeof gs, ", guidance scale %g", (double)a.guidance_scale);
+  std::printf("unet sample: %d images, %s %d steps, %s weights%s, %s\n", n, a.sampler.c_str(),
+              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", gs, device.c_str());
   std::fflush(stdout);
   std::vector<float> out((size_t)n * R * R * C);
   Progress prog("sample", n, "img");
-  sample(model, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(),
+  // Classifier-free guidance runs the conditional and the unconditional half in one forward pass:
+  // the model is planned for twice the batch.
+  const int planned = cf_guided ? 2 * so.batch_size : so.batch_size;
+  model.plan(planned, Mode::Sample);
+  SamplerNet net = sampler_net(model);
+  if (cfg.null_class) net.num_classes = cfg.label_rows();  // --class num_classes: the null class
+  if (cf_guided)
+    net = classifier_free_guidance(*eng, std::move(net), so.batch_size, a.guidance_scale, cfg.num_classes);
+  sample(*eng, net, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(),
          out.data(), [&](int done, int) { prog.update(done); });
   prog.finish();
   // stdout, like every informational line: stderr carries only warnings and errors.
-  std::printf("unet sample: peak %s memory %.2f GB (activations %.2f GB planned for batch %d)\n",
+  std::printf("unet sample: peak %s memory %.2f GB (activations %.2f GB planned for batch %d%s)\n",
               eng->is_cuda() ? "GPU" : "host", eng->device().bytes_held() / 1e9,
-              model.activation_bytes() / 1e9, so.batch_size);
+              model.activation_bytes() / 1e9, planned,
+              cf_guided ? ": conditional and unconditional halves" : "");
   if (!a.h5.empty()) {
     AtomicFile af(a.h5);
     {
@@ -149,6 +169,7 @@ void run(SampleArgs& a) {
       h5::set_attr(f, "/", "sampler", a.sampler);
       h5::set_attr(f, "/", "steps", (int64_t)(a.steps ? a.steps : cfg.diffusion_steps));
       h5::set_attr(f, "/", "eta", (double)a.eta);
+      if (cf_guided) h5::set_attr(f, "/", "guidance_scale", (double)a.guidance_scale);
       h5::set_attr(f, "/", "seed", (int64_t)a.seed);
       h5::set_attr(f, "/", "checkpoint", a.ckpt);
       h5::set_attr(f, "/", "weights", std::string(use_ema ? "ema" : "model"));
@@ -187,8 +208,14 @@ void register_sample(CLI::App& app) {
   sub->add_option("--noise", a->noise, "x_T from dataset 'noise' float32 [N,C,H,W] of this HDF5 file");
   a->cls_opt = sub->add_option("--class", a->cls,
                                "class label 0..num_classes-1 for every image (class-conditional models; "
-                               "default random)")
+                               "default random); num_classes = the null class of a --class-dropout model")
                    ->check(int_range(0, kModelLimits.num_classes - 1));
+  a->gs_opt =
+      sub->add_option("--guidance-scale", a->guidance_scale,
+                      "classifier-free guidance: eps = eps_uncond + W (eps_cond - eps_uncond), both from one "
+                      "forward pass of twice the batch (models trained with --class-dropout; W = 1: "
+                      "conditional, 0: unconditional, > 1: stronger guidance)")
+          ->check(real_range(0, INFINITY));
   sub->add_flag("--no-ema", a->no_ema, "use the raw weights instead of the EMA weights");
   sub->add_flag("--no-clip", a->no_clip, "do not clip the predicted x_0 to [-1, 1]");
   sub->add_option("--seed", a->seed, "seed for x_T, step noise and labels, 0 to 2^63-1 (default 0)")

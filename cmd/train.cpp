@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "checkpoint.h"
+#include "classifier_free.h"
 #include "comm.h"
 #include "commands.h"
 #include "init.h"
@@ -31,6 +32,7 @@ struct TrainArgs {
   int gpus = 0;              // --gpus N: launch N local ranks
   double dist_timeout = 60;  // --dist-timeout
   CLI::App* app = nullptr;
+  CLI::Option* class_dropout_opt = nullptr;
 };
 
 // Flags whose explicit use on --resume overrides the checkpoint's setting (resume.h).
@@ -120,6 +122,7 @@ void run(TrainArgs& a) {
     std::set<std::string> given;
     for (const char* f : kSettingFlags)
       if (a.app->get_option(f)->count()) given.insert(f);
+    if (a.class_dropout_opt->count()) given.insert("--class-dropout");  // so is the class dropout
     ResumeSettings rs = resolve_resume(ck, a.resume, o, given);
     o = rs.opt;
     warnings = rs.warnings;
@@ -136,6 +139,34 @@ void run(TrainArgs& a) {
   } else {
     ck.cfg = a.model.resolve();
   }
+  // Classifier-free guidance: the class dropout is the flag's, else the checkpoint's class_dropout
+  // (on --resume resolve_resume has taken it). It needs the null class's row of label_emb: a fresh
+  // model gets one, an --init checkpoint without one gains it, a resumed run cannot.
+  bool added_null_class = false;
+  const bool cd_given = a.class_dropout_opt->count() > 0;
+  if (cd_given && !(a.opt.class_dropout < 1))
+    throw UserError(
+        "--class-dropout must be in [0, 1), not 1"
+        " (every label dropped leaves nothing conditional to learn)");
+  if (!resume) o.class_dropout = cd_given ? a.opt.class_dropout : ck.cfg.class_dropout;
+  if ((cd_given || o.class_dropout > 0) && !ck.cfg.class_cond) {
+    const std::string what = resume ? a.resume : !a.init.empty() ? a.init : "";
+    throw UserError("--class-dropout needs a class-conditional model (" +
+                    (what.empty() ? std::string("--class-cond") : what + " is not class-conditional") + ")");
+  }
+  if (o.class_dropout > 0 && !ck.cfg.null_class) {
+    if (resume)
+      throw UserError("--class-dropout: " + a.resume +
+                      " has no null class, and a run cannot gain one on --resume (start a new run from it "
+                      "with --init, which adds one)");
+    if (a.init.empty()) {
+      ck.cfg.null_class = true;
+    } else {
+      add_null_class(ck, o.seed);
+      added_null_class = true;
+    }
+  }
+  if (!resume) ck.cfg.class_dropout = o.class_dropout;
   const ParamTable t = build_param_table(ck.cfg);
   if (o.batch_size % world != 0)
     throw UserError((resume && !a.app->get_option("--batch-size")->count() ? "the checkpoint's batch size "
@@ -143,8 +174,8 @@ void run(TrainArgs& a) {
                     std::to_string(o.batch_size) + " is not divisible by the " + std::to_string(world) +
                     " ranks (the batch size is global: each rank takes an equal slice)");
   if (o.microbatch > 0 && o.microbatch < o.batch_size / world && (o.batch_size / world) % o.microbatch != 0)
-    throw UserError("--microbatch " + std::to_string(o.microbatch) + " does not divide the batch of each rank (" +
-                    std::to_string(o.batch_size / world) + ")");
+    throw UserError("--microbatch " + std::to_string(o.microbatch) +
+                    " does not divide the batch of each rank (" + std::to_string(o.batch_size / world) + ")");
   if (a.rundir.empty()) a.rundir = default_rundir();
   if (cp) a.rundir = cp->broadcast(a.rundir);  // rank 0's (the default name has the time in it)
   o.rundir = a.rundir;
@@ -234,6 +265,11 @@ void run(TrainArgs& a) {
   if (root) {
     for (const std::string& w : warnings) std::fprintf(stderr, "unet: warning: %s\n", w.c_str());
     if (!ranks_line.empty()) std::printf("%s\n", ranks_line.c_str());
+    if (added_null_class)
+      std::printf(
+          "unet train: %s has no null class: label_emb gains row %d (N(0,1), --seed %llu) for "
+          "--class-dropout\n",
+          a.init.c_str(), ck.cfg.num_classes, (unsigned long long)o.seed);
   }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -269,6 +305,11 @@ void run(TrainArgs& a) {
   if (!r.last_checkpoint.empty())
     std::printf("; checkpoint %s (also %s/latest.h5)", r.last_checkpoint.c_str(), o.rundir.c_str());
   std::printf("\n");
+  if (r.labels_seen > 0)
+    std::printf(
+        "class dropout: %lld of %lld labels (%.2f%%) replaced by the null class (--class-dropout %g)\n",
+        (long long)r.labels_dropped, (long long)r.labels_seen, 100.0 * r.labels_dropped / r.labels_seen,
+        o.class_dropout);
   std::printf("peak %s memory %.2f GB (planned buffers and workspaces%s)\n", eng->is_cuda() ? "GPU" : "host",
               eng->device().bytes_held() / 1e9, eng->is_cuda() ? "; the CUDA context not counted" : "");
 }
@@ -279,12 +320,10 @@ void register_train(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "train a model on a dataset made by `unet prepare`");
   a->app = sub;
   sub->footer(
-      "--resume takes every training setting from the checkpoint: batch size, seed, lr and warmup, EMA "
-      "rate,\n"
-      "grad clip, weight decay, flips, schedule sampler, the save/log/sample intervals and the --steps "
-      "target;\n"
-      "a flag given explicitly overrides one (with a warning when that changes the continuation). It also\n"
-      "checks that DATA is the dataset the run was trained on.");
+      "--resume takes every training setting from the checkpoint: batch size, seed, lr and warmup,\n"
+      "EMA rate, grad clip, weight decay, flips, schedule sampler, class dropout, the save/log/sample\n"
+      "intervals and the --steps target; a flag given explicitly overrides one (with a warning when that\n"
+      "changes the continuation). It also checks that DATA is the dataset the run was trained on.");
   sub->add_option("data", a->data, "dataset (HDF5 from unet prepare)")->required();
   sub->add_option("--init", a->init, "start from this checkpoint's weights (fresh optimizer)");
   sub->add_option(
@@ -325,6 +364,13 @@ void register_train(CLI::App& app) {
                   "timestep sampler: uniform (default) or loss-second-moment (guided-diffusion's importance "
                   "sampling; reads each step's losses back)")
       ->check(CLI::IsMember({"uniform", "loss-second-moment"}));
+  a->class_dropout_opt =
+      sub->add_option(
+             "--class-dropout", o.class_dropout,
+             "classifier-free guidance: replace each label by the null class with probability P, "
+             "in [0, 1) (class-conditional models; adds the null class's label_emb row to a fresh or "
+             "--init model that lacks one; default: the checkpoint's class_dropout, else 0)")
+          ->check(real_range(0, 1));
   sub->add_flag("--no-flip", a->no_flip,
                 "disable random horizontal flips (--no-flip=false turns them back on)");
   sub->add_option(

@@ -272,7 +272,7 @@ struct Model::Impl {
     run(LinearFwd{at(a1s), P(t.at("time_embed.2.weight").offset, {ed, ed}),
                   vec(t.at("time_embed.2.bias").offset, ed), at(emb)});
     if (cfg.class_cond)
-      run(EmbeddingAdd{labels_in, P(t.at("label_emb.weight").offset, {cfg.num_classes, ed}), at(emb)});
+      run(EmbeddingAdd{labels_in, P(t.at("label_emb.weight").offset, {cfg.label_rows(), ed}), at(emb)});
     run(SiluFwd{at(emb), at(semb)});
   }
 
@@ -631,7 +631,7 @@ struct Model::Impl {
     ScopedRange r(eng.device(), "time_embed bwd");
     run(SiluBwd{at(emb), at(d_semb), at(d_emb)});
     if (cfg.class_cond)
-      run(EmbeddingBwd{labels_in, at(d_emb), G(t.at("label_emb.weight").offset, {cfg.num_classes, ed})});
+      run(EmbeddingBwd{labels_in, at(d_emb), G(t.at("label_emb.weight").offset, {cfg.label_rows(), ed})});
     const size_t w2 = t.at("time_embed.2.weight").offset, b2 = t.at("time_embed.2.bias").offset;
     const size_t w0 = t.at("time_embed.0.weight").offset, b0 = t.at("time_embed.0.bias").offset;
     run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), G(w2, {ed, ed}), gvec(b2, ed)});

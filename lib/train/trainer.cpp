@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 
+#include "classifier_free.h"
 #include "dataloader.h"
 #include "diffusion.h"
 #include "grid.h"
@@ -100,6 +101,14 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     throw UserError(dataset + ": " + std::to_string(info.class_names.size()) +
                     " classes but the model has --num-classes " + std::to_string(cfg.num_classes));
 
+  // Classifier-free guidance's class dropout needs the null class's row of label_emb.
+  if (!(o.class_dropout >= 0 && o.class_dropout < 1))
+    throw UserError("--class-dropout must be in [0, 1), not " + std::to_string(o.class_dropout));
+  if (o.class_dropout > 0 && !cfg.null_class)
+    throw UserError(std::string("--class-dropout: ") +
+                    (cfg.class_cond ? "the model has no null class (a label_emb row beyond its classes)"
+                                    : "the model is not class-conditional"));
+
   Model model(cfg, eng);
   const size_t P = model.arena_floats();
   OptimizerOptions oo;
@@ -133,7 +142,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   const Objective& obj = ts.objective();
   const bool hybrid = obj.learn_sigma && !obj.use_kl;  // mse and vb columns
   int64_t quartile_n[4] = {0, 0, 0, 0};                // samples per quartile in the log window (this rank)
-  const int first = multi ? comm->rank() * Bl : 0;      // this rank's slice of the global batch
+  const int first = multi ? comm->rank() * Bl : 0;     // this rank's slice of the global batch
 
   if (!quiet)
     std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d%s)%s\n",
@@ -168,6 +177,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   auto save = [&](int64_t at) -> bool {
     Checkpoint c;
     c.cfg = cfg;
+    c.cfg.class_dropout = o.class_dropout;  // the rate this run trains with (what --resume continues)
     c.model.resize(P), c.ema.resize(P), c.opt.m.resize(P), c.opt.v.resize(P);
     eng.download(c.model.data(), model.params());
     opt.save(c.opt.m.data(), c.opt.v.data(), c.ema.data());
@@ -218,8 +228,8 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     // EMA weights for the preview, then the training weights back (device copies, no host trip).
     const int n = std::min(16, B);
     if (!preview) {
-      preview =
-          std::make_unique<Sampler>(eng, sampler_net(model), std::min(n, ts.microbatch()));  // planned for that
+      preview = std::make_unique<Sampler>(eng, sampler_net(model),
+                                          std::min(n, ts.microbatch()));  // planned for that
       kept = eng.alloc(DType::F32, {(int64_t)P});
     }
     eng.ops().run(Copy{model.params(), kept});
@@ -264,6 +274,18 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
     }
     Batch* b = loader.next();
     for (int i = 0; i < Bl; ++i) host_labels[i] = b->labels[i];
+    if (cfg.class_cond && o.class_dropout > 0) {  // this rank's slice of the global batch of `step`
+      const int mine =
+          apply_class_dropout(seed, step, first, Bl, o.class_dropout, cfg.num_classes, host_labels);
+      // The count of the whole batch (the draws are a function of the global sample: no reduction).
+      int all = mine;
+      if (multi) {
+        all = 0;
+        for (int i = 0; i < B; ++i) all += class_dropped(seed, step, i, o.class_dropout);
+      }
+      res.labels_dropped += all;
+      res.labels_seen += B;
+    }
     if (lsm)
       lsm->sample(seed, step, Bl, b->t.data(), host_t.data(), host_w.data(), first);
     else
@@ -401,7 +423,8 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
       ControlPlane::Wait w(multi ? comm->control() : nullptr);
       eng.download(h, ts.stats);
     }
-    if (std::isfinite(h[0]) && !save_all(step)) return diverged("the weights became non-finite: " + nonfinite);
+    if (std::isfinite(h[0]) && !save_all(step))
+      return diverged("the weights became non-finite: " + nonfinite);
   }
   res.step = step;
   return res;
