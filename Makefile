@@ -12,7 +12,7 @@ endif
 
 DEB_PKGS := cmake g++ make pkg-config libcli11-dev libhdf5-dev libpng-dev libjpeg62-turbo-dev \
             zlib1g-dev libaec-dev nlohmann-json3-dev libgtest-dev python3 python3-numpy python3-h5py \
-            python3-torch python3-matplotlib
+            python3-torch python3-matplotlib openmpi-bin
 # Only `make demo` needs these (the tests make their own idx files).
 DEMO_PKGS := dataset-fashion-mnist
 

@@ -11,6 +11,7 @@ void register_init(CLI::App& app);
 void register_train(CLI::App& app);
 void register_sample(CLI::App& app);
 void register_profile(CLI::App& app);
+void register_eval(CLI::App& app);
 
 // Flag validators that check the text before CLI11 converts it, so every bad value reads alike:
 // "--jobs: must be an integer from 1 to 1024, not 0" (no 309-digit bounds, no silent wrap of -1

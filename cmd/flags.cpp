@@ -105,6 +105,12 @@ void ModelFlags::add(CLI::App* app, bool with_preset) {
   auto* ns =
       app->add_option("--noise-schedule", v.noise_schedule, "linear (default) or cosine")->group("Model");
   opts.push_back({ns, [this](ModelConfig& c) { c.noise_schedule = v.noise_schedule; }});
+  opt_bool("--use-kl", &ModelConfig::use_kl,
+           "train on the variational bound alone, x T (guided-diffusion's RESCALED_KL)");
+  opt_bool("--predict-xstart", &ModelConfig::predict_xstart, "the model predicts x0 instead of eps");
+  opt_bool("--rescale-learned-sigmas", &ModelConfig::rescale_learned_sigmas,
+           "scale the hybrid loss's vb term by T/1000 (guided-diffusion's RESCALED_MSE)");
+  opt_bool("--rescale-timesteps", &ModelConfig::rescale_timesteps, "the model sees t x 1000/T instead of t");
 }
 
 bool ModelFlags::any_given() const {

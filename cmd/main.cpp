@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   unet::register_train(app);
   unet::register_sample(app);
   unet::register_profile(app);
+  unet::register_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -29,11 +30,13 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::fprintf(stderr, "unet: %s (see 'unet --help')\n", e.what());
     return 1;
+  } catch (const unet::SilentError&) {
+    return 1;
   } catch (const unet::UserError& e) {
-    std::fprintf(stderr, "unet: %s\n", e.what());
+    std::fprintf(stderr, "unet: %s%s\n", unet::error_prefix().c_str(), e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "unet: internal error: %s\n", e.what());
+    std::fprintf(stderr, "unet: %sinternal error: %s\n", unet::error_prefix().c_str(), e.what());
     return 2;
   }
   return 0;

@@ -32,6 +32,13 @@ void run(ProfileArgs& a) {
   if (!a.kernels.empty()) set_kernel_overrides(a.kernels);
   r.precision = parse_precision(a.precision);
   if (!a.checkpoint.empty() && !file_exists(a.checkpoint)) throw UserError(a.checkpoint + ": no such file");
+  // --in-channels: a layer's input channels (any count), or with --layer model the image channels
+  // (validated with the model). A layer's count is taken out before the model is validated.
+  int layer_in = 0;
+  if (a.in_ch_opt->count() && r.layer != "model") {
+    layer_in = a.model.v.in_channels;
+    a.model.v.in_channels = 3;
+  }
   // The model configuration: a checkpoint's, else preset + flags. It also gives the layer defaults.
   r.model_what = a.model.preset;
   if (!a.checkpoint.empty()) {
@@ -48,8 +55,7 @@ void run(ProfileArgs& a) {
   } else {
     r.cfg = a.model.resolve();
   }
-  // --in-channels: the layer's input channels, or with --layer model the image channels.
-  if (a.in_ch_opt->count()) r.in_ch = r.layer == "model" ? 0 : r.cfg.in_channels;
+  if (layer_in) r.in_ch = layer_in;
   const std::string text = run_profile(r);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);

@@ -1,16 +1,22 @@
 // unet train DATA.h5 — thin: parse flags, pick the starting checkpoint, call lib/trainer.
+#include <omp.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <ctime>
 #include <filesystem>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "checkpoint.h"
+#include "comm.h"
 #include "commands.h"
 #include "init.h"
 #include "params.h"
 #include "preflight.h"
 #include "resume.h"
+#include "spawn.h"
 #include "trainer.h"
 #include "util.h"
 
@@ -22,13 +28,16 @@ struct TrainArgs {
   bool no_flip = false;
   ModelFlags model;
   DeviceFlags dev;
+  int gpus = 0;              // --gpus N: launch N local ranks
+  double dist_timeout = 60;  // --dist-timeout
   CLI::App* app = nullptr;
 };
 
 // Flags whose explicit use on --resume overrides the checkpoint's setting (resume.h).
-const char* const kSettingFlags[] = {"--batch-size", "--seed",       "--lr",           "--lr-warmup",
-                                     "--ema-rate",   "--grad-clip",  "--weight-decay", "--no-flip",
-                                     "--steps",      "--save-every", "--log-every",    "--sample-every"};
+const char* const kSettingFlags[] = {
+    "--batch-size", "--seed",         "--lr",         "--lr-warmup",       "--ema-rate",
+    "--grad-clip",  "--weight-decay", "--no-flip",    "--steps",           "--save-every",
+    "--log-every",  "--sample-every", "--microbatch", "--schedule-sampler"};
 
 void on_signal(int) { stop_requested().store(true); }
 
@@ -55,10 +64,45 @@ void check_input_not_in_outputs(const std::string& rundir, const std::string& in
                     " under a name the run writes; refusing to overwrite an input (choose another -o)");
 }
 
+// "rank 0 gpu01 GPU 0, rank 1 gpu01 GPU 1": where each rank runs (from all_gather), and checks
+// that every rank chose the same kind of engine.
+std::string describe_ranks(const std::vector<std::string>& all, int* nodes) {
+  std::set<std::string> hosts;
+  std::string out, kind0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const size_t t1 = all[r].find('\t'), t2 = all[r].find('\t', t1 + 1);
+    const std::string host = all[r].substr(0, t1), where = all[r].substr(t1 + 1, t2 - t1 - 1),
+                      kind = all[r].substr(t2 + 1);
+    if (r == 0) kind0 = kind;
+    if (kind != kind0)
+      throw UserError("rank " + std::to_string(r) + " runs on " + kind + " but rank 0 on " + kind0 +
+                      " (give every rank the same --device, and a GPU to each)");
+    hosts.insert(host);
+    if (r < 16) out += std::string(r ? ", " : "") + "rank " + std::to_string(r) + " " + host + " " + where;
+  }
+  if (all.size() > 16) out += ", ...";
+  *nodes = (int)hosts.size();
+  return out;
+}
+
 void run(TrainArgs& a) {
   namespace fs = std::filesystem;
   TrainOptions o = a.opt;
   o.flip = !a.no_flip;
+
+  // Data-parallel: this process is a rank started by a launcher (torchrun, mpirun, srun, --gpus),
+  // or the --gpus launcher itself, or a single process (no launcher).
+  DistEnv env = parse_dist_env();
+  const bool launcher = a.gpus > 1;
+  if (a.gpus > 0 && env.distributed())
+    throw UserError("--gpus: this process is already rank " + std::to_string(env.rank) + " of " +
+                    std::to_string(env.world) + " (started by " + env.launcher +
+                    "); use either --gpus or a launcher");
+  const int world = launcher ? a.gpus : env.world;
+  const bool root = env.rank == 0;
+  if (env.distributed() && !root) error_prefix() = "rank " + std::to_string(env.rank) + ": ";
+  // Connected first, so that a rank failing a check below stops the others at once.
+  std::unique_ptr<ControlPlane> cp = connect_control_plane(env, a.dist_timeout);
   if (!a.init.empty() && !a.resume.empty()) throw UserError("--init and --resume are exclusive");
   if ((!a.init.empty() || !a.resume.empty()) && a.model.any_given())
     throw UserError(
@@ -93,7 +137,16 @@ void run(TrainArgs& a) {
     ck.cfg = a.model.resolve();
   }
   const ParamTable t = build_param_table(ck.cfg);
+  if (o.batch_size % world != 0)
+    throw UserError((resume && !a.app->get_option("--batch-size")->count() ? "the checkpoint's batch size "
+                                                                           : "--batch-size ") +
+                    std::to_string(o.batch_size) + " is not divisible by the " + std::to_string(world) +
+                    " ranks (the batch size is global: each rank takes an equal slice)");
+  if (o.microbatch > 0 && o.microbatch < o.batch_size / world && (o.batch_size / world) % o.microbatch != 0)
+    throw UserError("--microbatch " + std::to_string(o.microbatch) + " does not divide the batch of each rank (" +
+                    std::to_string(o.batch_size / world) + ")");
   if (a.rundir.empty()) a.rundir = default_rundir();
+  if (cp) a.rundir = cp->broadcast(a.rundir);  // rank 0's (the default name has the time in it)
   o.rundir = a.rundir;
 
   // Outputs: a directory that is not an input nor holds one under an output's name.
@@ -116,44 +169,90 @@ void run(TrainArgs& a) {
   if (resume) check_resume_dataset(ck, a.resume, a.data, data.info, data.fingerprint);
   o.dataset_fingerprint = data.fingerprint;
   const int ckpt_arenas = 1 + (ck.ema.empty() ? 0 : 1) + (ck.has_optimizer ? 2 : 0);
-  check_memory(train_host_bytes(t, ckpt_arenas, o.batch_size, data.info),
+  check_memory(train_host_bytes(t, ckpt_arenas, o.batch_size / world, data.info),
                "training (batch " + std::to_string(o.batch_size) + ", " + std::to_string(t.count / 1000000) +
                    " M parameters, " + std::to_string(data.info.count) + " images)");
   if (!resume && a.init.empty()) {
     check_model_size(t, 1, "the model flags");
-    ck.model = init_params(t, o.seed);
+    if (!launcher) ck.model = init_params(t, o.seed);  // the ranks make their own
   }
 
-  // The run directory: checked writable, created, locked against a second trainer.
-  if (fs::is_directory(o.rundir, ec)) {
+  // --gpus N: everything checked once here; the N ranks check again and train.
+  if (launcher) {
+    const int code = run_local_ranks(a.gpus, a.dist_timeout + 15);
+    if (code != 0) throw SilentError();  // the ranks said why
+    return;
+  }
+
+  // The run directory: checked writable, created, locked against a second trainer (by rank 0,
+  // which alone writes there).
+  std::unique_ptr<DirLock> lock;
+  if (root) {
+    if (fs::is_directory(o.rundir, ec)) {
+      check_writable_dir_for(o.rundir + "/metrics.csv");
+      check_writable_dir_for(o.rundir + "/latest.h5");
+    }
+    fs::create_directories(o.rundir, ec);
+    if (!fs::is_directory(o.rundir, ec)) throw UserError(o.rundir + ": cannot create the run directory");
+    lock = std::make_unique<DirLock>(o.rundir, "unet train");
+    if (!resume && fs::exists(o.rundir + "/latest.h5"))  // written by a trainer that just finished
+      throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
+                      "/latest.h5 or choose another -o");
     check_writable_dir_for(o.rundir + "/metrics.csv");
     check_writable_dir_for(o.rundir + "/latest.h5");
+    remove_stale_temps(o.rundir);
   }
-  fs::create_directories(o.rundir, ec);
-  if (!fs::is_directory(o.rundir, ec)) throw UserError(o.rundir + ": cannot create the run directory");
-  DirLock lock(o.rundir, "unet train");
-  if (!resume && fs::exists(o.rundir + "/latest.h5"))  // written by a trainer that just finished
-    throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
-                    "/latest.h5 or choose another -o");
-  check_writable_dir_for(o.rundir + "/metrics.csv");
-  check_writable_dir_for(o.rundir + "/latest.h5");
-  remove_stale_temps(o.rundir);
 
-  // Everything checked: now the device, and the only informational output, on stdout.
+  // Everything checked: now the device (a rank's GPU is its local rank), and the only
+  // informational output, on stdout.
+  int gpu = -1;
+  if (env.distributed() && a.dev.device != "cpu") {
+    const int n = cuda_device_count();
+    if (n > 0) cuda_set_device(gpu = gpu_for_rank(env, n));
+  }
+  if (env.distributed() && !std::getenv("OMP_NUM_THREADS"))  // CPU ranks of one node share its cores
+    omp_set_num_threads((int)std::max(1u, std::thread::hardware_concurrency() / (unsigned)env.local_world));
   std::string device;
   auto eng = a.dev.make(&device);
-  for (const std::string& w : warnings) std::fprintf(stderr, "unet: warning: %s\n", w.c_str());
+  CommOptions co;
+  co.timeout_s = a.dist_timeout;
+  if (const char* mb = std::getenv("UNET_BUCKET_MB"))
+    co.bucket_bytes = (size_t)(std::max(0.0, std::atof(mb)) * (1 << 20));
+  std::unique_ptr<Communicator> comm = make_communicator(env, std::move(cp), *eng, co);
+  std::string ranks_line;
+  if (env.distributed()) {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    const std::string where = eng->is_cuda() ? "GPU " + std::to_string(std::max(gpu, 0)) : std::string("cpu");
+    int nodes = 1;
+    const std::string ranks =
+        describe_ranks(comm->all_gather(std::string(host) + "\t" + where + "\t" + eng->name()), &nodes);
+    ranks_line = "distributed: " + std::to_string(env.world) + " ranks, " + std::to_string(env.local_world) +
+                 " per node on " + std::to_string(nodes) + " node" + (nodes > 1 ? "s" : "") +
+                 ", started by " + env.launcher + ", " + comm->backend() + " (" + ranks + ")";
+  }
+  if (root) {
+    for (const std::string& w : warnings) std::fprintf(stderr, "unet: warning: %s\n", w.c_str());
+    if (!ranks_line.empty()) std::printf("%s\n", ranks_line.c_str());
+  }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  std::printf("unet train: %.2f M parameters, batch %d, %s, %s step %lld%s -> %s\n", t.count / 1e6,
-              o.batch_size, device.c_str(), resume ? "resuming at" : "starting at",
-              resume ? (long long)ck.state.at("step") : 0LL,
-              o.steps ? (" until step " + std::to_string(o.steps)).c_str() : " (until interrupted)",
-              o.rundir.c_str());
+  if (root)
+    std::printf(
+        "unet train: %.2f M parameters, batch %d%s, %s, %s step %lld%s -> %s\n", t.count / 1e6, o.batch_size,
+        env.distributed() ? (" (" + std::to_string(o.batch_size / world) + " per rank)").c_str() : "",
+        device.c_str(), resume ? "resuming at" : "starting at", resume ? (long long)ck.state.at("step") : 0LL,
+        o.steps ? (" until step " + std::to_string(o.steps)).c_str() : " (until interrupted)",
+        o.rundir.c_str());
   std::fflush(stdout);
-  TrainResult r = train(*eng, a.data, std::move(ck), resume, o);
+  TrainResult r = train(*eng, a.data, std::move(ck), resume, o, comm.get());
+  comm->finish();  // every rank is done: none takes another's exit for a failure
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  if (!root) {
+    if (r.diverged) throw SilentError();  // rank 0 reports it
+    return;
+  }
   if (r.diverged) {
     const std::string good = !r.last_checkpoint.empty() ? r.last_checkpoint
                              : resume                   ? a.resume + " (resumed from)"
@@ -214,12 +313,28 @@ void register_train(CLI::App& app) {
       ->check(real_range(0, INFINITY));
   sub->add_option("--lr-warmup", o.lr_warmup, "linear learning-rate warmup over N steps (default 0)")
       ->check(int_range(0, INT64_MAX));
+  sub->add_option(
+         "--microbatch", o.microbatch,
+         "accumulate gradients over micro-batches of N samples (must divide --batch-size; the model is "
+         "planned for N: less memory, same result up to summation order; default 0 = whole batch)")
+      ->check(int_range(0, kMaxBatch));
+  sub->add_option("--schedule-sampler", o.schedule_sampler,
+                  "timestep sampler: uniform (default) or loss-second-moment (guided-diffusion's importance "
+                  "sampling; reads each step's losses back)")
+      ->check(CLI::IsMember({"uniform", "loss-second-moment"}));
   sub->add_flag("--no-flip", a->no_flip,
                 "disable random horizontal flips (--no-flip=false turns them back on)");
   sub->add_option(
          "--seed", o.seed,
          "seed of data order, noise, timesteps, flips, dropout and fresh init, 0 to 2^63-1 (default 0)")
       ->check(seed_range());
+  sub->add_option("--gpus", a->gpus,
+                  "train on N GPUs of this machine: starts N processes, one per GPU (data-parallel; "
+                  "--batch-size is the global batch). torchrun, mpirun and srun work too")
+      ->check(int_range(1, 1024));
+  sub->add_option("--dist-timeout", a->dist_timeout,
+                  "seconds after which a rank that died or hangs stops every rank of the run (default 60)")
+      ->check(real_range(1, 86400));
   a->model.add(sub);
   a->dev.add(sub);
   sub->callback([a] { run(*a); });

@@ -23,14 +23,16 @@ namespace unet {
 // Independent streams. The values are part of the on-disk reproducibility contract (a
 // checkpoint resumed by a later build must draw the same numbers): never renumber.
 enum class Stream : uint64_t {
-  TrainNoise = 1,     // q_sample noise: key (step), index b*numel + j
-  TrainTimestep = 2,  // t ~ U{0..T-1}: key (step), index b
-  TrainFlip = 3,      // horizontal flip: key (step), index b
-  Shuffle = 4,        // Fisher-Yates permutation of the dataset: key (epoch), index j
-  Dropout = 5,        // per-step dropout seeds
-  SampleInit = 6,     // sampler x_T: index i*numel + j (global sample i, NHWC element j)
-  SampleStep = 7,     // sampler step noise: key (original timestep t), index i*numel + j
-  SampleLabel = 8,    // sampler class labels when none are given: index i
+  TrainNoise = 1,       // q_sample noise: key (step), index b*numel + j
+  TrainTimestep = 2,    // t ~ U{0..T-1}: key (step), index b
+  TrainFlip = 3,        // horizontal flip: key (step), index b
+  Shuffle = 4,          // Fisher-Yates permutation of the dataset: key (epoch), index j
+  Dropout = 5,          // per-step dropout seeds
+  SampleInit = 6,       // sampler x_T: index i*numel + j (global sample i, NHWC element j)
+  SampleStep = 7,       // sampler step noise: key (original timestep t), index i*numel + j
+  SampleLabel = 8,      // sampler class labels when none are given: index i
+  TrainTimestepIS = 9,  // importance-sampled t (loss-second-moment): key (step), index b
+  EvalNoise = 10,       // unet eval's q_sample noise: key (timestep t), index i*numel + j
 };
 
 // splitmix64's output function: a bijection of 64-bit words with good avalanche.
@@ -63,6 +65,11 @@ UNET_RNG_HD inline uint64_t rng_bits(uint64_t seed, Stream s, uint64_t index) {
 // Uniform in [0, 1): the top 24 bits, so every value is exactly representable as a float.
 UNET_RNG_HD inline float uniform01(uint64_t seed, Stream s, uint64_t index) {
   return static_cast<float>(rng_bits(seed, s, index) >> 40) * (1.0f / 16777216.0f);
+}
+
+// Uniform in [0, 1) with 53 bits (a double).
+UNET_RNG_HD inline double uniform01_f64(uint64_t seed, Stream s, uint64_t index) {
+  return static_cast<double>(rng_bits(seed, s, index) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 // Box-Muller on the two 32-bit halves of one hash of index/2: the even index takes the cosine

@@ -18,6 +18,11 @@
 
 namespace unet {
 
+std::string& error_prefix() {
+  static std::string p;
+  return p;
+}
+
 namespace fs = std::filesystem;
 
 std::string errno_text(int err) { return std::strerror(err); }

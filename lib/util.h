@@ -12,6 +12,13 @@ namespace unet {
 struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// Exit 1 without a message: another process already printed it (rank 0 of a data-parallel run
+// reports what every rank ran into).
+struct SilentError : UserError {
+  SilentError() : UserError("") {}
+};
+// Prepended to main()'s error lines: "rank 3: " on the ranks other than 0 of a data-parallel run.
+std::string& error_prefix();
 
 // strerror(err) as a string ("No space left on device").
 std::string errno_text(int err);

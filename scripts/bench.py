@@ -1,9 +1,24 @@
 #!/usr/bin/env python3
-"""One full training step (forward + loss + backward + AdamW) of seed64 at batch 32, 64x64:
-unet (fp32, tf32) vs the PyTorch model of scripts/unet_torch.py (eager strict fp32, eager default
-TF32 convs, torch.compile). Prints ms/step, peak GPU memory and ratios; run on the GPU machine:
+"""unet vs PyTorch on one GPU, in one run (issue 10): seed64, 64x64.
 
-    python3 scripts/bench.py --unet build/bin/unet [--out DIR]
+Training step (forward + MSE + backward + AdamW, batch 32):
+  unet fp32 / tf32 / bf16   `unet profile --layer model`: summed kernel time and CUDA-event time of
+                            CUDA-graph replays, device memory held; and `unet train`'s own ms/step
+                            (wall, metrics.csv's last window)
+  torch eager fp32 / eager tf32 / compile tf32 / compile + bf16 autocast, on scripts/unet_torch.py
+                            (guided-diffusion's module tree): CUDA-event time per step (wall: it
+                            includes the host's launch gaps) and summed GPU kernel time
+                            (torch.profiler), peak memory
+Sampling (64 images, one DDPM step = one forward + the posterior update):
+  unet tf32 / bf16          wall ms per step of `unet sample --sampler ddpm` (the difference of two
+                            runs, so start-up and PNG writing cancel) and `unet profile --pass forward`
+  torch eager / compile     guided-diffusion's p_sample on the same model (scripts/diffusion_torch.py),
+                            CUDA-event ms per step
+
+PyTorch's wall time on this class of machine is dominated by host overhead; compare against its
+kernel sum (what a PyTorch user with CUDA graphs would approach). Run on the GPU machine:
+
+    python3 scripts/bench.py --unet build/bin/unet [--out DIR] [--skip-compile]
 """
 import argparse
 import csv
@@ -34,49 +49,61 @@ def make_dataset(path, n=256, size=64, seed=0):
         f.attrs["count"] = n
 
 
-def bench_unet(unet, data, precision, steps, batch, workdir):
-    rundir = os.path.join(workdir, "run-" + precision)
-    cmd = [unet, "train", data, "--preset", "seed64", "--batch-size", str(batch), "--steps", str(steps),
-           "--log-every", str(steps // 3), "--save-every", "0", "--precision", precision, "-o", rundir]
-    t0 = time.time()
+def run(cmd):
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         print(p.stdout[-3000:], p.stderr[-3000:])
-        raise SystemExit(f"unet train failed ({precision})")
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    return p.stdout + p.stderr
+
+
+def unet_profile(unet, precision, batch, pass_="step"):
+    """(kernel sum ms, CUDA events ms, device memory GB) of CUDA-graph replays."""
+    out = run([unet, "profile", "--layer", "model", "--batch-size", str(batch), "--precision", precision,
+               "--pass", pass_, "--no-plain-timing"])
+    m = re.search(r"CUDA-graph replays: kernel sum ([0-9.]+) ms/iter.*CUDA events ([0-9.]+) ms/iter", out)
+    mem = re.search(r"Device memory held: ([0-9.]+) GB", out)
+    if not m:
+        print(out[-2000:])
+        raise SystemExit("unet profile: no CUDA-graph line")
+    return float(m.group(1)), float(m.group(2)), float(mem.group(1)) if mem else float("nan")
+
+
+def unet_train_wall(unet, data, precision, steps, batch, workdir):
+    rundir = os.path.join(workdir, "run-" + precision)
+    run([unet, "train", data, "--preset", "seed64", "--batch-size", str(batch), "--steps", str(steps),
+         "--log-every", str(steps // 3), "--save-every", "0", "--precision", precision, "-o", rundir])
     rows = list(csv.DictReader(open(os.path.join(rundir, "metrics.csv"))))
-    ms = float(rows[-1]["ms_per_step"])  # last window: warm (first window includes start-up)
-    m = re.search(r"peak GPU memory ([0-9.]+) GB", p.stdout + p.stderr)
-    mem = float(m.group(1)) if m else float("nan")
-    return ms, mem, time.time() - t0
+    return float(rows[-1]["ms_per_step"])  # last window: warm (the first includes start-up)
 
 
-def bench_torch(mode, batch, iters=20, warmup=5):
+def unet_sample_wall(unet, ckpt, precision, n, steps=(10, 60)):
+    """ms per DDPM step for n images: (wall(long) - wall(short)) / (long - short) steps."""
+    times = []
+    for s in steps:
+        t0 = time.time()
+        run([unet, "sample", ckpt, "-n", str(n), "--batch-size", str(n), "--sampler", "ddpm", "--steps", str(s),
+             "--precision", precision, "-o", ckpt + f".{s}.png"])
+        times.append(time.time() - t0)
+    return 1000 * (times[1] - times[0]) / (steps[1] - steps[0])
+
+
+def kernel_sum_ms(prof, iters):
+    """Summed GPU kernel (and memcpy/memset) time per iteration from a torch.profiler run."""
+    total_us = 0.0
+    for e in prof.events():
+        dev = str(getattr(e, "device_type", ""))
+        if "CUDA" in dev:
+            total_us += getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) or 0.0
+    if total_us == 0.0:  # older/newer attribute names: the kineto records themselves
+        for e in prof.profiler.kineto_results.events():
+            if "CUDA" in str(e.device_type()):
+                total_us += e.duration_ns() / 1000.0
+    return total_us / 1000.0 / iters
+
+
+def timed(fn, iters):
     import torch
-    import torch.nn.functional as F
-    from unet_torch import create_model
-    torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = mode != "eager-fp32"
-    model = create_model(preset="seed64").cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
-    x = torch.rand(batch, 3, 64, 64, device="cuda") * 2 - 1
-    noise = torch.randn_like(x)
-    t = torch.randint(0, 1000, (batch,), device="cuda")
-    ab = torch.linspace(0.9999, 0.01, 1000, device="cuda")[t].view(-1, 1, 1, 1)
-    xt = ab.sqrt() * x + (1 - ab).sqrt() * noise
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = F.mse_loss(model(xt, t), noise)
-        loss.backward()
-        opt.step()
-        return loss
-
-    fn = torch.compile(step) if mode == "compile" else step
-    for _ in range(warmup + (10 if mode == "compile" else 0)):
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(iters):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -85,46 +112,156 @@ def bench_torch(mode, batch, iters=20, warmup=5):
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def profiled(fn, iters):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    return kernel_sum_ms(prof, iters)
+
+
+TORCH_TRAIN = ("eager fp32", "eager tf32", "compile tf32", "compile bf16")
+
+
+def bench_torch_train(mode, batch, iters=20, warmup=5):
+    import torch
+    import torch.nn.functional as F
+    from unet_torch import create_model
+    torch.manual_seed(0)
+    tf32 = mode != "eager fp32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    model = create_model(preset="seed64").cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+    x = (torch.rand(batch, 3, 64, 64, device="cuda") * 2 - 1).to(memory_format=torch.channels_last)
+    noise = torch.randn_like(x)
+    t = torch.randint(0, 1000, (batch,), device="cuda")
+    ab = torch.linspace(0.9999, 0.01, 1000, device="cuda")[t].view(-1, 1, 1, 1)
+    xt = ab.sqrt() * x + (1 - ab).sqrt() * noise
+    bf16 = mode.endswith("bf16")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            out = model(xt, t.float())
+        loss = F.mse_loss(out.float(), noise)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = torch.compile(step) if mode.startswith("compile") else step
+    for _ in range(warmup + (10 if mode.startswith("compile") else 0)):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    wall = timed(fn, iters)
     mem = torch.cuda.max_memory_allocated() / 1e9
+    ks = profiled(fn, 10)
     del model, opt
     torch.cuda.empty_cache()
-    return statistics.median(times), mem
+    return wall, ks, mem
+
+
+def bench_torch_sample(mode, n, iters=20, warmup=3):
+    """One guided-diffusion p_sample step (DDPM, 1000-step schedule) for n images."""
+    import torch
+    from diffusion_torch import Diffusion
+    from unet_torch import create_model
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    model = create_model(preset="seed64").cuda().eval().to(memory_format=torch.channels_last)
+    d = Diffusion(1000, "linear")
+    x = torch.randn(n, 3, 64, 64, device="cuda").to(memory_format=torch.channels_last)
+    bf16 = mode.endswith("bf16")
+    net = torch.compile(model) if mode.startswith("compile") else model
+
+    def call(xx, tt, **kw):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            return net(xx, tt, **kw).float()
+
+    t = torch.full((n,), 500, device="cuda", dtype=torch.long)
+
+    def step():
+        with torch.no_grad():
+            return d.p_sample(call, x, t, torch.randn_like(x), clip=True)
+
+    for _ in range(warmup + (5 if mode.startswith("compile") else 0)):
+        step()
+    torch.cuda.synchronize()
+    wall = timed(step, iters)
+    ks = profiled(step, 10)
+    del model, net
+    torch.cuda.empty_cache()
+    return wall, ks
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--unet", default="build/bin/unet")
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=60, help="unet train steps for the wall time")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--sample-n", type=int, default=64)
     ap.add_argument("--out", default=None)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--skip-fp32", action="store_true", help="leave out unet fp32 and torch eager fp32 (slow)")
     a = ap.parse_args()
     import torch
     gpu = torch.cuda.get_device_name(0)
-    rows = []
+    train, samp = [], []
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "bench.h5")
         make_dataset(data)
-        for prec in ("fp32", "tf32", "bf16"):
-            ms, mem, _ = bench_unet(a.unet, data, prec, a.steps, a.batch, tmp)
-            rows.append((f"unet {prec}", ms, mem))
-            print(f"unet {prec}: {ms:.2f} ms/step, peak {mem:.2f} GB", flush=True)
+        for prec in (() if a.skip_fp32 else ("fp32",)) + ("tf32", "bf16"):
+            ks, ev, mem = unet_profile(a.unet, prec, a.batch)
+            wall = unet_train_wall(a.unet, data, prec, a.steps, a.batch, tmp)
+            train.append((f"unet {prec}", wall, ks, ev, mem))
+            print(f"unet {prec}: train wall {wall:.2f} ms/step, kernel sum {ks:.2f}, events {ev:.2f}, "
+                  f"memory {mem:.2f} GB", flush=True)
+        ckpt = os.path.join(tmp, "run-tf32", "latest.h5")
+        for prec in ("tf32", "bf16"):
+            wall = unet_sample_wall(a.unet, ckpt, prec, a.sample_n)
+            ks, ev, _ = unet_profile(a.unet, prec, a.sample_n, "forward")
+            samp.append((f"unet {prec}", wall, ks))
+            print(f"unet sample {prec}: {wall:.2f} ms/step wall, forward kernel sum {ks:.2f} ms", flush=True)
     if not a.skip_torch:
-        for mode in ("eager-fp32", "eager-default") + (() if a.skip_compile else ("compile",)):
-            ms, mem = bench_torch(mode, a.batch)
-            rows.append((f"torch {mode}", ms, mem))
-            print(f"torch {mode}: {ms:.2f} ms/step, peak {mem:.2f} GB", flush=True)
-    ref = {n: ms for n, ms, _ in rows}
-    lines = [f"seed64, batch {a.batch}, 64x64, one training step (fwd+loss+bwd+AdamW) on {gpu}, "
-             f"{time.strftime('%Y-%m-%d')}",
-             "",
-             "| implementation | ms/step | peak GPU memory (GB) | vs torch eager default |",
-             "|---|---:|---:|---:|"]
-    base = ref.get("torch eager-default")
-    for n, ms, mem in rows:
-        ratio = f"{base / ms:.2f}x" if base else "-"
-        lines.append(f"| {n} | {ms:.1f} | {mem:.2f} | {ratio} |")
+        modes = [m for m in TORCH_TRAIN if not (a.skip_compile and m.startswith("compile"))
+                 and not (a.skip_fp32 and m.endswith("fp32"))]
+        for mode in modes:
+            wall, ks, mem = bench_torch_train(mode, a.batch)
+            train.append((f"torch {mode}", wall, ks, float("nan"), mem))
+            print(f"torch {mode}: {wall:.2f} ms/step (events), kernel sum {ks:.2f}, peak {mem:.2f} GB", flush=True)
+        for mode in ("eager tf32", "eager bf16") + (() if a.skip_compile else ("compile tf32", "compile bf16")):
+            wall, ks = bench_torch_sample(mode, a.sample_n)
+            samp.append((f"torch {mode}", wall, ks))
+            print(f"torch sample {mode}: {wall:.2f} ms/step, kernel sum {ks:.2f}", flush=True)
+
+    def ratio(base, v):
+        return f"{base / v:.2f}x" if base and v == v and v > 0 else "-"
+
+    base = {n: ks for n, _, ks, _, _ in train}.get("torch compile tf32")
+    lines = [f"seed64, 64x64, on {gpu}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}", "",
+             f"Training step (batch {a.batch}; fwd + MSE + bwd + AdamW):", "",
+             "| implementation | wall ms/step | GPU kernel sum ms | unet: CUDA events ms | memory GB | "
+             "kernel sum vs torch.compile tf32 |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for n, wall, ks, ev, mem in train:
+        lines.append(f"| {n} | {wall:.2f} | {ks:.2f} | {'-' if ev != ev else f'{ev:.2f}'} | {mem:.2f} | "
+                     f"{ratio(base, ks)} |")
+    sbase = {n: w for n, w, _ in samp}.get("torch compile tf32")
+    lines += ["", f"Sampling, one DDPM step for {a.sample_n} images:", "",
+              "| implementation | wall ms/step | GPU kernel sum ms (unet: the forward pass) | wall vs torch.compile tf32 |",
+              "|---|---:|---:|---:|"]
+    for n, wall, ks in samp:
+        lines.append(f"| {n} | {wall:.2f} | {ks:.2f} | {ratio(sbase, wall)} |")
+    lines += ["", "unet memory: device memory held (planned buffers, weights, optimizer, workspaces); "
+              "torch: peak allocated. unet train wall: metrics.csv's last window (includes data loading)."]
     table = "\n".join(lines)
     print()
     print(table)

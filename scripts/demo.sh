@@ -3,7 +3,8 @@
 #   1. Debian's dataset-fashion-mnist idx files -> demo/fashion/<class>/<index>.png, a subset per class
 #      (scripts/fashion_mnist_to_png.py; kept between runs)
 #   2. unet prepare --labels subdirs -> demo/data.h5 (10 classes, 32x32)
-#   3. unet init (tiny32, class-conditional) + unet train from scratch -> demo/run/
+#   3. unet init (tiny32 --num-channels 64 --channel-mult 1,1, class-conditional) + unet train from
+#      scratch -> demo/run/
 #   4. unet sample, one row per class, from the shipped model testdata/demo/fashion32.h5 (when it is
 #      there) and from the model just trained -> demo/samples/{shipped,trained}/class_NN.h5
 #   5. demo/grid.png (real images | shipped model | trained here) and demo/metrics.png (the run's curves)
@@ -53,8 +54,10 @@ fi
 stage "prepare: demo/fashion -> demo/data.h5"
 "$UNET" prepare demo/fashion -o demo/data.h5 --image-size 32 --labels subdirs
 
-stage "init: tiny32, class-conditional (10 classes) -> demo/init.h5"
-"$UNET" init -o demo/init.h5 --preset tiny32 --class-cond --num-classes 10 --seed 0
+# The shipped model's shape (scripts/train_demo_model.sh says why 64 channels, not tiny32's 32).
+read -r -a MFLAGS <<< "${DEMO_MODEL_FLAGS:---num-channels 64 --channel-mult 1,1}"
+stage "init: tiny32 ${MFLAGS[*]}, class-conditional (10 classes) -> demo/init.h5"
+"$UNET" init -o demo/init.h5 --preset tiny32 "${MFLAGS[@]}" --class-cond --num-classes 10 --seed 0
 
 stage "train ($KIND budget): $STEPS steps at batch $BATCH from scratch -> demo/run"
 t_train=$SECONDS

@@ -1,10 +1,16 @@
-"""guided-diffusion's sampling math (SPEC §4) in numpy/PyTorch, for golden files and parity checks.
+"""guided-diffusion's diffusion math (SPEC §4) in numpy/PyTorch, for golden files and parity checks.
 
 Mirrors guided-diffusion's GaussianDiffusion / SpacedDiffusion for the configurations `unet` uses
-(epsilon prediction; FIXED_LARGE variance, or LEARNED_RANGE with learn_sigma; no timestep
+(eps or x0 prediction; FIXED_LARGE variance, or LEARNED_RANGE with learn_sigma; optional timestep
 rescaling): float64 coefficient arrays, looked up per timestep and cast to float32 before they
 touch a tensor, exactly as guided-diffusion's _extract_into_tensor does, and the same operation
 order in every step. The network is called with the ORIGINAL timestep of each kept step.
+
+The training objective and the bound (losses.py and gaussian_diffusion.py): normal_kl,
+approx_standard_normal_cdf, discretized_gaussian_log_likelihood, Diffusion.vb_terms_bpd,
+Diffusion.training_losses (MSE, hybrid with the stop-gradient on the mean, RESCALED_MSE,
+RESCALED_KL), Diffusion.prior_bpd and Diffusion.calc_bpd_loop; resample.py's
+LossSecondMomentResampler.
 
     import torch, unet_torch, diffusion_torch
     model = unet_torch.create_model(...)            # helper B's guided-diffusion UNet
@@ -73,9 +79,54 @@ def sampler_timesteps(sampler, T, steps):
     raise ValueError(sampler)
 
 
+# ---------------------------------------------------------------------------------------------
+# losses.py
+
+
+def normal_kl(mean1, logvar1, mean2, logvar2):
+    """KL(N(mean1, exp(logvar1)) || N(mean2, exp(logvar2))), elementwise, in nats."""
+    tensor = next(o for o in (mean1, logvar1, mean2, logvar2) if isinstance(o, torch.Tensor))
+    logvar1, logvar2 = [x if isinstance(x, torch.Tensor) else torch.tensor(x).to(tensor) for x in (logvar1, logvar2)]
+    return 0.5 * (-1.0 + logvar2 - logvar1 + torch.exp(logvar1 - logvar2)
+                  + ((mean1 - mean2) ** 2) * torch.exp(-logvar2))
+
+
+def approx_standard_normal_cdf(x):
+    return 0.5 * (1.0 + torch.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * torch.pow(x, 3))))
+
+
+def discretized_gaussian_log_likelihood(x, *, means, log_scales):
+    """log-likelihood (nats) of uint8 images rescaled to [-1, 1] under a Gaussian discretized to
+    their 256 bins (the edge bins open-ended)."""
+    assert x.shape == means.shape == log_scales.shape
+    centered_x = x - means
+    inv_stdv = torch.exp(-log_scales)
+    plus_in = inv_stdv * (centered_x + 1.0 / 255.0)
+    cdf_plus = approx_standard_normal_cdf(plus_in)
+    min_in = inv_stdv * (centered_x - 1.0 / 255.0)
+    cdf_min = approx_standard_normal_cdf(min_in)
+    log_cdf_plus = torch.log(cdf_plus.clamp(min=1e-12))
+    log_one_minus_cdf_min = torch.log((1.0 - cdf_min).clamp(min=1e-12))
+    cdf_delta = cdf_plus - cdf_min
+    return torch.where(x < -0.999, log_cdf_plus,
+                       torch.where(x > 0.999, log_one_minus_cdf_min, torch.log(cdf_delta.clamp(min=1e-12))))
+
+
+def mean_flat(t):
+    return t.mean(dim=list(range(1, len(t.shape))))
+
+
+# None: coefficients stay float32 tensors, as guided-diffusion's. The float64 reference runs
+# (_objective) set torch.float64: the same float32-rounded values, but no float32 arithmetic where
+# two coefficients meet (e.g. normal_kl's logvar2 - logvar1 with a fixed variance).
+_EXTRACT_DTYPE = None
+
+
 def _extract(arr, t, shape):
     """arr[t] as float32, broadcast to `shape` (guided-diffusion's _extract_into_tensor)."""
     res = torch.from_numpy(arr).to(device=t.device)[t].float()
+    if _EXTRACT_DTYPE is not None:
+        res = res.to(_EXTRACT_DTYPE)
     while len(res.shape) < len(shape):
         res = res[..., None]
     return res.expand(shape)
@@ -85,9 +136,14 @@ class Diffusion:
     """A (possibly respaced) Gaussian diffusion. `use_timesteps` None = the base process; else the
     kept original timesteps, with betas recomputed as 1 - abar_t/abar_prev (SpacedDiffusion)."""
 
-    def __init__(self, T=1000, schedule="linear", learn_sigma=False, use_timesteps=None):
+    def __init__(self, T=1000, schedule="linear", learn_sigma=False, use_timesteps=None, predict_xstart=False,
+                 rescale_timesteps=False, use_kl=False, rescale_learned_sigmas=False):
         base = get_named_beta_schedule(schedule, T)
         self.learn_sigma = learn_sigma
+        self.predict_xstart = predict_xstart
+        self.rescale_timesteps = rescale_timesteps
+        # create_gaussian_diffusion's loss type
+        self.loss_type = "rescaled_kl" if use_kl else "rescaled_mse" if rescale_learned_sigmas else "mse"
         self.original_num_steps = T
         if use_timesteps is None:
             betas, self.timestep_map = base, list(range(T))
@@ -137,7 +193,10 @@ class Diffusion:
     def _call(self, model, x, t, labels):
         t_orig = torch.tensor(self.timestep_map, device=t.device, dtype=t.dtype)[t]
         kwargs = {} if labels is None else {"y": labels}
-        return model(x, t_orig.float(), **kwargs)
+        t_model = t_orig.float()
+        if self.rescale_timesteps:  # _WrappedModel: new_ts.float() * (1000.0 / original_num_steps)
+            t_model = t_model * (1000.0 / self.original_num_steps)
+        return model(x, t_model, **kwargs)
 
     def predict_xstart_from_eps(self, x_t, t, eps):
         return (_extract(self.sqrt_recip_alphas_cumprod, t, x_t.shape) * x_t
@@ -163,11 +222,77 @@ class Diffusion:
             log_variance = frac * max_log + (1 - frac) * min_log
         else:
             log_variance = _extract(self.fixed_large_log_variance, t, x.shape)
-        pred_xstart = self.predict_xstart_from_eps(x, t, out)
+        pred_xstart = out if self.predict_xstart else self.predict_xstart_from_eps(x, t, out)
         if clip:
             pred_xstart = pred_xstart.clamp(-1, 1)
         mean = self.q_posterior_mean(pred_xstart, x, t)
         return {"mean": mean, "log_variance": log_variance, "pred_xstart": pred_xstart, "eps": out}
+
+    def q_posterior_mean_variance(self, x_start, x_t, t):
+        mean = self.q_posterior_mean(x_start, x_t, t)
+        return mean, _extract(self.posterior_variance, t, x_t.shape), \
+            _extract(self.posterior_log_variance_clipped, t, x_t.shape)
+
+    # -- the objective and the bound (gaussian_diffusion.py) ---------------------------------------
+    def vb_terms_bpd(self, model, x_start, x_t, t, clip=True, labels=None, model_output=None):
+        """_vb_terms_bpd: {"output": [N] bits (KL, or the decoder NLL where t == 0), "pred_xstart"}."""
+        true_mean, _, true_log_variance_clipped = self.q_posterior_mean_variance(x_start, x_t, t)
+        out = self.p_mean_variance(model, x_t, t, clip, labels, model_output=model_output)
+        kl = normal_kl(true_mean, true_log_variance_clipped, out["mean"], out["log_variance"])
+        kl = mean_flat(kl) / np.log(2.0)
+        decoder_nll = -discretized_gaussian_log_likelihood(x_start, means=out["mean"],
+                                                            log_scales=0.5 * out["log_variance"])
+        decoder_nll = mean_flat(decoder_nll) / np.log(2.0)
+        return {"output": torch.where((t == 0), decoder_nll, kl), "pred_xstart": out["pred_xstart"]}
+
+    def training_losses(self, model_output, x_start, t, noise):
+        """training_losses for a given model output (the model's call on q_sample(x_start, t, noise)
+        with the timesteps _call gives it): {"loss", "mse", "vb"} each [N]."""
+        x_t = self.q_sample(x_start, t, noise)
+        terms = {}
+        if self.loss_type == "rescaled_kl":
+            terms["loss"] = self.vb_terms_bpd(None, x_start, x_t, t, clip=False, model_output=model_output)["output"]
+            terms["loss"] = terms["loss"] * self.num_timesteps
+            return terms
+        C = x_start.shape[1]
+        if self.learn_sigma:
+            mean_out, var_values = torch.split(model_output, C, dim=1)
+            # Learn the variance using the variational bound, but don't let it affect the mean.
+            frozen_out = torch.cat([mean_out.detach(), var_values], dim=1)
+            terms["vb"] = self.vb_terms_bpd(None, x_start, x_t, t, clip=False, model_output=frozen_out)["output"]
+            if self.loss_type == "rescaled_mse":
+                terms["vb"] = terms["vb"] * (self.num_timesteps / 1000.0)
+        else:
+            mean_out = model_output
+        target = x_start if self.predict_xstart else noise
+        terms["mse"] = mean_flat((target - mean_out) ** 2)
+        terms["loss"] = terms["mse"] + terms["vb"] if "vb" in terms else terms["mse"]
+        return terms
+
+    def prior_bpd(self, x_start):
+        t = torch.full((x_start.shape[0],), self.num_timesteps - 1, dtype=torch.long)
+        qt_mean = _extract(self.sqrt_alphas_cumprod, t, x_start.shape) * x_start
+        qt_log_variance = _extract(self.log_one_minus_alphas_cumprod, t, x_start.shape)
+        return mean_flat(normal_kl(qt_mean, qt_log_variance, 0.0, 0.0)) / np.log(2.0)
+
+    def calc_bpd_loop(self, model, x_start, clip=True, labels=None, noise_fn=None):
+        """The whole bound: {"total_bpd", "prior_bpd", "vb", "xstart_mse", "mse"} ([N] or [N, T]);
+        noise_fn(t, shape) gives the q_sample noise of timestep t (default torch.randn)."""
+        vb, xstart_mse, mse = [], [], []
+        for k in list(range(self.num_timesteps))[::-1]:
+            t = torch.full((x_start.shape[0],), k, dtype=torch.long)
+            noise = torch.randn_like(x_start) if noise_fn is None else noise_fn(k, tuple(x_start.shape)).to(x_start)
+            x_t = self.q_sample(x_start, t, noise)
+            with torch.no_grad():
+                out = self.vb_terms_bpd(model, x_start, x_t, t, clip=clip, labels=labels)
+            vb.append(out["output"])
+            xstart_mse.append(mean_flat((out["pred_xstart"] - x_start) ** 2))
+            eps = self.predict_eps_from_xstart(x_t, t, out["pred_xstart"])
+            mse.append(mean_flat((eps - noise) ** 2))
+        vb, xstart_mse, mse = (torch.stack(v[::-1], dim=1) for v in (vb, xstart_mse, mse))  # column t = timestep t
+        prior = self.prior_bpd(x_start)
+        return {"total_bpd": vb.sum(dim=1) + prior, "prior_bpd": prior, "vb": vb, "xstart_mse": xstart_mse,
+                "mse": mse}
 
     # -- steps -----------------------------------------------------------------------------------
     def p_sample(self, model, x, t, z, clip=True, labels=None):
@@ -232,10 +357,54 @@ def ddpm_sample(model, noise, steps=0, clip=True, labels=None, T=1000, schedule=
 
 
 # ---------------------------------------------------------------------------------------------
+# resample.py
+
+
+class LossSecondMomentResampler:
+    def __init__(self, num_timesteps, history_per_term=10, uniform_prob=0.001):
+        self.num_timesteps = num_timesteps
+        self.history_per_term = history_per_term
+        self.uniform_prob = uniform_prob
+        self._loss_history = np.zeros([num_timesteps, history_per_term], dtype=np.float64)
+        self._loss_counts = np.zeros([num_timesteps], dtype=np.int64)
+
+    def weights(self):
+        if not self._warmed_up():
+            return np.ones([self.num_timesteps], dtype=np.float64)
+        weights = np.sqrt(np.mean(self._loss_history ** 2, axis=-1))
+        weights /= np.sum(weights)
+        weights *= 1 - self.uniform_prob
+        weights += self.uniform_prob / len(weights)
+        return weights
+
+    def update_with_all_losses(self, ts, losses):
+        for t, loss in zip(ts, losses):
+            if self._loss_counts[t] == self.history_per_term:
+                self._loss_history[t, :-1] = self._loss_history[t, 1:]
+                self._loss_history[t, -1] = loss
+            else:
+                self._loss_history[t, self._loss_counts[t]] = loss
+                self._loss_counts[t] += 1
+
+    def _warmed_up(self):
+        return (self._loss_counts == self.history_per_term).all()
+
+    def sample_with(self, u):
+        """ScheduleSampler.sample with the uniform draws u given (np.random.choice's inverse CDF):
+        (timesteps, importance weights as float32)."""
+        w = self.weights()
+        p = w / np.sum(w)
+        cdf = p.cumsum()
+        cdf /= cdf[-1]
+        idx = cdf.searchsorted(u, side="right")
+        return idx, (1 / (len(p) * p[idx])).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
 # unet's counter-based RNG (lib/rng.h), vectorised over indices with wrapping uint64 arithmetic
 
 STREAMS = dict(TrainNoise=1, TrainTimestep=2, TrainFlip=3, Shuffle=4, Dropout=5, SampleInit=6,
-               SampleStep=7, SampleLabel=8)
+               SampleStep=7, SampleLabel=8, TrainTimestepIS=9, EvalNoise=10)
 _M = (1 << 64) - 1
 
 
@@ -287,3 +456,83 @@ def unet_step_noise(seed, first=0):
         z = unet_normal(rng_key(seed, "SampleStep", t_orig), "SampleStep", idx)
         return torch.from_numpy(z.reshape(n, H, W, C).transpose(0, 3, 1, 2).copy())
     return fn
+
+
+def unet_uniform01_f64(seed, stream, index):
+    """uniform01_f64 of lib/rng.h: the top 53 bits of the hash, as float64 in [0, 1)."""
+    bits = hash64(seed, STREAMS[stream], _u64(index))
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+def unet_eval_noise(seed, first=0):
+    """A noise_fn for calc_bpd_loop giving the q_sample noise `unet eval --seed` draws at timestep t for
+    dataset images first, first+1, ... (NCHW)."""
+    def fn(t, shape):
+        n, C, H, W = shape
+        idx = np.arange(first * H * W * C, (first + n) * H * W * C, dtype=np.uint64)
+        z = unet_normal(rng_key(seed, "EvalNoise", t), "EvalNoise", idx)
+        return torch.from_numpy(z.reshape(n, H, W, C).transpose(0, 3, 1, 2).copy())
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference values for unet's C++ tests (tests/test_objective.cpp):
+#   python3 diffusion_torch.py objective IN.h5 OUT.h5
+#     IN: attrs T, schedule, learn_sigma, predict_xstart, use_kl, rescale_learned_sigmas; datasets
+#         out [B,Co,H,W], x0 / noise [B,C,H,W] (float64), t int64 [B], w float64 [B].
+#     OUT: loss, mse, vb [B] (training_losses; absent terms are 0), grad [B,Co,H,W] =
+#         d (loss * w).mean() / d out (autograd), and the bound's terms of the same output with the
+#         predicted x0 clipped (calc_bpd_loop): eval_vb, eval_x0_mse, eval_mse [B].
+#   python3 diffusion_torch.py resampler IN.h5 OUT.h5
+#     IN: attrs T, seed; datasets ts int64 [S, B], losses float64 [S, B] (per step, in order).
+#     OUT: weights float64 [S, T] (before each step's update), t int64 [S, B] and w float32 [S, B]
+#         drawn at each step with unet's uniforms (LossSecondMomentResampler.sample_with).
+
+
+def _objective(fin, fout):
+    import h5py
+    global _EXTRACT_DTYPE
+    _EXTRACT_DTYPE = torch.float64
+    with h5py.File(fin, "r") as f:
+        a = {k: f.attrs[k] for k in f.attrs}
+        out = torch.from_numpy(f["out"][()]).requires_grad_(True)
+        x0, noise = torch.from_numpy(f["x0"][()]), torch.from_numpy(f["noise"][()])
+        t, w = torch.from_numpy(f["t"][()]), torch.from_numpy(f["w"][()])
+    d = Diffusion(int(a["T"]), str(a["schedule"]), bool(a["learn_sigma"]), predict_xstart=bool(a["predict_xstart"]),
+                  use_kl=bool(a["use_kl"]), rescale_learned_sigmas=bool(a["rescale_learned_sigmas"]))
+    terms = d.training_losses(out, x0, t, noise)
+    (terms["loss"] * w).mean().backward()
+    x_t = d.q_sample(x0, t, noise)
+    with torch.no_grad():
+        ev = d.vb_terms_bpd(None, x0, x_t, t, clip=True, model_output=out.detach())
+        eps = d.predict_eps_from_xstart(x_t, t, ev["pred_xstart"])
+    zero = torch.zeros_like(terms["loss"])
+    with h5py.File(fout, "w") as f:
+        for k in ("loss", "mse", "vb"):
+            f[k] = terms.get(k, zero).detach().numpy()
+        f["grad"] = out.grad.numpy()
+        f["eval_vb"] = ev["output"].numpy()
+        f["eval_x0_mse"] = mean_flat((ev["pred_xstart"] - x0) ** 2).numpy()
+        f["eval_mse"] = mean_flat((eps - noise) ** 2).numpy()
+
+
+def _resampler(fin, fout):
+    import h5py
+    with h5py.File(fin, "r") as f:
+        T, seed = int(f.attrs["T"]), int(f.attrs["seed"])
+        ts, losses = f["ts"][()], f["losses"][()]
+    r = LossSecondMomentResampler(T)
+    W, Ts, Ws = [], [], []
+    for s in range(ts.shape[0]):
+        W.append(r.weights())
+        u = unet_uniform01_f64(rng_key(seed, "TrainTimestepIS", s), "TrainTimestepIS", np.arange(ts.shape[1]))
+        t, w = r.sample_with(u)
+        Ts.append(t), Ws.append(w)
+        r.update_with_all_losses(ts[s].tolist(), losses[s].tolist())
+    with h5py.File(fout, "w") as f:
+        f["weights"], f["t"], f["w"] = np.array(W), np.array(Ts, dtype=np.int64), np.array(Ws, dtype=np.float32)
+
+
+if __name__ == "__main__":
+    import sys
+    {"objective": _objective, "resampler": _resampler}[sys.argv[1]](sys.argv[2], sys.argv[3])

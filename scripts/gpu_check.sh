@@ -3,6 +3,8 @@
 #   tests   every test binary (CUDA tests run there; they skip in CI)
 #   e2e     the end-to-end CLI test on the GPU (pipeline, loss, bitwise resume, SIGINT, NaN)
 #   parity  unet sample on the GPU vs guided-diffusion's sampler in float64 (fp32: 1e-4, tf32: 1e-3)
+#   objective  issue 12 on the GPU: unet eval / sample flags vs the PyTorch transcription (fp32 1e-4,
+#           tf32 2e-3), hybrid-loss training, bitwise resume with loss-second-moment and --microbatch
 #   bench   scripts/bench.py: unet fp32/tf32 vs PyTorch eager/compile, seed64 batch 32
 #   profile unet profile tables, CSV/JSON and a trace
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
@@ -14,7 +16,7 @@ OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 U="$BUILD/bin/unet"
 export UNET_BINARY=$(readlink -f "$U") UNET_SOURCE_DIR=$(pwd) PYTHONPATH=$(pwd)/scripts PYTHONUNBUFFERED=1
-parts=${*:-tests e2e parity bench profile imagenet64 demo}
+parts=${*:-tests e2e parity objective bench profile imagenet64 demo}
 for p in $parts; do
   echo "=== $p"
   t0=$(date +%s)
@@ -31,6 +33,10 @@ for p in $parts; do
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=1e-3 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_tf32.txt" 2>&1
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=bf16 UNET_PARITY_TOL=2e-2 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_bf16.txt" 2>&1
       grep -hE "rel L2|failed|device=" "$OUT"/parity_*.txt ;;
+    objective)
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=fp32 timeout 300 python3 tests/test_objective_e2e.py > "$OUT/objective_fp32.txt" 2>&1
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=2e-3 timeout 300 python3 tests/test_objective_e2e.py > "$OUT/objective_tf32.txt" 2>&1
+      grep -hE "FAIL|failed|rel L2" "$OUT"/objective_*.txt ;;
     bench) timeout 400 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
     profile)
       "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 \
@@ -50,6 +56,12 @@ ok = all(("ph" in e and "pid" in e) for e in ev) and all(("ts" in e and "dur" in
 print(f"csv rows {len(rows)}, json keys {sorted(j)[:6]}, trace events {len(ev)} valid={ok}")
 PY
       tail -n 6 "$OUT/profile_resblock.txt" "$OUT/profile_model.txt" "$OUT/profile_model_bf16.txt" ;;
+    speed)  # the training step's kernel sum and memory, tf32 and bf16, and its top kernels
+      for prec in tf32 bf16; do
+        "$U" profile --layer model --batch-size 32 --precision $prec --no-plain-timing > "$OUT/speed_$prec.txt" 2>&1
+        echo "--- $prec"; grep -E "^Device memory|^CUDA-graph replays" "$OUT/speed_$prec.txt"
+        sed -n '/^CUDA kernels/,/^CUDA memcpy/p' "$OUT/speed_$prec.txt" | head -22 | cut -c1-160
+      done ;;
     imagenet64)  # the released ImageNet-64 configuration (296 M parameters) on a small labelled set
       python3 - "$OUT/in64.h5" <<'PY'
 import h5py, numpy as np, sys

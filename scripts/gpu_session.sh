@@ -9,9 +9,14 @@ if [ -f build/bin.tar.xz ]; then
   mkdir -p build && tar -C build -xJf build/bin.tar.xz || exit 2
 fi
 export UNET_SOURCE_DIR=$(pwd) UNET_BINARY=$(pwd)/build/bin/unet NCCL_NVLS_ENABLE=0
+# cuDNN and NCCL come with PyTorch's Python packages on the GPU machine.
+libs=$(python3 -c "import nvidia.cudnn, nvidia.nccl, os; print(':'.join(os.path.join(p, 'lib') for m in (nvidia.cudnn, nvidia.nccl) for p in m.__path__))" 2>/dev/null)
+[ -n "$libs" ] && export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export UNET_CUDNN_CACHE=${UNET_CUDNN_CACHE:-$(pwd)/build/cudnn-plans.txt}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT/logs"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
-OUT="$OUT/logs" BUILD=build bash scripts/gpu_check.sh "$@"
+if [ "${1:-}" = "--" ]; then shift; (cd build && "$@") 2>&1 | tee "$OUT/logs/custom.txt"; else
+OUT="$OUT/logs" BUILD=build bash scripts/gpu_check.sh "$@"; fi
 cp -r build/gpu-test-logs "$OUT/logs/" 2>/dev/null
 tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$OUT/logs"

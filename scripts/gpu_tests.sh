@@ -40,6 +40,8 @@ printf '%-26s %-10s %6s %6s %6s %9s\n' binary status pass fail skip seconds
 for t in "$BIN"/test_*; do
   [ -f "$t" ] && [ -x "$t" ] || continue
   name=$(basename "$t")
+  # BINARIES="test_conv test_model_golden" runs only those
+  if [ -n "${BINARIES:-}" ] && [[ " $BINARIES " != *" $name "* ]]; then continue; fi
   log="$LOG_DIR/$name.log"
   t0=$(date +%s.%N)
   (cd "$BUILD" && GTEST_BRIEF=1 "$t" --gtest_brief=1 --gtest_filter="$FILTER") >"$log" 2>&1

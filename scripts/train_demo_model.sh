@@ -6,14 +6,20 @@
 #   bash scripts/train_demo_model.sh [build/bin/unet]
 #
 # 1. the full training split (60000 images) -> WORK/fashion/<class>/*.png -> WORK/data.h5 (unet prepare)
-# 2. unet init --preset tiny32 --class-cond --num-classes 10 --seed 0 -> WORK/init.h5
+# 2. unet init --preset tiny32 MODEL_FLAGS --class-cond --num-classes 10 --seed 0 -> WORK/init.h5
+#    (MODEL_FLAGS default --num-channels 64 --channel-mult 1,1: with tiny32's 32 channels every
+#    GroupNorm group of the output layer holds one channel, so the network cannot see or produce
+#    an image's mean colour per channel (GroupNorm removes it) and DDIM amplifies the initial
+#    noise's mean into a strong colour cast; two channels per group leave it a way through)
 # 3. unet train STEPS steps -> WORK/run/ (metrics.csv, checkpoints, train.log)
-# 4. the last checkpoint without its optimizer state (model + EMA weights, the model flags, the
-#    step counters; `unet sample` and `unet train --init` load it, `--resume` says it cannot) -> OUT
+# 4. the last checkpoint's EMA weights as its model weights (no optimizer state, no second copy:
+#    the model flags and step counters stay; `unet sample` and `unet train --init` load it,
+#    `--resume` says it cannot) -> OUT
 # 5. checks: one `unet sample --class K` per class from OUT -> WORK/grid.png; WORK/run/metrics.png
 # and prints the command line, the steps, the time and the final loss for the README.
 #
-# Environment (defaults): STEPS (30000), BATCH (128), LR (3e-4), WARMUP (500), EMA (0.9995),
+# Environment (defaults): MODEL_FLAGS (above), PRECISION (unet's default: tf32 on a GPU),
+# STEPS (20000), BATCH (128), LR (3e-4), WARMUP (500), EMA (0.9995),
 # PER_CLASS (6000 = all of the split), SEED (0), DEVICE (unet's default: the GPU), COLS (10) and
 # SAMPLE_STEPS (100): the check's samples per class and DDIM steps, OUT
 # (testdata/demo/fashion32.h5), WORK (demo/train_demo_model), FASHION_MNIST_DIR
@@ -27,11 +33,14 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PYTHON:-/usr/bin/python3}
 [ -x "$PY" ] || PY=python3
 IDX=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
-STEPS=${STEPS:-30000} BATCH=${BATCH:-128} LR=${LR:-3e-4} WARMUP=${WARMUP:-500} EMA=${EMA:-0.9995}
+MODEL_FLAGS=${MODEL_FLAGS:---num-channels 64 --channel-mult 1,1} PRECISION=${PRECISION:-}
+STEPS=${STEPS:-20000} BATCH=${BATCH:-128} LR=${LR:-3e-4} WARMUP=${WARMUP:-500} EMA=${EMA:-0.9995}
 PER_CLASS=${PER_CLASS:-6000} SEED=${SEED:-0} COLS=${COLS:-10} SSTEPS=${SAMPLE_STEPS:-100}
 OUT=${OUT:-testdata/demo/fashion32.h5} WORK=${WORK:-demo/train_demo_model}
 DEV=()
 [ -n "${DEVICE:-}" ] && DEV=(--device "$DEVICE")
+PREC=()
+[ -n "$PRECISION" ] && PREC=(--precision "$PRECISION")
 [ -x "$UNET" ] || { echo "train_demo_model: $UNET: not built (make build)" >&2; exit 1; }
 [ -f "$IDX/train-images-idx3-ubyte.gz" ] || [ -f "$IDX/train-images-idx3-ubyte" ] || {
   echo "train_demo_model: no Fashion-MNIST in $IDX (apt-get install dataset-fashion-mnist, or make demo-deps)" >&2
@@ -48,19 +57,20 @@ stage "Fashion-MNIST train split ($PER_CLASS per class) -> $WORK/fashion -> $WOR
 "$UNET" prepare "$WORK/fashion" -o "$WORK/data.h5" --image-size 32 --labels subdirs
 rm -rf "$WORK/fashion"
 
-stage "init: tiny32, class-conditional, 10 classes"
-INIT=("$UNET" init -o "$WORK/init.h5" --preset tiny32 --class-cond --num-classes 10 --seed "$SEED")
+stage "init: tiny32 $MODEL_FLAGS, class-conditional, 10 classes"
+read -r -a MFLAGS <<< "$MODEL_FLAGS"
+INIT=("$UNET" init -o "$WORK/init.h5" --preset tiny32 "${MFLAGS[@]}" --class-cond --num-classes 10 --seed "$SEED")
 "${INIT[@]}"
 
 TRAIN=("$UNET" train "$WORK/data.h5" --init "$WORK/init.h5" -o "$WORK/run" --steps "$STEPS" --batch-size "$BATCH"
-       --lr "$LR" --lr-warmup "$WARMUP" --ema-rate "$EMA" --grad-clip 1 --seed "$SEED"
+       --lr "$LR" --lr-warmup "$WARMUP" --ema-rate "$EMA" --grad-clip 1 --seed "$SEED" "${PREC[@]}"
        --log-every $((STEPS >= 1000 ? 100 : 10)) --save-every $((STEPS >= 10000 ? 10000 : STEPS)) "${DEV[@]}")
 stage "train: ${TRAIN[*]}"
 t_train=$SECONDS
 "${TRAIN[@]}" 2>&1 | tee "$WORK/train.log"
 t_train=$((SECONDS - t_train))
 
-stage "strip the optimizer state: $WORK/run/latest.h5 -> $OUT"
+stage "the EMA weights as the model, no optimizer state: $WORK/run/latest.h5 -> $OUT"
 "$PY" - "$WORK/run/latest.h5" "$OUT" <<'PY'
 import os, sys
 import h5py
@@ -69,9 +79,10 @@ tmp = dst + ".tmp"
 with h5py.File(src, "r") as f, h5py.File(tmp, "w") as g:
     for k, v in f.attrs.items():  # the model flags, format, version
         g.attrs[k] = v
-    for group in ("model", "ema", "state"):  # not optimizer/ (m, v: twice the size, only for --resume)
-        if group in f:
-            f.copy(f[group], g, name=group)
+    # ema/ becomes model/ (what `unet sample` would use anyway); not optimizer/ (m, v: only for --resume)
+    f.copy(f["ema"] if "ema" in f else f["model"], g, name="model")
+    if "state" in f:
+        f.copy(f["state"], g, name="state")
 os.replace(tmp, dst)
 print(f"{dst}: {os.path.getsize(dst) / 1e6:.1f} MB (from {os.path.getsize(src) / 1e6:.1f} MB)")
 PY
@@ -84,7 +95,7 @@ for k in 0 1 2 3 4 5 6 7 8 9; do
     { cat "$WORK/sample.log" >&2; echo "train_demo_model: unet sample failed on $OUT" >&2; exit 1; }
 done
 "$PY" "$HERE/demo_grid.py" -o "$WORK/grid.png" --data "$WORK/data.h5" --panel "$OUT, $STEPS steps" "$WORK/samples" \
-  --title "tiny32 class-conditional, DDIM $SSTEPS steps, EMA weights"
+  --title "tiny32 $MODEL_FLAGS class-conditional, DDIM $SSTEPS steps, EMA weights"
 "$PY" "$HERE/plot_metrics.py" "$WORK/run"
 
 device=$(sed -n 's/^unet: device \(.*\)$/\1/p' "$WORK/train.log" | head -1)

@@ -30,7 +30,7 @@ import h5py
 import numpy as np
 import torch
 
-from unet_torch import DEFAULT_FLAGS, PRESETS, create_model, normalize_flags, state_dict_shapes
+from unet_torch import DEFAULT_FLAGS, OBJECTIVE_FLAGS, PRESETS, create_model, normalize_flags, state_dict_shapes
 
 FORMAT = "unet-checkpoint"
 VERSION = 1
@@ -49,10 +49,10 @@ def read_flags(f):
     fmt = _attr_str(f.attrs.get("format", ""))
     if fmt != FORMAT:
         raise ValueError(f"{f.filename}: not a unet checkpoint (format attribute is {fmt!r})")
-    missing = [k for k in DEFAULT_FLAGS if k not in f.attrs]
+    missing = [k for k in DEFAULT_FLAGS if k not in f.attrs and k not in OBJECTIVE_FLAGS]
     if missing:
         raise ValueError(f"{f.filename}: missing attribute(s) {', '.join(missing)}")
-    return normalize_flags({k: f.attrs[k] for k in DEFAULT_FLAGS})
+    return normalize_flags({k: f.attrs[k] for k in DEFAULT_FLAGS if k in f.attrs})
 
 
 def read_state_dict(group):

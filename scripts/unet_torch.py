@@ -46,7 +46,13 @@ DEFAULT_FLAGS = dict(
     dropout=0.0,
     diffusion_steps=1000,
     noise_schedule="linear",
+    # the training objective (guided-diffusion's diffusion flags; absent in older checkpoints)
+    use_kl=False,
+    predict_xstart=False,
+    rescale_learned_sigmas=False,
+    rescale_timesteps=False,
 )
+OBJECTIVE_FLAGS = ("use_kl", "predict_xstart", "rescale_learned_sigmas", "rescale_timesteps")
 
 
 
@@ -78,7 +84,7 @@ PRESETS = {
 }
 
 _BOOL_FLAGS = ("use_new_attention_order", "use_scale_shift_norm", "resblock_updown", "learn_sigma",
-               "class_cond")
+               "class_cond") + OBJECTIVE_FLAGS
 _INT_FLAGS = ("image_size", "in_channels", "num_channels", "num_res_blocks", "num_heads",
               "num_head_channels", "num_classes", "diffusion_steps")
 

@@ -174,6 +174,10 @@ void check_conv(const std::string& what, int B, int H, int Ci, int Co, int k, in
         return ConvBwdData{A(act, {B, Ho, Ho, Co}), A(act, {Co, k, k, Ci}), A(act, {B, H, H, Ci}), s};
       },
       tol);
+  // dW sums B*Ho*Wo products per element (131072 at 64x64, batch 32): fp32 rounding in another
+  // summation order reaches ~sqrt(K) * 6e-8 = 2e-5 relative, so fp32 gets 5e-5 here.
+  Tol wtol = tol;
+  wtol.fp32 = 5e-5;
   check_variants<ConvBwdFilter>(
       what + " wgrad",
       [&](const Alloc& A, DType act) {
@@ -184,7 +188,7 @@ void check_conv(const std::string& what, int B, int H, int Ci, int Co, int k, in
                              emb ? A(DType::F32, {B, Co}) : Tensor{},
                              s};
       },
-      tol);
+      wtol);
 }
 
 TEST(ConvVariants, SmallOddShapes) {

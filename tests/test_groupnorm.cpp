@@ -129,6 +129,23 @@ TEST(GroupNormScaleShift, ForwardAndGradients) {
   }
 }
 
+// GroupNormApply with the forward's statistics gives the forward's output.
+TEST(GroupNormApply, EqualsTheForwardWithItsStatistics) {
+  for (bool ss : {false, true})
+    for (bool silu : {false, true}) {
+      const int B = 2, H = 5, C = 12, G = 4;
+      Dev d;
+      Tensor X = d.put(rnd((size_t)B * H * H * C, -2, 3), {B, H, H, C}), Ga = d.put(rnd(C)),
+             Be = d.put(rnd(C));
+      Tensor SS = ss ? d.put(rnd((size_t)B * 2 * C), {B, 2 * C}) : Tensor{};
+      Tensor Y = d.poisoned({B, H, H, C}), M = d.poisoned({B, G}), R = d.poisoned({B, G}),
+             Y2 = d.poisoned({B, H, H, C});
+      d.run(GroupNormFwd{X, Ga, Be, SS, Y, M, R, silu});
+      d.run(GroupNormApply{X, Ga, Be, SS, M, R, Y2, silu});
+      EXPECT_EQ(d.get(Y2), d.get(Y)) << ss << silu;
+    }
+}
+
 // ---- CUDA variants ----
 
 void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu) {

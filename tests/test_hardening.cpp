@@ -239,9 +239,26 @@ TEST(Resume, OlderCheckpointFallsBackWithOneWarning) {
 
 TEST(Resume, UnknownScheduleSamplerIsRefused) {
   Checkpoint ck = recorded(trained());
-  ck.state_str["schedule_sampler"] = "loss-second-moment";
-  EXPECT_NE(error_of([&] { resolve_resume(ck, "c.h5", TrainOptions(), {}); }).find("loss-second-moment"),
-            std::string::npos);
+  ck.state_str["schedule_sampler"] = "beta";
+  EXPECT_NE(error_of([&] { resolve_resume(ck, "c.h5", TrainOptions(), {}); }).find("'beta'"), std::string::npos);
+}
+
+TEST(Resume, ScheduleSamplerAndMicrobatchComeFromTheCheckpoint) {
+  TrainOptions o = trained();
+  o.schedule_sampler = "loss-second-moment", o.microbatch = 1;
+  ResumeSettings r = resolve_resume(recorded(o), "c.h5", TrainOptions(), {});
+  EXPECT_TRUE(r.warnings.empty());
+  EXPECT_EQ(r.opt.schedule_sampler, "loss-second-moment");
+  EXPECT_EQ(r.opt.microbatch, 1);
+  // Changing either changes the continuation: one warning naming both.
+  TrainOptions given;
+  given.schedule_sampler = "uniform", given.microbatch = 3;
+  r = resolve_resume(recorded(o), "c.h5", given, {"--schedule-sampler", "--microbatch"});
+  EXPECT_EQ(r.opt.schedule_sampler, "uniform");
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("--schedule-sampler uniform (checkpoint: loss-second-moment)"), std::string::npos)
+      << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find("--microbatch 3 (checkpoint: 1)"), std::string::npos) << r.warnings[0];
 }
 
 TEST(Resume, OtherDatasetIsRefused) {

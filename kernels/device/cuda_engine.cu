@@ -126,6 +126,7 @@ class CudaDevice final : public Device {
 
   bool supports_graphs() const override { return true; }
   bool capturing() const override { return ctx.capturing; }
+  void* native_stream() override { return ctx.stream; }
   void graph_begin() override {
     ctx.alloc_workspace();  // nothing may allocate inside the capture
     // Thread-local mode: other threads (the data loader) may use the CUDA API meanwhile.
@@ -161,6 +162,7 @@ class CudaDevice final : public Device {
   void release() {
     // No throwing here: errors on teardown are ignored.
     if (ctx.stream) cudaStreamSynchronize(ctx.stream);
+    destroy_cudnn(ctx);
     if (graph_) cudaGraphExecDestroy(graph_), graph_ = nullptr;
     for (auto& e : fences_)
       if (e) cudaEventDestroy(e), e = nullptr;
@@ -252,6 +254,23 @@ void CudaCtx::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Mat
 }
 
 bool cuda_available() { return no_device_reason().empty(); }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void cuda_set_device(int index) {
+  cudaError_t e = cudaSetDevice(index);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw UserError("cannot use GPU " + std::to_string(index) + ": " + cudaGetErrorString(e));
+  }
+}
 
 std::unique_ptr<Engine> make_cuda_engine(Precision p, std::string* why_not) {
   std::string why = no_device_reason();

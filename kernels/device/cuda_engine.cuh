@@ -73,7 +73,7 @@ struct CudaCtx {
   // Reduction scratch: partial sums of the column reductions (kPartialFloats) followed by a
   // small auxiliary area (kAuxFloats) for per-(sample, channel) intermediates.
   static constexpr size_t kPartialFloats = size_t(3) << 20;  // 12 MiB
-  static constexpr size_t kAuxFloats = size_t(1) << 20;      // 4 MiB
+  static constexpr size_t kAuxFloats = size_t(4) << 20;      // 16 MiB
   float* scratch = nullptr;
   float* partial() const { return scratch; }
   float* aux() const { return scratch + kPartialFloats; }
@@ -164,9 +164,14 @@ void launch_map(const F& f, size_t n, bool vec_ok, cudaStream_t s) {
 }
 
 // One registration per op family (kernels/<family>/*.cu).
-void register_conv_cuda(CudaOps& ops);
+void register_conv_cuda(CudaOps& ops);  // kernels/conv/family.cu: the variants below, in order
+void register_conv_cudnn(CudaOps& ops);
+void register_conv_im2col(CudaOps& ops);
+void destroy_cudnn(CudaCtx& ctx);  // the cuDNN handle and plans of an engine (kernels/conv/cudnn.cu)
 void register_linear_cuda(CudaOps& ops);
-void register_groupnorm_cuda(CudaOps& ops);
+void register_groupnorm_cuda(CudaOps& ops);  // kernels/groupnorm/family.cu: vec, threepass
+void register_groupnorm_vec(CudaOps& ops);
+void register_groupnorm_threepass(CudaOps& ops);
 void register_elementwise_cuda(CudaOps& ops);
 void register_resample_cuda(CudaOps& ops);
 void register_concat_cuda(CudaOps& ops);

@@ -254,7 +254,7 @@ bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) { return !o.dx.defined() || o
 
 }  // namespace
 
-void register_groupnorm_cuda(CudaOps& ops) {
+void register_groupnorm_threepass(CudaOps& ops) {
   ops.variants<GroupNormFwd>().push_back({"threepass", nullptr, gn_fwd, nullptr});
   ops.variants<GroupNormBwd>().push_back({"threepass", bwd_ok, gn_bwd, nullptr});
 }

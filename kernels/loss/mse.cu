@@ -59,6 +59,11 @@ void mse(const MseLoss& o, CudaCtx& ctx) {
 
 }  // namespace
 
-void register_loss_cuda(CudaOps& ops) { ops.variants<MseLoss>().push_back({"cuda", nullptr, mse, nullptr}); }
+void register_diffusion_loss_cuda(CudaOps& ops);  // diffusion_loss.cu
+
+void register_loss_cuda(CudaOps& ops) {
+  ops.variants<MseLoss>().push_back({"cuda", nullptr, mse, nullptr});
+  register_diffusion_loss_cuda(ops);
+}
 
 }  // namespace unet

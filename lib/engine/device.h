@@ -44,6 +44,9 @@ class Device {
   virtual void graph_end() {}
   virtual void graph_launch() {}
   virtual bool capturing() const { return false; }
+  // The native stream the work runs on (cudaStream_t on CUDA; nullptr on the CPU), for the
+  // communicator (lib/dist), which enqueues its collectives in the same order.
+  virtual void* native_stream() { return nullptr; }
 
   // Named regions (layers) for NVTX and the profiler: the default tells the profiler's listener
   // (profile_hooks.h), when one is installed.

@@ -46,5 +46,9 @@ std::unique_ptr<Engine> make_cpu_engine(Precision p = Precision::FP32);
 // nullptr (and why_not set) when no CUDA device is present or the build has no CUDA.
 std::unique_ptr<Engine> make_cuda_engine(Precision p, std::string* why_not = nullptr);
 bool cuda_available();
+// GPUs visible to this process (0 without CUDA), and the one the next CUDA work uses (a rank of a
+// data-parallel run picks its own before anything else touches CUDA). UserError when it fails.
+int cuda_device_count();
+void cuda_set_device(int index);
 
 }  // namespace unet

@@ -125,6 +125,13 @@ void GroupNormFwd::check() const {
 double GroupNormFwd::flops() const {
   return (double)x.numel() * (7 + (ss.defined() ? 2 : 0) + (silu ? 4 : 0));
 }
+void GroupNormApply::check() const {
+  check_gn(*this, x, gamma, beta, ss, mean, rstd);
+  req(*this, same_shape(x, y) && act(y), "y must match x's shape");
+}
+double GroupNormApply::flops() const {
+  return (double)x.numel() * (4 + (ss.defined() ? 2 : 0) + (silu ? 4 : 0));
+}
 void GroupNormBwd::check() const {
   check_gn(*this, x, gamma, beta, ss, mean, rstd);
   req(*this, same_shape(dy, x) && act(dy), "dy must match x");
@@ -264,6 +271,31 @@ void MseLoss::check() const {
       "loss/dpred f32");
 }
 double MseLoss::flops() const { return 4.0 * pred.numel(); }
+void DiffusionLoss::check() const {
+  req(*this,
+      out.rank == 4 && f32(out) && f32(x0) && f32(xt) && f32(noise) && f32(coef) && f32(terms) && f32(dout),
+      "f32 only; out 4-D NHWC");
+  req(*this, same_shape(x0, xt) && same_shape(x0, noise) && x0.rank == 4,
+      "x0, xt and noise must be [B,H,W,C]");
+  const int64_t B = x0.dim[0], C = x0.dim[3];
+  req(*this,
+      out.dim[0] == B && out.dim[1] == x0.dim[1] && out.dim[2] == x0.dim[2] &&
+          (out.dim[3] == C || out.dim[3] == 2 * C),
+      "out must be [B,H,W,C] or [B,H,W,2C]");
+  req(*this, coef.numel() == (size_t)(B * kLossCoefRows), "coef must be [B, kLossCoefRows]");
+  req(*this, terms.numel() == (size_t)(B * kLossTerms), "terms must be [B, kLossTerms]");
+  req(*this, !dout.defined() || same_shape(dout, out), "dout must match out");
+  req(*this, !(clip && dout.defined()), "clip is for evaluation (no dout)");
+}
+double DiffusionLoss::flops() const { return 60.0 * x0.numel(); }
+void LossStats::check() const {
+  req(*this, f32(terms) && f32(coef) && f32(stats) && stats.numel() == 7, "f32; stats [7]");
+  req(*this,
+      terms.rank >= 1 && terms.numel() == (size_t)terms.dim[0] * kLossTerms &&
+          coef.numel() == (size_t)terms.dim[0] * kLossCoefRows,
+      "terms [B, kLossTerms], coef [B, kLossCoefRows]");
+}
+double LossStats::flops() const { return 8.0 * terms.dim[0]; }
 void QSample::check() const {
   req(*this, f32(x0) && f32(noise) && f32(xt) && f32(coef), "f32 only");
   req(*this, x0.numel() == noise.numel() && xt.numel() == x0.numel() && coef.numel() == 2 * (size_t)x0.dim[0],

@@ -100,6 +100,18 @@ struct GroupNormFwd {
     v.out("mean", s.mean), v.out("rstd", s.rstd), v.param("silu", s.silu);
   }
 };
+// GroupNormFwd's output from statistics already computed (the backward pass's recompute of a
+// normalised input it did not keep): no reduction, one pass.
+struct GroupNormApply {
+  UNET_OP("groupnorm_apply", "groupnorm")
+  Tensor x, gamma, beta, ss, mean, rstd, y;
+  bool silu = false;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.in("mean", s.mean);
+    v.in("rstd", s.rstd), v.out("y", s.y), v.param("silu", s.silu);
+  }
+};
 // Backward of GroupNormFwd from the saved statistics (recomputes n and z from x).
 struct GroupNormBwd {
   UNET_OP("groupnorm_bwd", "groupnorm")
@@ -304,6 +316,63 @@ struct MseLoss {
     v.in("pred", s.pred), v.in("target", s.target), v.out("loss", s.loss), v.out("dpred", s.dpred);
   }
 };
+// guided-diffusion's training objective and variational bound (GaussianDiffusion.training_losses,
+// _vb_terms_bpd) for a batch, per sample b over the D = H*W*C elements of its mean channels.
+//  out [B,H,W,Co]: the model output, Co = C (mean channels only: eps, or x0 with predict_xstart)
+//     or 2C (mean | variance value v in [-1, 1] of the learned range, as guided-diffusion's split);
+//  x0, xt, noise [B,H,W,C]: the image, its q_sample and the noise that made it;
+//  coef [B, kLossCoefRows]: per-sample scalars the host computes from the schedule at t_b (rows
+//     below; float64 arrays cast to float32, as guided-diffusion's _extract_into_tensor does);
+//  terms [B, kLossTerms]: mse (mean-channel MSE vs noise or x0), vb (bits, scaled by
+//     coef kVbScale: KL(q(x_{t-1}|x_t,x_0) || p(x_{t-1}|x_t)), or the discretized-Gaussian decoder
+//     NLL where coef kDecoder is 1), loss (mse + vb, or vb alone with use_kl), x0_mse and eps_mse
+//     (predicted x0 vs x0, and eps re-derived from it vs noise: calc_bpd_loop's terms);
+//  dout [B,H,W,Co] (optional): the gradient of the batch's loss, elementwise from coef: mean
+//     channels kGradMse * (out - target) (none with use_kl) plus, with use_kl only, kGradVb times the
+//     vb element's (KL or NLL, nats) derivative through the predicted mean; variance channels kGradVb
+//     times its derivative in v. Without use_kl the predicted mean is held fixed for vb
+//     (guided-diffusion's frozen_out): only the variance channels get vb's gradient.
+// The vb term is computed when the variance is learned (Co = 2C) or use_kl; with a fixed variance
+// the model's log variance is coef kMaxLog. clip clamps the predicted x0 to [-1, 1] (evaluation:
+// calc_bpd_loop's clip_denoised; no dout then).
+enum LossCoefRow : int {
+  kX0FromXt,   // sqrt(1/abar_t): x0 = kX0FromXt * x_t - kX0FromEps * eps
+  kX0FromEps,  // sqrt(1/abar_t - 1)
+  kMeanX0,     // posterior_mean_coef1: mean = kMeanX0 * x0 + kMeanXt * x_t
+  kMeanXt,     // posterior_mean_coef2
+  kMinLog,     // posterior_log_variance_clipped: the posterior's and the learned range's low end
+  kMaxLog,     // log(beta_t): the learned range's high end; with a fixed variance, the model's
+  kDecoder,    // 1 at t = 0 (vb is the decoder NLL), else 0
+  kVbScale,    // vb multiplier: 1, T/1000 (rescale_learned_sigmas) or T (use_kl)
+  kGradMse,    // dout of the mean channels: kGradMse * (out - target) (2 w_b / (B D))
+  kGradVb,     // dout through vb: kGradVb * d(vb element)/d(out) (w_b vb_scale / (B D ln 2))
+  kWeight,     // importance weight w_b of the sample (LossStats)
+  kQuartile,   // int(4 t / T) as a float (LossStats)
+  kLossCoefRows
+};
+enum LossTerm : int { kTermMse, kTermVb, kTermLoss, kTermX0Mse, kTermEpsMse, kLossTerms };
+struct DiffusionLoss {
+  UNET_OP("diffusion_loss", "loss")
+  Tensor out, x0, xt, noise, coef, terms, dout;
+  bool predict_xstart = false, use_kl = false, clip = false;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("out", s.out), v.in("x0", s.x0), v.in("xt", s.xt), v.in("noise", s.noise), v.in("coef", s.coef);
+    v.out("terms", s.terms), v.out("dout", s.dout), v.param("predict_xstart", s.predict_xstart);
+    v.param("use_kl", s.use_kl), v.param("clip", s.clip);
+  }
+};
+// The log's running sums of a batch's weighted terms (guided-diffusion's log_loss_dict):
+// stats[0..2] += sum_b w_b * (loss_b, mse_b, vb_b), stats[3 + q_b] += w_b * loss_b, with w_b and
+// q_b the rows kWeight and kQuartile of coef [B, kLossCoefRows]; stats f32 [7]. Fixed order.
+struct LossStats {
+  UNET_OP("loss_stats", "loss")
+  Tensor terms, coef, stats;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("terms", s.terms), v.in("coef", s.coef), v.inout("stats", s.stats);
+  }
+};
 // xt = coef[b] x0 + coef[B + b] noise (coef [2B] = sqrt(abar_t) | sqrt(1 - abar_t)).
 struct QSample {
   UNET_OP("q_sample", "diffusion")
@@ -407,11 +476,13 @@ struct Ema {  // ema = rate ema + (1 - rate) p
 
 #define UNET_OP_LIST(X)                                                                                   \
   X(ConvFwd)                                                                                              \
-  X(ConvBwdData) X(ConvBwdFilter) X(LinearFwd) X(LinearBwd) X(GroupNormFwd) X(GroupNormBwd) X(SiluFwd)    \
+  X(ConvBwdData)                                                                                          \
+  X(ConvBwdFilter) X(LinearFwd) X(LinearBwd) X(GroupNormFwd) X(GroupNormApply) X(GroupNormBwd) X(SiluFwd) \
       X(SiluBwd) X(Add) X(Cast) X(Copy) X(Fill) X(UpsampleFwd) X(UpsampleBwd) X(AvgPoolFwd) X(AvgPoolBwd) \
           X(ConcatFwd) X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd)  \
-              X(AttentionBwd) X(DropoutFwd) X(DropoutBwd) X(MseLoss) X(QSample) X(Axpbypcz) X(Clamp)      \
-                  X(LearnedRangeNoise) X(SumSquares) X(ClipScale) X(AdamWSchedule) X(AdamW) X(Ema)
+              X(AttentionBwd) X(DropoutFwd) X(DropoutBwd) X(MseLoss) X(DiffusionLoss) X(LossStats)        \
+                  X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(SumSquares) X(ClipScale)         \
+                      X(AdamWSchedule) X(AdamW) X(Ema)
 
 // ---- generic views of an op, from fields() ----
 enum class Role { In, Out, InOut };

@@ -131,6 +131,10 @@ void write_config(h5::File& f, const ModelConfig& c, const std::string& obj) {
   h5::set_attr(f, obj, "dropout", shortest_double(c.dropout));
   h5::set_attr(f, obj, "diffusion_steps", c.diffusion_steps);
   h5::set_attr(f, obj, "noise_schedule", c.noise_schedule);
+  h5::set_attr(f, obj, "use_kl", c.use_kl);
+  h5::set_attr(f, obj, "predict_xstart", c.predict_xstart);
+  h5::set_attr(f, obj, "rescale_learned_sigmas", c.rescale_learned_sigmas);
+  h5::set_attr(f, obj, "rescale_timesteps", c.rescale_timesteps);
 }
 
 ModelConfig read_config(h5::File& f, const std::string& obj) {
@@ -162,6 +166,14 @@ ModelConfig read_config(h5::File& f, const std::string& obj) {
   c.dropout = (float)a.f64("dropout");
   c.diffusion_steps = a.i32("diffusion_steps");
   c.noise_schedule = a.str("noise_schedule");
+  // The objective's flags: absent in checkpoints written before they existed (and in files
+  // written by other tools), which all trained guided-diffusion's defaults: false.
+  const std::pair<const char*, bool ModelConfig::*> objective[] = {
+      {"use_kl", &ModelConfig::use_kl},
+      {"predict_xstart", &ModelConfig::predict_xstart},
+      {"rescale_learned_sigmas", &ModelConfig::rescale_learned_sigmas},
+      {"rescale_timesteps", &ModelConfig::rescale_timesteps}};
+  for (const auto& [name, field] : objective) c.*field = h5::has_attr(f, obj, name) && a.flag(name);
   std::string err = c.validate(/*attr_names=*/true);
   if (!err.empty()) throw UserError(f.path() + ": invalid model configuration: " + err);
   return c;
@@ -242,6 +254,15 @@ void save_checkpoint(const std::string& path, const Checkpoint& ck) {
       for (auto& [k, v] : ck.state_f64) h5::set_attr(f, "state", k, v);
       for (auto& [k, v] : ck.state_str) h5::set_attr(f, "state", k, v);
     }
+    if (!ck.loss_counts.empty()) {
+      const hsize_t T = ck.loss_counts.size();
+      if (ck.loss_history.size() % T != 0)
+        throw std::invalid_argument("save_checkpoint: loss_history is not [T, history]");
+      h5::create_group(f, "state");
+      h5::write(f, "state/loss_history", h5::DType::F64, ck.loss_history.data(),
+                {T, (hsize_t)(ck.loss_history.size() / T)});
+      h5::write_i64(f, "state/loss_counts", ck.loss_counts.data(), {T});
+    }
     f.close();  // surfaces flush errors (disk full) before the rename
   }
   out.commit();
@@ -313,6 +334,20 @@ Checkpoint load_checkpoint(const std::string& path, bool need_optimizer) {
       else
         ck.state[name] = h5::get_attr_i64(f, "state", name);
     }
+  if (h5::is_dataset(f, "state/loss_counts") || h5::is_dataset(f, "state/loss_history")) {
+    const hsize_t T = (hsize_t)ck.cfg.diffusion_steps;
+    const std::vector<hsize_t> hs =
+        h5::is_dataset(f, "state/loss_history") ? h5::shape(f, "state/loss_history") : std::vector<hsize_t>{};
+    const std::vector<hsize_t> cs =
+        h5::is_dataset(f, "state/loss_counts") ? h5::shape(f, "state/loss_counts") : std::vector<hsize_t>{};
+    if (hs.size() != 2 || hs[0] != T || hs[1] < 1 || hs[1] > 1000 || cs != std::vector<hsize_t>{T})
+      throw UserError(path + ": state/loss_history and state/loss_counts must be [" + std::to_string(T) +
+                      ", 10] and [" + std::to_string(T) + "] (the loss-second-moment sampler's history)");
+    ck.loss_history.resize(T * hs[1]);
+    ck.loss_counts.resize(T);
+    h5::read(f, "state/loss_history", h5::DType::F64, ck.loss_history.data(), ck.loss_history.size());
+    h5::read(f, "state/loss_counts", h5::DType::I64, ck.loss_counts.data(), ck.loss_counts.size());
+  }
   return ck;
 }
 

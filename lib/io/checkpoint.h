@@ -5,7 +5,8 @@
 //   ema/<name>                   same (optional)
 //   optimizer/m/<name>, optimizer/v/<name>   AdamW moments (optional); attributes on "optimizer":
 //                                step (int64), lr, beta1, beta2, eps, weight_decay (float64)
-//   state                        group whose int64 attributes hold what exact resume needs
+//   state                        group whose attributes hold what exact resume needs; datasets
+//                                loss_history, loss_counts (loss-second-moment sampler)
 //   root attributes              format="unet-checkpoint", version=1, and every ModelConfig field
 //                                under its guided-diffusion name (booleans int64 0/1, lists int64
 //                                arrays, dropout float64, noise_schedule string)
@@ -38,6 +39,11 @@ struct Checkpoint {
   std::map<std::string, int64_t> state;
   std::map<std::string, double> state_f64;
   std::map<std::string, std::string> state_str;
+  // The loss-second-moment schedule sampler's state (datasets state/loss_history float64
+  // [diffusion_steps, 10], oldest first, and state/loss_counts int64 [diffusion_steps]); empty =
+  // absent (the uniform sampler).
+  std::vector<double> loss_history;
+  std::vector<int64_t> loss_counts;
 };
 
 // Writes through AtomicFile (temporary name, then rename): a failure leaves no file and never

@@ -7,11 +7,12 @@ namespace unet {
 namespace {
 constexpr int kGzip = 4;  // images compress ~2-4x; level 4 is near the knee of size vs speed
 
-// Images per chunk: the SPEC's "chunked per image batch", 64 images, but no chunk above ~1 MiB
-// (HDF5's default chunk cache), so partial reads of large images do not re-inflate huge chunks.
+// Images per chunk: about 16 KiB of pixels (a single image from 64x64 up), at most 64. The
+// streaming data loader reads images in random order and a chunk is what it reads and inflates
+// for one image, so chunks stay small; the chunk index costs HDF5 a few bytes per chunk.
 size_t chunk_images_for(int size) {
   size_t bytes = (size_t)size * size * 3;
-  return std::clamp<size_t>((1u << 20) / bytes, 1, 64);
+  return std::clamp<size_t>((16u << 10) / bytes, 1, 64);
 }
 }  // namespace
 
@@ -50,7 +51,9 @@ void DatasetWriter::append(const uint8_t* img, int64_t label) {
   const size_t per = (size_t)size_ * size_ * 3;
   pending_.insert(pending_.end(), img, img + per);
   ++count_;
-  if (pending_.size() >= chunk_images_ * per) flush();
+  // Whole chunks, about 1 MiB at a time (one HDF5 write per image would be slow).
+  const size_t chunk_bytes = chunk_images_ * per;
+  if (pending_.size() >= std::max<size_t>(1, (1u << 20) / chunk_bytes) * chunk_bytes) flush();
 }
 
 void DatasetWriter::flush() {

@@ -248,6 +248,10 @@ std::string ModelConfig::describe() const {
   if (class_cond) o << " num_classes=" << num_classes;
   o << " dropout=" << dropout << " diffusion_steps=" << diffusion_steps
     << " noise_schedule=" << noise_schedule;
+  if (use_kl) o << " use_kl=true";
+  if (predict_xstart) o << " predict_xstart=true";
+  if (rescale_learned_sigmas) o << " rescale_learned_sigmas=true";
+  if (rescale_timesteps) o << " rescale_timesteps=true";
   return o.str();
 }
 

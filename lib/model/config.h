@@ -26,6 +26,13 @@ struct ModelConfig {
   float dropout = 0.0f;
   int diffusion_steps = 1000;
   std::string noise_schedule = "linear";  // linear | cosine
+  // The training objective (guided-diffusion's create_gaussian_diffusion flags): loss = vb x T
+  // alone (RESCALED_KL), the model predicts x0 instead of eps, vb x T/1000 in the hybrid loss
+  // (RESCALED_MSE), the model sees t x 1000/T instead of t.
+  bool use_kl = false;
+  bool predict_xstart = false;
+  bool rescale_learned_sigmas = false;
+  bool rescale_timesteps = false;
 
   // Channels of level l: int(mult * num_channels), truncating like guided-diffusion's int().
   int level_channels(size_t level) const { return (int)(channel_mult[level] * num_channels); }

@@ -292,21 +292,30 @@ struct Model::Impl {
       run(UpsampleBwd{dy, dx});
   }
 
-  // SiLU(GN1(in)), resampled with updown: conv1's input, in n1 (and n1r).
-  Tensor res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r) {
+  // SiLU(GN1(in)), resampled with updown: conv1's input, in n1 (and n1r). In backward (recompute)
+  // the forward's statistics are reused.
+  Tensor res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute = false) {
     const Layer& l = s.l;
-    run(GroupNormFwd{
-        at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, at(n1), at(s.mean1), at(s.rstd1), true});
+    if (recompute)
+      run(GroupNormApply{
+          at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, at(s.mean1), at(s.rstd1), at(n1), true});
+    else
+      run(GroupNormFwd{
+          at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, at(n1), at(s.mean1), at(s.rstd1), true});
     if (!l.updown) return at(n1);
     resample(l.updown, at(n1), at(n1r));
     return at(n1r);
   }
   // SiLU(GN2(h1) [* (1 + scale) + shift]) with dropout: conv2's input, in n2.
-  void res_conv2_input(L& s, const Tensor& n2) {
+  void res_conv2_input(L& s, const Tensor& n2, bool recompute = false) {
     const Layer& l = s.l;
-    const bool ss = cfg.use_scale_shift_norm;
-    run(GroupNormFwd{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss ? at(s.e) : Tensor{}, at(n2),
-                     at(s.mean2), at(s.rstd2), true});
+    const Tensor ss = cfg.use_scale_shift_norm ? at(s.e) : Tensor{};
+    if (recompute)
+      run(GroupNormApply{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(s.mean2), at(s.rstd2),
+                         at(n2), true});
+    else
+      run(GroupNormFwd{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(n2), at(s.mean2), at(s.rstd2),
+                       true});
     if (dropout_p() > 0) run(DropoutFwd{at(n2), at(n2), dropout_p(), dseed(s)});
   }
 
@@ -441,7 +450,7 @@ struct Model::Impl {
     {
       // out_layers: recompute conv2's input, then back through conv2, dropout, SiLU/scale-shift/norm
       ScopedRange r(d, "out_layers");
-      res_conv2_input(s, s.b_n2);
+      res_conv2_input(s, s.b_n2, true);
       run(ConvBwdFilter{at(s.b_n2), dout, Gc(s.w2, co, 3, co), gvec(s.b2, co), {}, 1});
       run(ConvBwdData{dout, Wc(s.w2, co, 3, co), at(s.b_dn2), 1});
       if (dropout_p() > 0) run(DropoutBwd{at(s.b_dn2), at(s.b_dn2), dropout_p(), dseed(s)});
@@ -453,7 +462,7 @@ struct Model::Impl {
       // in_layers: recompute SiLU(GN1(x)) (resampled); conv1's filter gradient also yields the
       // embedding gradient (per-sample sums of dh1) when the embedding was added, not scale-shifted
       ScopedRange r(d, "in_layers");
-      const Tensor c1in = res_conv1_input(s, s.b_n1, s.b_n1r);
+      const Tensor c1in = res_conv1_input(s, s.b_n1, s.b_n1r, true);
       run(ConvBwdFilter{c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), gvec(s.b0, co), ss ? Tensor{} : at(s.b_de),
                         1});
       run(ConvBwdData{at(s.b_dh1), Wc(s.w0, co, 3, ci), at(s.b_dn1r), 1});
@@ -511,8 +520,8 @@ struct Model::Impl {
     }
     {
       ScopedRange r(d, "qkv");
-      run(GroupNormFwd{
-          at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.b_n), at(s.mean1), at(s.rstd1), false});
+      run(GroupNormApply{
+          at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.mean1), at(s.rstd1), at(s.b_n), false});
       run(ConvBwdFilter{at(s.b_n), at(s.b_dqkv), Gc(s.w0, 3 * C, 1, C), gvec(s.b0, 3 * C), {}, 1});
       run(ConvBwdData{at(s.b_dqkv), Wc(s.w0, 3 * C, 1, C), at(s.b_dn), 1});
     }
@@ -560,6 +569,14 @@ struct Model::Impl {
     return at(s.dx);
   }
 
+  // Tells the grad-ready hook that every gradient from `first` on is final (not while planning).
+  void ready(size_t first) {
+    if (m.grad_ready_ && !tracing) m.grad_ready_(first);
+  }
+  static size_t lowest(const L& s) {
+    return std::min({s.w0, s.b0, s.n1w, s.n1b, s.ew, s.eb, s.n2w, s.n2b, s.w2, s.b2, s.sw, s.sb});
+  }
+
   void backward(const Tensor& dy_in) {
     const int ed = cfg.time_embed_dim(), mc = cfg.num_channels;
     run(Fill{at(d_semb), 0.0f});
@@ -576,7 +593,7 @@ struct Model::Impl {
         run(Cast{dy_in, at(dout_a)});
         dy = at(dout_a);
       }
-      run(GroupNormFwd{h_last, vec(on_w, C), vec(on_b, C), {}, at(b_nout), at(o_mean), at(o_rstd), true});
+      run(GroupNormApply{h_last, vec(on_w, C), vec(on_b, C), {}, at(o_mean), at(o_rstd), at(b_nout), true});
       run(ConvBwdFilter{
           at(b_nout), dy, Gc(oc_w, cfg.out_channels(), 3, C), gvec(oc_b, cfg.out_channels()), {}, 1});
       run(ConvBwdData{dy, Wc(oc_w, cfg.out_channels(), 3, C), at(b_dnout), 1});
@@ -594,19 +611,20 @@ struct Model::Impl {
                        true});
       g = at(d_hlast);
     }
+    ready(std::min(on_w, oc_w));
     const size_t n_in = in_blocks.size();
     for (size_t bi = out_blocks.size(); bi-- > 0;) {
       auto& blk = out_blocks[bi];
-      for (size_t j = blk.size(); j-- > 0;) g = layer_bwd(blk[j], g);
+      for (size_t j = blk.size(); j-- > 0;) g = layer_bwd(blk[j], g), ready(lowest(blk[j]));
       ScopedRange r(eng.device(), "concat bwd");
       run(ConcatBwd{g, at(dcat_h[bi]), at(dskip[bi])});
       g = at(dcat_h[bi]);
     }
-    for (size_t j = mid.size(); j-- > 0;) g = layer_bwd(mid[j], g);
+    for (size_t j = mid.size(); j-- > 0;) g = layer_bwd(mid[j], g), ready(lowest(mid[j]));
     for (size_t bi = n_in; bi-- > 0;) {
       auto& blk = in_blocks[bi];
       run(Add{g, at(dskip[out_blocks.size() - 1 - bi]), g});
-      for (size_t j = blk.size(); j-- > 0;) g = layer_bwd(blk[j], g);
+      for (size_t j = blk.size(); j-- > 0;) g = layer_bwd(blk[j], g), ready(lowest(blk[j]));
     }
     // embeddings
     const ParamTable& t = m.table_;
@@ -619,6 +637,7 @@ struct Model::Impl {
     run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), G(w2, {ed, ed}), gvec(b2, ed)});
     run(SiluBwd{at(a1), at(d_a1s), at(d_a1)});
     run(LinearBwd{at(temb), P(w0, {ed, mc}), at(d_a1), {}, G(w0, {ed, mc}), gvec(b0, ed)});
+    ready(0);
   }
 };
 
@@ -745,6 +764,8 @@ void Model::forward(const Tensor& x, const Tensor& t, const Tensor& labels, cons
   I.labels_in = cfg_.class_cond ? labels : Tensor();
   I.forward(out);
 }
+
+void Model::set_grad_ready_hook(std::function<void(size_t)> hook) { grad_ready_ = std::move(hook); }
 
 void Model::backward(const Tensor& dout) {
   Impl& I = *impl_;

@@ -9,6 +9,7 @@
 // the embedding projections, GroupNorm statistics, biases and every gradient of a parameter in f32.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -58,6 +59,10 @@ class Model {
   // Parameter gradients (overwrites grads()) from dout = dL/dout [B,H,W,Cout] f32; follows a
   // forward(train=true) of the same batch.
   void backward(const Tensor& dout);
+  // Data-parallel training (lib/dist): during backward(), after each layer, the hook gets the
+  // lowest arena offset from which on every gradient is final (enqueued), so their all-reduce can
+  // start while backward goes on. Offsets only decrease; the last call passes 0.
+  void set_grad_ready_hook(std::function<void(size_t first_final)> hook);
 
   // Single-layer networks: x is the layer's input in the activation dtype, `out` is left absent
   // (the layer's output stays inside), backward's dout is in the activation dtype. The SiLU'd
@@ -78,6 +83,7 @@ class Model {
   size_t arena_bytes_ = 0;
   std::string report_;
   std::unique_ptr<Impl> impl_;
+  std::function<void(size_t)> grad_ready_;
 };
 
 }  // namespace unet

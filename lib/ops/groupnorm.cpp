@@ -14,6 +14,11 @@ void gn_fwd(const GroupNormFwd& o) {
                                o.rstd.f32(), (int)x.dim[0], (int)(x.dim[1] * x.dim[2]), (int)x.dim[3],
                                (int)o.mean.dim[1], o.silu);
 }
+void gn_apply(const GroupNormApply& o) {
+  const Tensor& x = o.x;
+  ref::groupnorm_ss_apply<float>(x.f32(), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(), o.y.f32(),
+                                 (int)x.dim[0], (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)o.mean.dim[1], o.silu);
+}
 void gn_bwd(const GroupNormBwd& o) {
   const Tensor& x = o.x;
   ref::groupnorm_ss_bwd<float>(x.f32(), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(),
@@ -25,6 +30,7 @@ void gn_bwd(const GroupNormBwd& o) {
 
 void register_groupnorm_cpu(CpuOps& ops) {
   ops.variants<GroupNormFwd>().push_back(cpu_ref<GroupNormFwd, gn_fwd>());
+  ops.variants<GroupNormApply>().push_back(cpu_ref<GroupNormApply, gn_apply>());
   ops.variants<GroupNormBwd>().push_back(cpu_ref<GroupNormBwd, gn_bwd>());
   register_groupnorm_fast_cpu(ops);  // avx512, avx2 ahead of ref: the default where they run
 }

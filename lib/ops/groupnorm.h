@@ -141,6 +141,24 @@ void groupnorm_ss_fwd(const T* x, const T* gamma, const T* beta, const T* ss, T*
   if (silu_after) silu_fwd(y, y, (size_t)B * HW * C);
 }
 
+// The forward's output from given statistics (mean, rstd [B, G]): no reduction.
+template <class T>
+void groupnorm_ss_apply(const T* x, const T* gamma, const T* beta, const T* ss, const T* mean, const T* rstd, T* y, int B,
+                        int HW, int C, int G, bool silu_after) {
+  const int cg = C / G;
+#pragma omp parallel for schedule(static) if ((size_t)B * HW * C > 65536)
+  for (int r = 0; r < B * HW; ++r) {
+    const int b = r / HW;
+    const T* xr = x + (size_t)r * C;
+    T* yr = y + (size_t)r * C;
+    for (int c = 0; c < C; ++c) {
+      T z = (xr[c] - mean[b * G + c / cg]) * rstd[b * G + c / cg] * gamma[c] + beta[c];
+      if (ss) z = z * (T(1) + ss[(size_t)b * 2 * C + c]) + ss[(size_t)b * 2 * C + C + c];
+      yr[c] = silu_after ? silu(z) : z;
+    }
+  }
+}
+
 // Its backward from the saved statistics: recomputes n = GN(x) gamma + beta and z, then
 // dz = dy SiLU'(z), dss and dn from the scale-shift, dx/dgamma/dbeta from the norm.
 template <class T>

@@ -1,6 +1,8 @@
 #include "dataloader.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "rng.h"
@@ -8,15 +10,32 @@
 
 namespace unet {
 
+bool DataLoader::will_stream(const DatasetInfo& info) {
+  const char* force = std::getenv("UNET_STREAM_DATA");
+  if (force && (std::strcmp(force, "0") == 0 || std::strcmp(force, "1") == 0)) return force[0] == '1';
+  return (double)info.count * info.image_size * info.image_size * 3 > kResidentBytes;
+}
+
+double DataLoader::resident_bytes(const DatasetInfo& info) {
+  const double images = will_stream(info) ? 0.0 : (double)info.count * info.image_size * info.image_size * 3;
+  const double perm = 2.0 * 8 * info.count;  // the epoch permutations of the producer and of compute()
+  const double labels = info.has_labels ? 8.0 * info.count : 0.0;
+  return images + perm + labels;
+}
+
 DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
-                       int64_t start_step, int prefetch, HostAlloc host_alloc)
+                       int64_t start_step, int prefetch, HostAlloc host_alloc, int rank, int world)
     : B_(batch_size), T_(T), seed_(seed), flip_(flip), start_(start_step), next_step_(start_step) {
   DatasetReader reader(dataset_path);
   info_ = reader.info();
   if (info_.count < 1) throw UserError(dataset_path + ": the dataset has no images");
   const size_t per = static_cast<size_t>(info_.image_size) * info_.image_size * 3;
-  images_.resize(static_cast<size_t>(info_.count) * per);
-  reader.read_images(0, info_.count, images_.data());
+  if (will_stream(info_)) {
+    reader_ = std::make_unique<ImageReader>(dataset_path);
+  } else {
+    images_.resize(static_cast<size_t>(info_.count) * per);
+    reader.read_images(0, info_.count, images_.data());
+  }
   if (info_.has_labels) {
     labels_ = reader.read_labels();
     if (static_cast<int64_t>(labels_.size()) != info_.count)
@@ -24,12 +43,12 @@ DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, u
                       std::to_string(info_.count) + " images");
   }
   if (host_alloc) alloc_ = std::make_shared<const std::function<void*(size_t)>>(std::move(host_alloc));
-  init(prefetch);
+  init(prefetch, rank, world);
 }
 
 DataLoader::DataLoader(DatasetInfo info, std::vector<uint8_t> images, std::vector<int64_t> labels,
                        int batch_size, int T, uint64_t seed, bool flip, int64_t start_step, int prefetch,
-                       HostAlloc host_alloc)
+                       HostAlloc host_alloc, int rank, int world)
     : info_(std::move(info)),
       images_(std::move(images)),
       labels_(std::move(labels)),
@@ -45,11 +64,18 @@ DataLoader::DataLoader(DatasetInfo info, std::vector<uint8_t> images, std::vecto
   if (info_.has_labels ? static_cast<int64_t>(labels_.size()) != info_.count : !labels_.empty())
     throw UserError("dataloader: labels do not match the dataset description");
   if (host_alloc) alloc_ = std::make_shared<const std::function<void*(size_t)>>(std::move(host_alloc));
-  init(prefetch);
+  init(prefetch, rank, world);
 }
 
-void DataLoader::init(int prefetch) {
+void DataLoader::init(int prefetch, int rank, int world) {
   if (B_ < 1) throw UserError("--batch-size must be >= 1, got " + std::to_string(B_));
+  if (world < 1 || rank < 0 || rank >= world) throw std::logic_error("DataLoader: bad rank/world");
+  if (B_ % world != 0)
+    throw UserError("--batch-size " + std::to_string(B_) + " is not divisible by the " +
+                    std::to_string(world) +
+                    " ranks (the batch size is global: each rank takes an equal slice)");
+  b_ = B_ / world;
+  off_ = rank * b_;
   if (T_ < 1) throw UserError("diffusion_steps must be >= 1, got " + std::to_string(T_));
   if (start_ < 0) throw UserError("dataloader: negative start step");
   // One slot is held by the consumer, `prefetch` are filled ahead.
@@ -71,13 +97,13 @@ DataLoader::~DataLoader() {
 }
 
 void DataLoader::alloc_batch(Batch& b, bool use_hook) const {
-  const size_t n = static_cast<size_t>(B_) * info_.image_size * info_.image_size * 3;
+  const size_t n = static_cast<size_t>(b_) * info_.image_size * info_.image_size * 3;
   HostAllocator<float> af(use_hook ? alloc_ : nullptr);
   HostAllocator<int32_t> ai(use_hook ? alloc_ : nullptr);
   b.x0 = HostVector<float>(n, 0.0f, af);
   b.noise = HostVector<float>(n, 0.0f, af);
-  b.t = HostVector<float>(B_, 0.0f, af);
-  b.labels = HostVector<int32_t>(B_, 0, ai);
+  b.t = HostVector<float>(b_, 0.0f, af);
+  b.labels = HostVector<int32_t>(b_, 0, ai);
 }
 
 std::vector<int64_t> DataLoader::epoch_permutation(uint64_t seed, int64_t epoch, int64_t N) {
@@ -106,27 +132,45 @@ void DataLoader::fill(int64_t step, Batch& out, PermCache& cache) const {
   const int S = info_.image_size;
   const size_t numel = static_cast<size_t>(S) * S * 3;
   // Dataset indices first (serially: the permutation cache is not shared between threads).
-  std::vector<int64_t> idx(B_);
-  for (int b = 0; b < B_; ++b) {
-    const int64_t i = step * B_ + b;
+  // Slot j of this rank's batch is sample g = off_ + j of the global batch.
+  std::vector<int64_t> idx(b_);
+  for (int j = 0; j < b_; ++j) {
+    const int64_t i = step * B_ + off_ + j;
     const int64_t e = i / N;
     if (cache.epoch != e) {
       cache.perm = epoch_permutation(seed_, e, N);
       cache.epoch = e;
     }
-    idx[b] = cache.perm[i % N];
+    idx[j] = cache.perm[i % N];
   }
   const uint64_t knoise = rng_key(seed_, Stream::TrainNoise, static_cast<uint64_t>(step));
   const uint64_t kt = rng_key(seed_, Stream::TrainTimestep, static_cast<uint64_t>(step));
   const uint64_t kflip = rng_key(seed_, Stream::TrainFlip, static_cast<uint64_t>(step));
   float* x0 = out.x0.data();
   float* noise = out.noise.data();
-  const bool big = static_cast<size_t>(B_) * numel > 32768;  // threads cost more than tiny batches
-#pragma omp parallel for schedule(static) if (big)
-  for (int b = 0; b < B_; ++b) {
-    const uint8_t* img = images_.data() + static_cast<size_t>(idx[b]) * numel;
-    float* dst = x0 + b * numel;
-    const bool flip = flip_ && uniform01(kflip, Stream::TrainFlip, b) < 0.5f;
+  // Threads cost more than tiny batches; streamed images are worth reading in parallel.
+  const bool par = static_cast<size_t>(b_) * numel > 32768 || reader_;
+  std::exception_ptr error;
+#pragma omp parallel for schedule(static) if (par)
+  for (int j = 0; j < b_; ++j) {
+    const uint64_t g = static_cast<uint64_t>(off_ + j);
+    const uint8_t* img = nullptr;
+    if (!reader_) {
+      img = images_.data() + static_cast<size_t>(idx[j]) * numel;
+    } else {
+      thread_local std::vector<uint8_t> tmp;
+      tmp.resize(numel);
+      try {
+        reader_->read(idx[j], tmp.data());
+      } catch (...) {
+#pragma omp critical(dataloader_error)
+        error = std::current_exception();
+        continue;
+      }
+      img = tmp.data();
+    }
+    float* dst = x0 + j * numel;
+    const bool flip = flip_ && uniform01(kflip, Stream::TrainFlip, g) < 0.5f;
     for (int y = 0; y < S; ++y)
       for (int x = 0; x < S; ++x) {
         const uint8_t* src = img + (static_cast<size_t>(y) * S + (flip ? S - 1 - x : x)) * 3;
@@ -134,11 +178,12 @@ void DataLoader::fill(int64_t step, Batch& out, PermCache& cache) const {
         // As guided-diffusion: arr.astype(np.float32) / 127.5 - 1, in float32.
         for (int c = 0; c < 3; ++c) d[c] = static_cast<float>(src[c]) / 127.5f - 1.0f;
       }
-    normal_fill(knoise, Stream::TrainNoise, static_cast<uint64_t>(b) * numel, numel, noise + b * numel);
+    normal_fill(knoise, Stream::TrainNoise, g * numel, numel, noise + j * numel);
   }
-  for (int b = 0; b < B_; ++b) {
-    out.t[b] = static_cast<float>(randint(kt, Stream::TrainTimestep, b, T_));
-    out.labels[b] = labels_.empty() ? 0 : static_cast<int32_t>(labels_[idx[b]]);
+  if (error) std::rethrow_exception(error);
+  for (int j = 0; j < b_; ++j) {
+    out.t[j] = static_cast<float>(randint(kt, Stream::TrainTimestep, static_cast<uint64_t>(off_ + j), T_));
+    out.labels[j] = labels_.empty() ? 0 : static_cast<int32_t>(labels_[idx[j]]);
   }
   out.step = step;
 }

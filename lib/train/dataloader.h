@@ -5,6 +5,15 @@
 // shuffle driven by rng(seed, Shuffle, e); its flip, timestep and noise are drawn from
 // rng(seed, <stream>, s) at index b. So resuming at step k only needs k, and the batches never
 // depend on thread timing or prefetch depth.
+//
+// Data-parallel runs: B is the global batch; rank r of W makes only its slice, the samples
+// b = r*B/W ... (r+1)*B/W - 1 of every step, with exactly the values a single process would give
+// them, so W ranks compute the step of one process (up to the order of the gradient sum).
+//
+// Datasets up to kResidentBytes of images are read into memory; larger ones are streamed: each
+// batch's images are read (chunk by chunk, in parallel, ImageReader) by the background thread, so
+// host memory stays bounded (the batches in flight, the epoch permutation of 8 bytes per image,
+// the labels). UNET_STREAM_DATA=1 or 0 forces either way.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -18,6 +27,7 @@
 #include <vector>
 
 #include "dataset.h"
+#include "image_reader.h"
 
 namespace unet {
 
@@ -68,18 +78,29 @@ class DataLoader {
   using HostAlloc = std::function<void*(size_t bytes)>;
   // Reads the whole `images` array into RAM here (HDF5 is not thread-safe; the background thread
   // never touches it). Throws UserError on a bad file or arguments.
+  // rank/world: this process's slice of every global batch (batch_size divisible by world).
   DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
-             int64_t start_step, int prefetch = 3, HostAlloc host_alloc = nullptr);
+             int64_t start_step, int prefetch = 3, HostAlloc host_alloc = nullptr, int rank = 0,
+             int world = 1);
   // An in-memory dataset: images uint8 [count, S, S, 3], labels [count] or empty.
   DataLoader(DatasetInfo info, std::vector<uint8_t> images, std::vector<int64_t> labels, int batch_size,
              int T, uint64_t seed, bool flip, int64_t start_step, int prefetch = 3,
-             HostAlloc host_alloc = nullptr);
+             HostAlloc host_alloc = nullptr, int rank = 0, int world = 1);
   ~DataLoader();  // stops and joins the background thread
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
   const DatasetInfo& info() const { return info_; }
-  int batch_size() const { return B_; }
+  int batch_size() const { return B_; }   // global
+  int local_batch() const { return b_; }  // this rank's slice: the size of every Batch
+  bool streaming() const { return reader_ != nullptr; }
+
+  // Image bytes up to which a dataset is held in memory (larger ones are streamed).
+  static constexpr double kResidentBytes = 256.0 * (1 << 20);
+  // Whether a dataset is streamed (UNET_STREAM_DATA overrides), and the host memory the loader
+  // holds for it beyond the batches: the images when resident, the permutations, the labels.
+  static bool will_stream(const DatasetInfo& info);
+  static double resident_bytes(const DatasetInfo& info);
 
   // Blocks until the batch of the next step (start_step, start_step+1, ...) is ready. The pointer
   // stays valid, and the buffer untouched, until the following next() call. Rethrows an error of
@@ -103,15 +124,17 @@ class DataLoader {
     Batch batch;
     enum State { Free, Ready, Held } state = Free;
   };
-  void init(int prefetch);
+  void init(int prefetch, int rank, int world);
   void fill(int64_t step, Batch& out, PermCache& cache) const;
   void alloc_batch(Batch& b, bool use_hook) const;
   void producer();
 
   DatasetInfo info_;
-  std::vector<uint8_t> images_;
+  std::vector<uint8_t> images_;          // resident datasets
+  std::unique_ptr<ImageReader> reader_;  // streamed datasets
   std::vector<int64_t> labels_;
   int B_, T_;
+  int b_ = 0, off_ = 0;  // this rank's slice of a batch: samples [off_, off_ + b_)
   uint64_t seed_;
   bool flip_;
   int64_t start_;

@@ -164,7 +164,9 @@ Diffusion Diffusion::respaced(const std::vector<int>& keep) const {
     last = alphas_cumprod[t];
     map.push_back(timestep_map[t]);
   }
-  return Diffusion(std::move(nb), std::move(map), learn_sigma_);
+  Diffusion d(std::move(nb), std::move(map), learn_sigma_);
+  d.predict_xstart = predict_xstart;
+  return d;
 }
 
 void Diffusion::q_sample_coeffs(const float* t, int B, float* sqrt_ab, float* sqrt_1mab) const {
@@ -208,8 +210,12 @@ Diffusion::DdimCoeffs Diffusion::ddim_coeffs(int k, double eta) const {
 void Diffusion::predict_x0(Ops& ops, int k, const Tensor& x, const Tensor& eps, const Tensor& x0,
                            bool clip) const {
   const double a = sqrt_recip_alphas_cumprod.at(k), b = sqrt_recipm1_alphas_cumprod[k];
-  ops.run(Copy{x, x0});
-  ops.run(Axpbypcz{eps, x0, {}, static_cast<float>(-b), static_cast<float>(a), 0.0f});
+  if (predict_xstart) {
+    ops.run(Copy{eps, x0});
+  } else {
+    ops.run(Copy{x, x0});
+    ops.run(Axpbypcz{eps, x0, {}, static_cast<float>(-b), static_cast<float>(a), 0.0f});
+  }
   if (clip) ops.run(Clamp{x0, -1.0f, 1.0f});
 }
 

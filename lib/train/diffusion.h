@@ -65,6 +65,9 @@ class Diffusion {
   std::vector<double> posterior_mean_coef1;
   std::vector<double> posterior_mean_coef2;
   std::vector<int> timestep_map;
+  // The model's mean channels are x0 (guided-diffusion's START_X) instead of eps: predict_x0 takes
+  // them as they are. Carried over by respaced().
+  bool predict_xstart = false;
 
   // ---- training ----
   // Per-sample float32 coefficients of q_sample for timesteps t[b] (integers stored as float,
@@ -94,7 +97,8 @@ class Diffusion {
 
   // ---- one step on a batch through the op table; all samples at the same step k ----
   // Tensors f32 of one size (the whole batch) in engine memory. x0 is scratch (written).
-  // x0 = x0_from_xt*x - x0_from_eps*eps, clamped to [-1, 1] when clip.
+  // x0 = x0_from_xt*x - x0_from_eps*eps (with predict_xstart: x0 = eps, the model's x0), clamped to
+  // [-1, 1] when clip.
   void predict_x0(Ops& ops, int k, const Tensor& x, const Tensor& eps, const Tensor& x0, bool clip) const;
   // x <- posterior mean(x0, x) + noise_scale*noise; noise is ignored at k == 0 (may be absent).
   // Fixed-large variance: noise = z, noise_scale = fixed_large_std(k). Learned range: noise =

@@ -1,5 +1,6 @@
 #include "preflight.h"
 
+#include "dataloader.h"
 #include "util.h"
 
 namespace unet {
@@ -17,9 +18,9 @@ TrainData check_train_data(const std::string& path, const ModelConfig& cfg, cons
   if (cfg.in_channels != 3)
     throw UserError(path + ": datasets are RGB but the model has " + std::to_string(cfg.in_channels) +
                     " input channels (" + model_src + ")");
-  // The whole image array is read into memory by the data loader.
-  check_memory((double)info.count * info.image_size * info.image_size * 3,
-               path + " (" + std::to_string(info.count) + " images)");
+  // What the data loader holds: the images of a small dataset (larger ones are streamed), the
+  // epoch permutation, the labels.
+  check_memory(DataLoader::resident_bytes(info), path + " (" + std::to_string(info.count) + " images)");
   if (cfg.class_cond) {
     if (!info.has_labels)
       throw UserError(
@@ -42,7 +43,7 @@ double train_host_bytes(const ParamTable& t, int ckpt_arenas, int batch, const D
   const double arena = (double)t.total * sizeof(float);
   const double image = (double)data.image_size * data.image_size * 3;
   const double prefetched = 4.0 * batch * image * sizeof(float) * 2;  // 4 slots of x0 + noise
-  return arena * (ckpt_arenas + 4) + (double)data.count * image + prefetched;
+  return arena * (ckpt_arenas + 4) + DataLoader::resident_bytes(data) + prefetched;
 }
 
 double sample_host_bytes(const ModelConfig& cfg, const ParamTable& t, int64_t n, bool noise, bool h5) {

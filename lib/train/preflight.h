@@ -24,7 +24,7 @@ TrainData check_train_data(const std::string& path, const ModelConfig& cfg, cons
 
 // Lower bounds of the host memory (bytes) of the big buffers of a run, from its configuration:
 // train: the starting checkpoint (`ckpt_arenas` arenas of the model), the copy every save makes
-// (model, EMA, AdamW moments), the dataset (held in RAM) and the prefetched batches;
+// (model, EMA, AdamW moments), the data loader's (DataLoader::resident_bytes) and the prefetched batches;
 // sample: the checkpoint's weights, the images in float, and the copies the outputs are made from.
 double train_host_bytes(const ParamTable& t, int ckpt_arenas, int batch, const DatasetInfo& data);
 double sample_host_bytes(const ModelConfig& cfg, const ParamTable& t, int64_t n, bool noise, bool h5);

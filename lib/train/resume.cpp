@@ -82,6 +82,7 @@ void store_train_settings(const TrainOptions& o, const DatasetInfo& data, Checkp
   }
   c.state["steps"] = o.steps;
   c.state_str["schedule_sampler"] = o.schedule_sampler;
+  c.state["microbatch"] = o.microbatch;
   c.state["dataset_count"] = data.count;
   c.state["dataset_image_size"] = data.image_size;
   if (o.dataset_fingerprint) c.state["dataset_fingerprint"] = (int64_t)o.dataset_fingerprint;
@@ -130,13 +131,23 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
   const int64_t at = ck.state.count("step") ? ck.state.at("step") : 0;
   if (!explicit_flags.count("--steps") && ck.state.count("steps") && ck.state.at("steps") > at)
     r.opt.steps = ck.state.at("steps");
-  if (ck.state_str.count("schedule_sampler")) {
-    const std::string& ss = ck.state_str.at("schedule_sampler");
-    if (ss != "uniform")
-      throw UserError(ckpt_path + ": trained with schedule sampler '" + ss +
-                      "', which this unet cannot continue (it has 'uniform')");
+  // Not recorded: written when uniform was the only sampler.
+  const std::string ss =
+      ck.state_str.count("schedule_sampler") ? ck.state_str.at("schedule_sampler") : "uniform";
+  if (ss != "uniform" && ss != "loss-second-moment")
+    throw UserError(ckpt_path + ": trained with schedule sampler '" + ss +
+                    "', which this unet cannot continue (it has uniform and loss-second-moment)");
+  if (!explicit_flags.count("--schedule-sampler"))
     r.opt.schedule_sampler = ss;
-  }  // not recorded: written when uniform was the only sampler
+  else if (given.schedule_sampler != ss)
+    changed.push_back("--schedule-sampler " + given.schedule_sampler + " (checkpoint: " + ss + ")");
+  // Not recorded: written before micro-batches, i.e. whole batches.
+  const int64_t mb = ck.state.count("microbatch") ? ck.state.at("microbatch") : 0;
+  if (!explicit_flags.count("--microbatch"))
+    r.opt.microbatch = mb;
+  else if (given.microbatch != mb)
+    changed.push_back("--microbatch " + std::to_string(given.microbatch) +
+                      " (checkpoint: " + std::to_string(mb) + ")");
   if (!changed.empty())
     r.warnings.push_back("resuming with " + join(changed) +
                          ": the run will not continue exactly as it would have uninterrupted");

@@ -10,7 +10,8 @@
 //   grad_clip            --grad-clip           yes
 //   weight_decay         --weight-decay        yes
 //   flip                 --no-flip             yes
-//   schedule_sampler     (uniform)             yes
+//   schedule_sampler     --schedule-sampler    yes  (+ the loss-second-moment history datasets)
+//   microbatch           --microbatch          yes  (absent in older checkpoints: 0, whole batch)
 //   steps                --steps               no (restored while still ahead of the step)
 //   save_every, log_every, sample_every        no
 //   dataset_count, dataset_image_size, dataset_fingerprint: the dataset trained on

@@ -52,7 +52,8 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
   const int T = net_.diffusion_steps;
   const Diffusion base(T, net_.noise_schedule, net_.learn_sigma);
   // Always respaced, as guided-diffusion's SpacedDiffusion does even for all T steps.
-  const Diffusion d = base.respaced(sampler_timesteps(opt.sampler, T, opt.steps));
+  Diffusion d = base.respaced(sampler_timesteps(opt.sampler, T, opt.steps));
+  d.predict_xstart = net_.predict_xstart;
   const int S = d.num_timesteps();
 
   const int H = net_.image_size, C = net_.channels;
@@ -97,7 +98,11 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
 
     for (int k = S - 1; k >= 0; --k) {
       const int t_orig = d.timestep_map[k];
-      std::fill(ht_.begin(), ht_.begin() + B, static_cast<float>(t_orig));
+      // guided-diffusion's _scale_timesteps: t.float() * (1000.0 / T), in float32.
+      const float t_model = net_.rescale_timesteps
+                                ? static_cast<float>(t_orig) * static_cast<float>(1000.0 / T)
+                                : static_cast<float>(t_orig);
+      std::fill(ht_.begin(), ht_.begin() + B, t_model);
       eng_.upload(t, ht_.data());
       net_.denoise(x, t, y, out);
       // Model output is NHWC with [eps | variance value] along channels when sigma is learned.

@@ -29,7 +29,8 @@ struct SampleOptions {
 
 // What the sampler needs to know about the network, and the network itself as a function:
 // denoise(x, t, labels, out) with tensors in engine memory: x [B,H,W,C] f32, t [B] f32 original
-// timesteps, labels i32 [B] (absent when unconditional), out [B,H,W,C or 2C] f32.
+// timesteps (times 1000/T with rescale_timesteps), labels i32 [B] (absent when unconditional), out [B,H,W,C
+// or 2C] f32.
 struct SamplerNet {
   int image_size = 0, channels = 0;
   bool learn_sigma = false;
@@ -37,6 +38,8 @@ struct SamplerNet {
   int num_classes = 0;
   int diffusion_steps = 0;
   std::string noise_schedule = "linear";
+  bool predict_xstart = false;     // the mean channels are x0, not eps
+  bool rescale_timesteps = false;  // denoise gets t * 1000/T (float32), not t
   std::function<void(const Tensor& x, const Tensor& t, const Tensor& labels, const Tensor& out)> denoise;
 };
 
@@ -80,6 +83,8 @@ inline SamplerNet sampler_net(Model& model) {
   net.num_classes = c.num_classes;
   net.diffusion_steps = c.diffusion_steps;
   net.noise_schedule = c.noise_schedule;
+  net.predict_xstart = c.predict_xstart;
+  net.rescale_timesteps = c.rescale_timesteps;
   net.denoise = [&model](const Tensor& x, const Tensor& t, const Tensor& y, const Tensor& out) {
     model.forward(x, t, y, out, /*train=*/false);
   };

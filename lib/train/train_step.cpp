@@ -1,56 +1,131 @@
 #include "train_step.h"
 
+#include <cmath>
+
+#include "rng.h"
+#include "util.h"
+
 namespace unet {
 
-TrainStep::TrainStep(Engine& eng, Model& model, Optimizer& opt, int B)
-    : eng_(eng), model_(model), opt_(opt), cfg_(model.config()) {
-  model.plan(B, Mode::Train);
-  const int64_t b = B, R = cfg_.image_size, C = cfg_.in_channels, Co = cfg_.out_channels();
-  auto img = [&](int64_t c) { return eng.alloc(DType::F32, {b, R, R, c}); };
-  x0 = img(C), noise = img(C), xt_ = img(C);
+namespace {
+// Samples [off, off + n) of a per-sample buffer (dimension 0 is the batch).
+Tensor rows(const Tensor& t, int64_t off, int64_t n) {
+  if (!t.defined()) return t;
+  Tensor r = t;
+  r.data = static_cast<char*>(t.data) + (size_t)off * t.per_sample() * dtype_size(t.dtype);
+  r.dim[0] = n;
+  return r;
+}
+}  // namespace
+
+TrainStep::TrainStep(Engine& eng, Model& model, Optimizer& opt, int B, int microbatch)
+    : eng_(eng), model_(model), opt_(opt), cfg_(model.config()), obj_(model.config()), B_(B) {
+  m_ = microbatch <= 0 || microbatch > B ? B : microbatch;
+  if (B % m_ != 0)
+    throw UserError("--microbatch " + std::to_string(m_) + " does not divide --batch-size " +
+                    std::to_string(B));
+  model.plan(m_, Mode::Train);
+  const int64_t b = B, m = m_, R = cfg_.image_size, C = cfg_.in_channels, Co = cfg_.out_channels();
+  auto img = [&](int64_t n, int64_t c) { return eng.alloc(DType::F32, {n, R, R, c}); };
+  x0 = img(b, C), noise = img(b, C), xt_ = img(b, C);
   t = eng.alloc(DType::F32, {b});
   coef = eng.alloc(DType::F32, {2 * b});
+  loss_coef = eng.alloc(DType::F32, {b, kLossCoefRows});
+  terms = eng.alloc(DType::F32, {b, kLossTerms});
+  stats = eng.alloc(DType::F32, {7});
   if (cfg_.class_cond) labels = eng.alloc(DType::I32, {b});
-  out_ = img(Co), dout_ = img(Co);
-  if (cfg_.learn_sigma) {
-    eps_ = img(C), var_ = img(C), deps_ = img(C), zeros_ = img(C);
-    eng.ops().run(Fill{zeros_, 0.f});
-  }
-  loss_ = eng.alloc(DType::F32, {1});
-  loss_sum = eng.alloc(DType::F32, {1});
-  eng.ops().run(Fill{loss_sum, 0.f});
+  out_ = img(m, Co), dout_ = img(m, Co);
+  if (m_ < B_) acc_ = eng.alloc(DType::F32, {(int64_t)model.arena_floats()});
+  Device& dev = eng.device();
+  h_t_ = static_cast<float*>(dev.alloc_host(sizeof(float) * B));
+  h_coef_ = static_cast<float*>(dev.alloc_host(sizeof(float) * 2 * B));
+  h_loss_coef_ = static_cast<float*>(dev.alloc_host(sizeof(float) * B * kLossCoefRows));
+  reset_stats();
+  // Well-defined inputs for callers that upload only t and coef (unet profile).
+  const Diffusion d(cfg_.diffusion_steps, cfg_.noise_schedule, cfg_.learn_sigma);
+  std::vector<int> ti(B);
+  for (int i = 0; i < B; ++i) ti[i] = (int)(((int64_t)i * 7919) % cfg_.diffusion_steps);
+  set_timesteps(d, ti.data(), nullptr);
+  dev.sync();
 }
 
-void TrainStep::forward(uint64_t dropout_seed) {
-  {
+void TrainStep::set_timesteps(const Diffusion& d, const int* ti, const float* w) {
+  const size_t D = (size_t)cfg_.image_size * cfg_.image_size * cfg_.in_channels;
+  for (int i = 0; i < B_; ++i) {
+    const int k = ti[i];
+    h_t_[i] = obj_.model_time(d.timestep_map.at(k));
+    h_coef_[i] = (float)d.sqrt_alphas_cumprod[k];
+    h_coef_[B_ + i] = (float)d.sqrt_one_minus_alphas_cumprod[k];
+    loss_coef_row(d, obj_, k, w ? (double)w[i] : 1.0, B_, D, h_loss_coef_ + (size_t)i * kLossCoefRows);
+  }
+  eng_.upload(t, h_t_);
+  eng_.upload(coef, h_coef_);
+  eng_.upload(loss_coef, h_loss_coef_);
+}
+
+void TrainStep::set_communicator(Communicator* comm) {
+  comm_ = comm && comm->size() > 1 ? comm : nullptr;
+  // Buckets during backward only with one micro-batch: with several, the sum is final after the
+  // last one (update reduces it whole).
+  if (comm_ && !acc_.defined())
+    model_.set_grad_ready_hook([c = comm_](size_t first_final) { c->grads_ready(first_final); });
+  else
+    model_.set_grad_ready_hook(nullptr);
+}
+
+void TrainStep::reset_stats() { eng_.ops().run(Fill{stats, 0.f}); }
+
+void TrainStep::forward(uint64_t dropout_seed, int micro) {
+  if (micro == 0) {
     ScopedRange r(eng_.device(), "q_sample");
     eng_.ops().run(QSample{x0, noise, coef, xt_});
   }
   ScopedRange r(eng_.device(), "forward");
-  model_.forward(xt_, t, labels, out_, true, dropout_seed);
+  const int64_t off = (int64_t)micro * m_;
+  // Micro-batches after the first draw their dropout masks from their own seeds.
+  const uint64_t seed = micro == 0 ? dropout_seed : hash64(dropout_seed, 0x6d6963726f62ull, (uint64_t)micro);
+  model_.forward(rows(xt_, off, m_), rows(t, off, m_), rows(labels, off, m_), out_, true, seed);
 }
 
-void TrainStep::backward() {
+void TrainStep::backward(int micro) {
   Ops& ops = eng_.ops();
+  const int64_t off = (int64_t)micro * m_;
   {
     ScopedRange r(eng_.device(), "loss");
-    if (cfg_.learn_sigma) {
-      // SPEC §1: the loss is the eps-MSE; the variance channels get no gradient.
-      ops.run(ConcatBwd{out_, eps_, var_});
-      ops.run(MseLoss{eps_, noise, loss_, deps_});
-      ops.run(ConcatFwd{deps_, zeros_, dout_});
-    } else {
-      ops.run(MseLoss{out_, noise, loss_, dout_});
-    }
+    const Tensor lc = rows(loss_coef, off, m_), tm = rows(terms, off, m_);
+    ops.run(DiffusionLoss{out_, rows(x0, off, m_), rows(xt_, off, m_), rows(noise, off, m_), lc, tm, dout_,
+                          obj_.predict_xstart, obj_.use_kl, false});
+    ops.run(LossStats{tm, lc, stats});
   }
   ScopedRange r(eng_.device(), "backward");
+  if (comm_ && !acc_.defined()) comm_->begin_grads(model_.grads());
   model_.backward(dout_);
+  if (acc_.defined()) {  // weight gradients overwrite grads(): sum them in acc_
+    if (micro == 0)
+      ops.run(Copy{model_.grads(), acc_});
+    else
+      ops.run(Add{acc_, model_.grads(), acc_});
+  }
 }
 
 void TrainStep::update() {
+  if (comm_) {
+    // Every rank continues with the mean gradient of the global batch: norm, clipping and the
+    // NaN checks decide the same on all ranks.
+    ScopedRange r(eng_.device(), "all-reduce");
+    if (acc_.defined()) comm_->begin_grads(acc_);
+    comm_->end_grads();
+  }
   ScopedRange r(eng_.device(), "optimizer");
-  opt_.step(model_.params(), model_.grads());
-  eng_.ops().run(Add{loss_sum, loss_, loss_sum});
+  opt_.step(model_.params(), acc_.defined() ? acc_ : model_.grads());
+}
+
+void TrainStep::enqueue(uint64_t dropout_seed) {
+  for (int k = 0; k < micro_batches(); ++k) {
+    forward(dropout_seed, k);
+    backward(k);
+  }
+  update();
 }
 
 }  // namespace unet

@@ -1,6 +1,9 @@
-// The training loop: data -> q_sample -> model -> MSE -> backward -> clip -> AdamW -> EMA,
-// all on the backend's stream with no host synchronisation inside a step; loss and grad norm
-// are accumulated on the device and read back only at --log-every / checkpoint time.
+// The training loop: data -> q_sample -> model -> loss (objective.h) -> backward -> clip -> AdamW
+// -> EMA, all on the backend's stream with no host synchronisation inside a step; the loss terms
+// and grad norm are accumulated on the device and read back only at --log-every / checkpoint
+// time. The loss-second-moment schedule sampler is the exception: it reads each step's
+// per-sample losses back (one host sync per step) to update its history before drawing the next
+// step's timesteps, exactly as guided-diffusion orders it.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -8,6 +11,7 @@
 #include <string>
 
 #include "checkpoint.h"
+#include "comm.h"
 #include "config.h"
 #include "engine.h"
 
@@ -26,7 +30,8 @@ struct TrainOptions {
   int64_t lr_warmup = 0;
   bool flip = true;
   uint64_t seed = 0;
-  std::string schedule_sampler = "uniform";  // recorded for resume; the only sampler so far
+  std::string schedule_sampler = "uniform";  // uniform | loss-second-moment (guided-diffusion's names)
+  int64_t microbatch = 0;                    // samples per micro-batch (0 = the whole batch)
   uint64_t dataset_fingerprint = 0;          // DatasetReader::fingerprint(), recorded for resume
   std::string rundir;
   bool quiet = false;  // no progress line (tests)
@@ -47,7 +52,13 @@ std::atomic<bool>& stop_requested();
 
 // `ck` holds the starting point: model (and, on resume, ema/optimizer/state). `resume` says
 // whether ck.state/optimizer continue a previous run.
+//
+// Data-parallel (comm with several ranks): opt.batch_size is the global batch, each rank trains on
+// its slice and the gradients are averaged before the optimizer; every rank starts from the same
+// weights (ck) and so stays identical. Rank 0 alone writes metrics, checkpoints and sample grids;
+// logged losses are averaged over the ranks; a stop (Ctrl-C, divergence) happens at the same step
+// on every rank.
 TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
-                  const TrainOptions& opt);
+                  const TrainOptions& opt, Communicator* comm = nullptr);
 
 }  // namespace unet

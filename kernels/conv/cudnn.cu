@@ -1,0 +1,622 @@
+// Convolution variant "cudnn": cuDNN 9's backend graph API (forward, dgrad, wgrad; NHWC; f32 with
+// or without TF32 tensor cores, bf16), loaded at run time.
+//
+//  * libcudnn.so.9 is dlopen'ed on first use (UNET_CUDNN names a file to use instead; otherwise
+//    the loader's path, then the CUDA toolkit's folders). Without it the variant says it cannot
+//    run anything, once, and the engine's own kernels (im2col) take over.
+//  * Each op signature gets an execution plan when memory is planned (prepare()): the engines of
+//    cuDNN's heuristics that are deterministic (exact resume relies on it) and honour the
+//    precision (no TF32 for fp32, no reduced-precision reductions, no FFT/Winograd for fp32) are
+//    timed on scratch buffers and the fastest is kept. The choice is cached in a file
+//    (UNET_CUDNN_CACHE, default ~/.cache/unet/cudnn-plans.txt) keyed by GPU, cuDNN version,
+//    precision and op, so later runs skip the timing.
+//  * ConvFwd's epilogue (bias, per-sample embedding, residual) and ConvBwdFilter's db/demb run as
+//    the engine's own kernels after the cuDNN call. bf16 wgrad writes a bf16 dW into the
+//    workspace (cuDNN wants the filter in the data type) which is widened into the f32 gradient.
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cuda_engine.cuh"
+#include "cudnn.h"
+#include "reduce.cuh"
+
+namespace unet {
+
+namespace {
+
+// ---- the library, loaded at run time ----
+struct Lib {
+  bool ok = false;
+  std::string why;
+  size_t version = 0;
+#define UNET_CUDNN_FN(name) decltype(&::name) name = nullptr;
+  UNET_CUDNN_FN(cudnnGetVersion)
+  UNET_CUDNN_FN(cudnnGetErrorString)
+  UNET_CUDNN_FN(cudnnCreate)
+  UNET_CUDNN_FN(cudnnDestroy)
+  UNET_CUDNN_FN(cudnnSetStream)
+  UNET_CUDNN_FN(cudnnBackendCreateDescriptor)
+  UNET_CUDNN_FN(cudnnBackendDestroyDescriptor)
+  UNET_CUDNN_FN(cudnnBackendSetAttribute)
+  UNET_CUDNN_FN(cudnnBackendGetAttribute)
+  UNET_CUDNN_FN(cudnnBackendFinalize)
+  UNET_CUDNN_FN(cudnnBackendExecute)
+#undef UNET_CUDNN_FN
+};
+
+const Lib& lib() {
+  static Lib l = [] {
+    Lib r;
+    std::vector<std::string> names;
+    if (const char* e = std::getenv("UNET_CUDNN")) names.push_back(e);
+    names.push_back("libcudnn.so.9");
+    for (const char* dir : {"/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu"})
+      names.push_back(std::string(dir) + "/libcudnn.so.9");
+    void* h = nullptr;
+    for (const auto& n : names)
+      if ((h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+    if (!h) {
+      r.why = "libcudnn.so.9 not found (set UNET_CUDNN or LD_LIBRARY_PATH)";
+      return r;
+    }
+#define UNET_CUDNN_SYM(name)                                    \
+  r.name = reinterpret_cast<decltype(r.name)>(dlsym(h, #name)); \
+  if (!r.name) {                                                \
+    r.why = std::string("libcudnn.so.9 lacks ") + #name;        \
+    return r;                                                   \
+  }
+    UNET_CUDNN_SYM(cudnnGetVersion)
+    UNET_CUDNN_SYM(cudnnGetErrorString)
+    UNET_CUDNN_SYM(cudnnCreate)
+    UNET_CUDNN_SYM(cudnnDestroy)
+    UNET_CUDNN_SYM(cudnnSetStream)
+    UNET_CUDNN_SYM(cudnnBackendCreateDescriptor)
+    UNET_CUDNN_SYM(cudnnBackendDestroyDescriptor)
+    UNET_CUDNN_SYM(cudnnBackendSetAttribute)
+    UNET_CUDNN_SYM(cudnnBackendGetAttribute)
+    UNET_CUDNN_SYM(cudnnBackendFinalize)
+    UNET_CUDNN_SYM(cudnnBackendExecute)
+#undef UNET_CUDNN_SYM
+    r.version = r.cudnnGetVersion();
+    if (r.version < 90000) {
+      r.why = "cuDNN " + std::to_string(r.version) + " is older than 9.0";
+      return r;
+    }
+    r.ok = true;
+    return r;
+  }();
+  return l;
+}
+
+void check(cudnnStatus_t s, const char* what) {
+  if (s != CUDNN_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuDNN ") + what + ": " + lib().cudnnGetErrorString(s));
+}
+
+// An owned backend descriptor.
+struct Desc {
+  cudnnBackendDescriptor_t d = nullptr;
+  Desc() = default;
+  explicit Desc(cudnnBackendDescriptorType_t t) {
+    check(lib().cudnnBackendCreateDescriptor(t, &d), "create");
+  }
+  Desc(Desc&& o) noexcept : d(o.d) { o.d = nullptr; }
+  Desc& operator=(Desc&& o) noexcept {
+    std::swap(d, o.d);
+    return *this;
+  }
+  ~Desc() {
+    if (d) lib().cudnnBackendDestroyDescriptor(d);
+  }
+  template <class T>
+  void set(cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n, const T* v) {
+    check(lib().cudnnBackendSetAttribute(d, a, t, n, v), "set attribute");
+  }
+  void set_desc(cudnnBackendAttributeName_t a, const Desc& o) {
+    set(a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o.d);
+  }
+  cudnnStatus_t finalize() { return lib().cudnnBackendFinalize(d); }
+};
+
+enum Kind { Fwd = 0, Data = 1, Filter = 2 };
+
+// A tuned plan for one op signature (and everything it references).
+struct Plan {
+  std::vector<Desc> keep;  // tensors, conv, op, graph, config: alive as long as the plan
+  Desc plan;
+  int64_t ws = 0;
+  int64_t uid_x = 1, uid_w = 2, uid_y = 3;
+};
+
+// Per-engine (per CudaCtx) state: the handle and the plans by op signature.
+struct State {
+  cudnnHandle_t handle = nullptr;
+  std::map<std::string, std::shared_ptr<Plan>> plans;  // nullptr: cuDNN cannot run this op
+  std::map<std::string, int> file_cache;               // key -> candidate index
+  bool file_loaded = false;
+  ~State() {
+    plans.clear();
+    if (handle) lib().cudnnDestroy(handle);
+  }
+};
+
+std::mutex g_mu;
+std::map<const CudaCtx*, std::unique_ptr<State>> g_states;
+
+State& state(CudaCtx& ctx) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& s = g_states[&ctx];
+  if (!s) {
+    s = std::make_unique<State>();
+    check(lib().cudnnCreate(&s->handle), "create handle");
+    check(lib().cudnnSetStream(s->handle, ctx.stream), "set stream");
+  }
+  return *s;
+}
+
+cudnnDataType_t dt(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
+
+// NHWC activation [N,H,W,C] as cuDNN's [N,C,H,W] dims with NHWC strides; KRSC filter likewise.
+Desc tensor(int64_t uid, DType t, int64_t n, int64_t h, int64_t w, int64_t c) {
+  Desc d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const cudnnDataType_t ty = dt(t);
+  const int64_t dims[4] = {n, c, h, w}, strides[4] = {h * w * c, 1, w * c, c}, align = 16;
+  d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ty);
+  d.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
+  d.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides);
+  d.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+  d.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+  check(d.finalize(), "tensor");
+  return d;
+}
+
+struct Shape {
+  Kind kind;
+  DType t;
+  int64_t B, H, W, Ci, Ho, Wo, Co, k, s;
+};
+
+std::string shape_key(const Shape& s, Precision p) {
+  char b[256];
+  std::snprintf(b, sizeof b, "%d %s %s B%lld %lldx%lld ci%lld -> %lldx%lld co%lld k%lld s%lld", (int)s.kind,
+                dtype_name(s.t), precision_name(p), (long long)s.B, (long long)s.H, (long long)s.W,
+                (long long)s.Ci, (long long)s.Ho, (long long)s.Wo, (long long)s.Co, (long long)s.k,
+                (long long)s.s);
+  return b;
+}
+
+// The operation graph of one convolution (x uid 1, w uid 2, y uid 3).
+std::vector<Desc> graph(const Shape& s, cudnnHandle_t h) {
+  std::vector<Desc> v;
+  v.push_back(tensor(1, s.t, s.B, s.H, s.W, s.Ci));
+  v.push_back(tensor(2, s.t, s.Co, s.k, s.k, s.Ci));
+  v.push_back(tensor(3, s.t, s.B, s.Ho, s.Wo, s.Co));
+  Desc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const int64_t nd = 2, pad[2] = {s.k / 2, s.k / 2}, dil[2] = {1, 1}, str[2] = {s.s, s.s};
+  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  conv.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &nd);
+  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+  conv.set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  conv.set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  conv.set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  conv.set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
+  conv.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str);
+  check(conv.finalize(), "convolution");
+  const float alpha = 1.f, beta = 0.f;
+  static const cudnnBackendDescriptorType_t types[3] = {
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+      CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR};
+  Desc op(types[s.kind]);
+  switch (s.kind) {
+    case Fwd:
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, v[0]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, v[1]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, v[2]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      break;
+    case Data:
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, v[0]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, v[1]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, v[2]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      break;
+    case Filter:
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, v[0]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, v[1]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, v[2]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      break;
+  }
+  check(op.finalize(), "operation");
+  Desc g(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op.d);
+  g.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+  check(g.finalize(), "operation graph");
+  v.push_back(std::move(conv));
+  v.push_back(std::move(op));
+  v.push_back(std::move(g));  // v.back() is the graph
+  return v;
+}
+
+// Does the engine of this config meet unet's rules for the precision?
+bool acceptable(const Desc& cfg, DType t, Precision p) {
+  Desc eng(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  int64_t n = 0;
+  if (lib().cudnnBackendGetAttribute(cfg.d, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                     &eng.d) != CUDNN_STATUS_SUCCESS)
+    return false;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  n = 0;
+  lib().cudnnBackendGetAttribute(eng.d, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                 CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (notes[i]) {
+      case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:  // bit-exact resume needs deterministic kernels
+      case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION:
+      case CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS:
+        return false;
+      case CUDNN_NUMERICAL_NOTE_TENSOR_CORE:
+        if (t == DType::F32 && p == Precision::FP32) return false;  // that would be TF32
+        break;
+      case CUDNN_NUMERICAL_NOTE_FFT:
+      case CUDNN_NUMERICAL_NOTE_WINOGRAD:
+      case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4:
+      case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6:
+      case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13:
+        if (p == Precision::FP32) return false;  // transforms cost accuracy fp32 promises
+        break;
+      default:
+        break;
+    }
+  }
+  cudnnBackendBehaviorNote_t beh[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+  n = 0;
+  lib().cudnnBackendGetAttribute(eng.d, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                                 CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n, beh);
+  for (int64_t i = 0; i < n; ++i)
+    if (beh[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) return false;  // NVRTC at plan time: skipped
+  return true;
+}
+
+std::string cache_path() {
+  if (const char* e = std::getenv("UNET_CUDNN_CACHE")) return e;
+  std::string base;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"))
+    base = x;
+  else if (const char* h = std::getenv("HOME"))
+    base = std::string(h) + "/.cache";
+  else
+    return "";
+  return base + "/unet/cudnn-plans.txt";
+}
+
+void load_cache(State& st, const std::string& prefix) {
+  if (st.file_loaded) return;
+  st.file_loaded = true;
+  std::ifstream f(cache_path());
+  std::string line;
+  while (std::getline(f, line)) {
+    const size_t bar = line.rfind('|');
+    if (bar == std::string::npos || line.compare(0, prefix.size(), prefix) != 0) continue;
+    st.file_cache[line.substr(prefix.size(), bar - prefix.size())] = std::atoi(line.c_str() + bar + 1);
+  }
+}
+
+void store_cache(const std::string& prefix, const std::string& key, int idx) {
+  const std::string p = cache_path();
+  if (p.empty()) return;
+  const size_t slash = p.rfind('/');
+  if (slash != std::string::npos) {  // mkdir -p of the folder, best effort: the cache is optional
+    std::string dir;
+    std::stringstream ss(p.substr(0, slash));
+    std::string part;
+    while (std::getline(ss, part, '/')) {
+      dir += part + "/";
+      ::mkdir(dir.c_str(), 0755);
+    }
+  }
+  std::ofstream f(p, std::ios::app);
+  if (f) f << prefix << key << "|" << idx << "\n";
+}
+
+// Builds (and on a cache miss times) the plan of an op shape; nullptr when cuDNN cannot run it.
+std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
+  State& st = state(ctx);
+  const std::string key = shape_key(s, ctx.prec);
+  auto it = st.plans.find(key);
+  if (it != st.plans.end()) return it->second;
+  if (ctx.capturing) throw std::logic_error("cuDNN plan built inside a graph capture (plan memory first)");
+  const std::string prefix = ctx.device_name + "|" + std::to_string(lib().version) + "|";
+  load_cache(st, prefix);
+  std::shared_ptr<Plan> best;
+  try {
+    std::vector<Desc> g = graph(s, st.handle);
+    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g.back());
+    heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    check(heur.finalize(), "heuristics");
+    int64_t n = 0;
+    check(lib().cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                         0, &n, nullptr),
+          "heuristics count");
+    std::vector<Desc> cfgs;
+    for (int64_t i = 0; i < n; ++i) cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (auto& c : cfgs) raw.push_back(c.d);
+    int64_t got = 0;
+    check(lib().cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                         n, &got, raw.data()),
+          "heuristics results");
+    // Candidate plans, in heuristic order, that meet the rules and finalize.
+    struct Cand {
+      size_t cfg;
+      Desc plan;
+      int64_t ws;
+    };
+    std::vector<Cand> cands;
+    for (int64_t i = 0; i < got && cands.size() < 8; ++i) {
+      if (!acceptable(cfgs[i], s.t, ctx.prec)) continue;
+      Desc p(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      p.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[i]);
+      p.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &st.handle);
+      if (p.finalize() != CUDNN_STATUS_SUCCESS) continue;
+      int64_t ws = 0, c = 0;
+      check(lib().cudnnBackendGetAttribute(p.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                                           &c, &ws),
+            "workspace size");
+      if (ws > (int64_t(1) << 30)) continue;  // a GiB of workspace is not worth it
+      cands.push_back({(size_t)i, std::move(p), ws});
+    }
+    if (!cands.empty()) {
+      size_t pick = 0;
+      auto cached = st.file_cache.find(key);
+      if (cached != st.file_cache.end() && cached->second >= 0 && (size_t)cached->second < cands.size()) {
+        pick = (size_t)cached->second;
+      } else if (cands.size() > 1) {
+        // Time every candidate on scratch buffers (plan time: allocation is allowed here).
+        const size_t es = dtype_size(s.t);
+        const size_t nx = (size_t)s.B * s.H * s.W * s.Ci * es, nw = (size_t)s.Co * s.k * s.k * s.Ci * es,
+                     ny = (size_t)s.B * s.Ho * s.Wo * s.Co * es;
+        int64_t wsmax = 0;
+        for (auto& c : cands) wsmax = std::max(wsmax, c.ws);
+        void *bx = nullptr, *bw = nullptr, *by = nullptr, *bws = nullptr;
+        CUDA_CHECK(cudaMalloc(&bx, nx));
+        CUDA_CHECK(cudaMalloc(&bw, nw));
+        CUDA_CHECK(cudaMalloc(&by, ny));
+        if (wsmax) CUDA_CHECK(cudaMalloc(&bws, wsmax));
+        // Non-zero data (timings on zeros can flatter a kernel).
+        CUDA_CHECK(cudaMemsetAsync(bx, 0x3c, nx, ctx.stream));
+        CUDA_CHECK(cudaMemsetAsync(bw, 0x3a, nw, ctx.stream));
+        CUDA_CHECK(cudaMemsetAsync(by, 0x3b, ny, ctx.stream));
+        cudaEvent_t e0, e1;
+        CUDA_CHECK(cudaEventCreate(&e0));
+        CUDA_CHECK(cudaEventCreate(&e1));
+        float best_ms = 1e30f;
+        for (size_t i = 0; i < cands.size(); ++i) {
+          void* ptrs[3] = {bx, bw, by};
+          const int64_t uids[3] = {1, 2, 3};
+          Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+          vp.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+          vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+          vp.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &bws);
+          check(vp.finalize(), "variant pack");
+          if (lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d) != CUDNN_STATUS_SUCCESS) continue;
+          CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
+          for (int r = 0; r < 3; ++r)
+            check(lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d), "execute");
+          CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
+          CUDA_CHECK(cudaEventSynchronize(e1));
+          float ms = 0;
+          CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+          if (ms < best_ms) best_ms = ms, pick = i;
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+        cudaFree(bx), cudaFree(bw), cudaFree(by);
+        if (bws) cudaFree(bws);
+        store_cache(prefix, key, (int)pick);
+      }
+      best = std::make_shared<Plan>();
+      best->ws = cands[pick].ws;
+      best->plan = std::move(cands[pick].plan);
+      best->keep = std::move(g);
+      best->keep.push_back(std::move(heur));
+      best->keep.push_back(std::move(cfgs[cands[pick].cfg]));
+    }
+  } catch (const std::runtime_error&) {
+    cudaGetLastError();
+    best = nullptr;  // cuDNN refused this shape: the next variant runs it
+  }
+  st.plans[key] = best;
+  return best;
+}
+
+// Variant packs (pointers, uids, workspace: nothing of the plan) are cached by those pointers:
+// a repeated call (every eager step, every sampling step) costs a map lookup instead of building
+// and finalizing a descriptor.
+struct PackKey {
+  const void *x, *w, *y, *ws;
+  bool operator<(const PackKey& o) const { return std::tie(x, w, y, ws) < std::tie(o.x, o.w, o.y, o.ws); }
+};
+
+void execute(CudaCtx& ctx, const Plan& p, const void* x, const void* w, const void* y) {
+  State& st = state(ctx);
+  static thread_local std::map<PackKey, Desc> packs;
+  const PackKey key{x, w, y, ctx.ws};
+  auto it = packs.find(key);
+  if (it == packs.end()) {
+    if (packs.size() > 4096) packs.clear();
+    void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
+    const int64_t uids[3] = {1, 2, 3};
+    void* ws = ctx.ws;
+    Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    vp.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+    vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+    vp.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    check(vp.finalize(), "variant pack");
+    it = packs.emplace(key, std::move(vp)).first;
+  }
+  check(lib().cudnnBackendExecute(st.handle, p.plan.d, it->second.d), "execute");
+}
+
+bool available() {
+  const Lib& l = lib();
+  if (!l.ok)
+    kernel_notice_once("unet: cuDNN unavailable (" + l.why + "); convolutions run on unet's own kernels");
+  return l.ok;
+}
+
+Shape fwd_shape(const ConvFwd& o) {
+  return {Fwd,        o.x.dtype,  o.x.dim[0], o.x.dim[1], o.x.dim[2], o.x.dim[3],
+          o.y.dim[1], o.y.dim[2], o.w.dim[0], o.w.dim[1], o.stride};
+}
+Shape data_shape(const ConvBwdData& o) {
+  return {Data,        o.dy.dtype,  o.dx.dim[0], o.dx.dim[1], o.dx.dim[2], o.dx.dim[3],
+          o.dy.dim[1], o.dy.dim[2], o.w.dim[0],  o.w.dim[1],  o.stride};
+}
+Shape filter_shape(const ConvBwdFilter& o) {
+  return {Filter,      o.x.dtype,   o.x.dim[0],  o.x.dim[1],  o.x.dim[2], o.x.dim[3],
+          o.dy.dim[1], o.dy.dim[2], o.dw.dim[0], o.dw.dim[1], o.stride};
+}
+
+// y (+)= bias[c] + emb[b, c] + res, as the im2col variant's epilogue.
+template <class TY>
+struct Epilogue {
+  TY* y;
+  const float* bias;
+  const float* emb;
+  const TY* res;
+  size_t HWC;
+  int C;
+  __device__ float one(size_t i, float v) const {
+    const int c = (int)(i % C);
+    if (bias) v += bias[c];
+    if (emb) v += emb[(i / HWC) * C + c];
+    if (res) v += ldf(res, i);
+    return v;
+  }
+  __device__ void vec4(size_t j) const {
+    const size_t i = 4 * j;
+    const float4 u = ld4(y, j);
+    st4(y, j, make_float4(one(i, u.x), one(i + 1, u.y), one(i + 2, u.z), one(i + 3, u.w)));
+  }
+  __device__ void scalar(size_t i) const { stf(y, i, one(i, ldf(y, i))); }
+};
+
+template <class T>
+struct DyRows {
+  const T* dy;
+  int R, C;
+  __device__ float2 operator()(int b, int r, int c) const {
+    return make_float2(ldf(dy, ((size_t)b * R + r) * C + c), 0.f);
+  }
+};
+struct WriteRow {
+  float* out;
+  int C;
+  __device__ void operator()(int b, int c, double x, double) const { out[(size_t)b * C + c] = (float)x; }
+};
+struct Widen {
+  const bf16* x;
+  float* y;
+  __device__ void vec4(size_t j) const { st4(y, j, ld4(x, j)); }
+  __device__ void scalar(size_t i) const { y[i] = __bfloat162float(x[i]); }
+};
+
+size_t round256(size_t n) { return (n + 255) / 256 * 256; }
+size_t filter_extra(const ConvBwdFilter& o) {
+  return o.x.dtype == DType::BF16 ? round256(o.dw.numel() * 2) : 0;
+}
+
+bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
+  return o.y.dtype == o.x.dtype && available() && plan_for(const_cast<CudaCtx&>(c), fwd_shape(o)) != nullptr;
+}
+bool data_ok(const ConvBwdData& o, const CudaCtx& c) {
+  return available() && plan_for(const_cast<CudaCtx&>(c), data_shape(o)) != nullptr;
+}
+bool filter_ok(const ConvBwdFilter& o, const CudaCtx& c) {
+  return o.dw.defined() && available() && plan_for(const_cast<CudaCtx&>(c), filter_shape(o)) != nullptr;
+}
+size_t fwd_ws(const ConvFwd& o, const CudaCtx& c) {
+  return (size_t)plan_for(const_cast<CudaCtx&>(c), fwd_shape(o))->ws;
+}
+size_t data_ws(const ConvBwdData& o, const CudaCtx& c) {
+  return (size_t)plan_for(const_cast<CudaCtx&>(c), data_shape(o))->ws;
+}
+size_t filter_ws(const ConvBwdFilter& o, const CudaCtx& c) {
+  return filter_extra(o) + round256((size_t)plan_for(const_cast<CudaCtx&>(c), filter_shape(o))->ws);
+}
+
+void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
+  execute(ctx, *plan_for(ctx, fwd_shape(o)), o.x.data, o.w.data, o.y.data);
+  if (!o.bias.defined() && !o.emb.defined() && !o.res.defined()) return;
+  const int Co = (int)o.y.dim[3];
+  with_act(o.y.dtype, [&](auto tag) {
+    using TY = decltype(tag);
+    Epilogue<TY> e{dptr<TY>(o.y),   dptr<float>(o.bias), dptr<float>(o.emb),
+                   dptr<TY>(o.res), o.y.per_sample(),    Co};
+    const bool v = Co % 4 == 0 && vec4_ok<TY>(o.y.data) && (!o.res.defined() || vec4_ok<TY>(o.res.data));
+    launch_map(e, o.y.numel(), v, ctx.stream);
+  });
+}
+
+void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
+  execute(ctx, *plan_for(ctx, data_shape(o)), o.dx.data, o.w.data, o.dy.data);
+}
+
+void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
+  const int B = (int)o.dy.dim[0], HWo = (int)(o.dy.dim[1] * o.dy.dim[2]), Co = (int)o.dy.dim[3];
+  if (o.db.defined()) bias_grad(ctx, o.dy, o.db, B * HWo, Co);
+  if (o.demb.defined())
+    with_act(o.dy.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      colsum2(ctx, DyRows<T>{dptr<T>(o.dy), HWo, Co}, WriteRow{dptr<float>(o.demb), Co}, B, HWo, Co);
+    });
+  const Plan& p = *plan_for(ctx, filter_shape(o));
+  if (o.x.dtype == DType::F32) {
+    execute(ctx, p, o.x.data, o.dw.data, o.dy.data);
+    return;
+  }
+  // bf16: dW in the data type at the end of the workspace, then widened into the f32 gradient.
+  bf16* tmp = reinterpret_cast<bf16*>(static_cast<char*>(ctx.ws) + round256((size_t)p.ws));
+  execute(ctx, p, o.x.data, tmp, o.dy.data);
+  launch_map(Widen{tmp, dptr<float>(o.dw)}, o.dw.numel(), vec4_ok<bf16>(tmp) && aligned16(o.dw.data),
+             ctx.stream);
+}
+
+}  // namespace
+
+void destroy_cudnn(CudaCtx& ctx) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_states.erase(&ctx);
+}
+
+void register_conv_cudnn(CudaOps& ops) {
+  ops.variants<ConvFwd>().push_back({"cudnn", fwd_ok, conv_fwd, fwd_ws});
+  ops.variants<ConvBwdData>().push_back({"cudnn", data_ok, conv_data, data_ws});
+  ops.variants<ConvBwdFilter>().push_back({"cudnn", filter_ok, conv_filter, filter_ws});
+}
+
+}  // namespace unet

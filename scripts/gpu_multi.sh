@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Data-parallel checks and the scaling benchmark, on a host with 2 or more GPUs (issue 11). One
+# device call (about 4 minutes on 2 H200s; every command has a timeout):
+#   bash scripts/gpu_multi.sh [UNET_BINARY] [parts...]
+# from the repository root; binaries carried as build/bin.tar.xz are unpacked first. Parts
+# (default all):
+#   equiv   2 GPUs x 16 vs 1 GPU x 32 after 50 steps, seed64: fp32 (1e-5 relative L2 of the
+#           weights), tf32 (1e-3), bf16 (1e-2); and the NCCL step captured in a CUDA graph vs
+#           eager (UNET_NO_CUDA_GRAPH=1): the same result
+#   resume  2 GPUs to step 25, then 1 GPU to 50, vs 2 GPUs straight to 50
+#   fail    a rank killed mid-run: the other stops within seconds with one line naming it
+#   bench   images/s, seed64 at 32 images per GPU (tf32 and bf16): 1 GPU vs `unet train --gpus 2`,
+#           torchrun, mpirun (when installed: PATH or a carried .mpi/ of Debian OpenMPI .debs),
+#           and --gpus 2 without overlapping the all-reduce with backward (UNET_BUCKET_MB=0)
+# Prints a summary table; logs go to $OUT (default /tmp/gpu-multi) as gpu_multi.txt and logs.tar.gz.
+set -u
+cd "$(dirname "$0")/.."
+if [ -f build/bin.tar.xz ]; then tar -C build -xJf build/bin.tar.xz || exit 2; fi
+U=build/bin/unet
+if [ $# -gt 0 ] && [ -x "$1" ] && [ ! -d "$1" ]; then U=$1; shift; fi
+U=$(readlink -f "$U")
+[ -x "$U" ] || { echo "gpu_multi: no unet binary at $U"; exit 2; }
+parts=${*:-equiv resume fail bench}
+OUT=${OUT:-/tmp/gpu-multi}
+W=$(mktemp -d /tmp/gpu-multi-XXXXXX)
+mkdir -p "$OUT" "$W/logs"
+SUM="$OUT/gpu_multi.txt"
+: > "$SUM"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+say() { echo "$*" | tee -a "$SUM"; }
+
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+say "gpu_multi: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $NGPU, unet $("$U" --version 2>&1)"
+if [ "$NGPU" -lt 2 ]; then say "gpu_multi: needs 2 GPUs, found $NGPU"; exit 2; fi
+nvidia-smi topo -m > "$W/logs/topo.txt" 2>&1
+
+# mpirun: on PATH, or Debian's OpenMPI unpacked from carried .debs (.mpi/*.deb).
+MPIRUN=$(command -v mpirun || true)
+if [ -z "$MPIRUN" ] && ls .mpi/*.deb > /dev/null 2>&1; then
+  mkdir -p /tmp/mpi-root && for d in .mpi/*.deb; do dpkg -x "$d" /tmp/mpi-root; done
+  export PATH=/tmp/mpi-root/usr/bin:$PATH OPAL_PREFIX=/tmp/mpi-root/usr
+  export LD_LIBRARY_PATH=/tmp/mpi-root/usr/lib/x86_64-linux-gnu:/tmp/mpi-root/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  MPIRUN=$(command -v mpirun || true)
+fi
+MPIARGS="--allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x PATH"
+TORCHRUN=$(command -v torchrun || true)
+[ -z "$TORCHRUN" ] && python3 -c "import torch.distributed.run" 2>/dev/null && TORCHRUN="python3 -m torch.distributed.run"
+
+# Data: the bundled images at 64x64; one init checkpoint for every run.
+timeout 120 "$U" prepare testdata/images -o "$W/d.h5" --image-size 64 > "$W/logs/prepare.txt" 2>&1 || { say "prepare failed"; cat "$W/logs/prepare.txt"; exit 1; }
+timeout 120 "$U" init -o "$W/init.h5" --preset seed64 --seed 0 > "$W/logs/init.txt" 2>&1 || { say "init failed"; exit 1; }
+
+# train TAG TIMEOUT [env...] -- ARGS...: unet train with logs; returns its status.
+train() {
+  local tag=$1 t=$2; shift 2
+  local envs=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  env "${envs[@]}" timeout -k 10 "$t" "$@" > "$W/logs/$tag.out" 2> "$W/logs/$tag.err"
+  local rc=$?
+  if [ $rc -ne 0 ]; then say "  [$tag] exit $rc: $(tail -n 3 "$W/logs/$tag.err" | tr '\n' ' ')"; fi
+  return $rc
+}
+T="$U train $W/d.h5 --init $W/init.h5 --seed 1"
+
+# compare A B TOL WHAT: relative L2 difference of the model (and EMA, AdamW m) arenas.
+compare() {
+  python3 - "$1" "$2" "$3" "$4" <<'PY' | tee -a "$SUM"
+import sys, h5py, numpy as np
+a, b, tol, what = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+try:
+    fa, fb = h5py.File(a, "r"), h5py.File(b, "r")
+except OSError as e:
+    print(f"  FAIL {what}: {e}"); sys.exit(0)
+res = []
+for g in ("model", "ema", "optimizer/m"):
+    A = np.concatenate([fa[g][k][()].ravel() for k in sorted(fa[g])]).astype(np.float64)
+    B = np.concatenate([fb[g][k][()].ravel() for k in sorted(fb[g])]).astype(np.float64)
+    res.append((g, np.linalg.norm(A - B) / np.linalg.norm(A)))
+sa, sb = int(fa["state"].attrs["step"]), int(fb["state"].attrs["step"])
+ok = sa == sb and res[0][1] <= tol
+print(f"  {'PASS' if ok else 'FAIL'} {what}: step {sa}/{sb}, " + ", ".join(f"{g} rel L2 {r:.2e}" for g, r in res) + f" (tol {tol:g})")
+PY
+}
+
+for p in $parts; do
+  t0=$(date +%s)
+  case $p in
+    equiv)
+      say "=== equiv: 2 GPUs x 16 vs 1 GPU x 32, 50 steps (seed64)"
+      for pt in fp32:1e-5 tf32:1e-3 bf16:1e-2; do
+        prec=${pt%%:*} tol=${pt##*:}
+        a=(--batch-size 32 --steps 50 --save-every 50 --log-every 10 --precision $prec)
+        train "eq1_$prec" 300 -- $T "${a[@]}" -o "$W/eq1_$prec" &&
+          train "eq2_$prec" 300 -- $T "${a[@]}" --gpus 2 -o "$W/eq2_$prec" &&
+          compare "$W/eq1_$prec/latest.h5" "$W/eq2_$prec/latest.h5" "$tol" "$prec: 2 GPUs vs 1 GPU"
+      done
+      a=(--batch-size 32 --steps 50 --save-every 50 --log-every 10 --precision fp32)
+      train eq2_eager 300 UNET_NO_CUDA_GRAPH=1 -- $T "${a[@]}" --gpus 2 -o "$W/eq2_eager" &&
+        compare "$W/eq2_fp32/latest.h5" "$W/eq2_eager/latest.h5" 0 "fp32 2 GPUs: NCCL inside the CUDA graph vs eager (bitwise)"
+      grep -h "^distributed:" "$W/logs/eq2_fp32.out" | tee -a "$SUM" ;;
+    resume)
+      say "=== resume: 2 GPUs to step 25, 1 GPU to 50, vs 2 GPUs straight (tf32)"
+      a=(--batch-size 32 --save-every 25 --log-every 5)
+      train rs_2x50 300 -- $T "${a[@]}" --steps 50 --gpus 2 -o "$W/rs_2x50" &&
+        train rs_2x25 300 -- $T "${a[@]}" --steps 25 --gpus 2 -o "$W/rs_2x25" &&
+        train rs_1to50 300 -- "$U" train "$W/d.h5" --resume "$W/rs_2x25/latest.h5" --steps 50 -o "$W/rs_1to50" &&
+        compare "$W/rs_2x50/latest.h5" "$W/rs_1to50/latest.h5" 1e-3 "resume 2 -> 1 GPU (tf32)" ;;
+    fail)
+      say "=== fail: rank 1 killed at step ~100"
+      $T --batch-size 32 --steps 100000 --log-every 50 --gpus 2 --dist-timeout 30 -o "$W/fail" > "$W/logs/fail.out" 2> "$W/logs/fail.err" &
+      L=$!
+      for i in $(seq 1 600); do [ "$(wc -l < "$W/fail/metrics.csv" 2> /dev/null || echo 0)" -ge 3 ] && break; sleep 0.1; done
+      R1=$(for c in $(pgrep -P $L); do tr '\0' '\n' < /proc/$c/environ | grep -qx RANK=1 && echo $c; done)
+      t1=$(date +%s.%N)
+      [ -n "$R1" ] && kill -9 $R1
+      timeout 90 tail --pid=$L -f /dev/null
+      rc=$?
+      dt=$(python3 -c "import time; print(f'{time.time() - $t1:.1f}')")
+      wait $L; lrc=$?
+      msg=$(grep '^unet:' "$W/logs/fail.err")
+      if [ $rc -eq 0 ] && [ $lrc -ne 0 ] && echo "$msg" | grep -q "rank 1"; then
+        say "  PASS killed rank 1: stopped in $dt s: $msg"
+      else
+        say "  FAIL killed rank 1 (launcher rc $lrc, wait rc $rc, $dt s): $msg"; kill -9 $L 2> /dev/null
+      fi ;;
+    bench)
+      say "=== bench: seed64, 32 images per GPU, images/s (mean of the last 5 of 8 windows of 25 steps)"
+      ips() {  # mean images/s of the last 5 logged windows
+        python3 -c "
+import csv, sys
+r = list(csv.DictReader(open(sys.argv[1])))[-5:]
+print(f'{sum(float(x[\"images_per_s\"]) for x in r) / len(r):.0f}' if r else 'n/a')" "$1/metrics.csv" 2> /dev/null || echo n/a
+      }
+      for prec in tf32 bf16; do
+        a=(--steps 200 --log-every 25 --save-every 0 --precision $prec)
+        train b1_$prec 300 -- $T "${a[@]}" --batch-size 32 -o "$W/b1_$prec"
+        one=$(ips "$W/b1_$prec")
+        printf "%-44s %5s %10s %8s\n" "launcher ($prec)" GPUs "images/s" speedup | tee -a "$SUM"
+        printf "%-44s %5s %10s %8s\n" "unet train (1 process)" 1 "$one" 1.00x | tee -a "$SUM"
+        row() {
+          local name=$1 dir=$2 v
+          v=$(ips "$dir")
+          printf "%-44s %5s %10s %8s\n" "$name" 2 "$v" \
+            "$(python3 -c "print(f'{float(\"$v\") / float(\"$one\"):.2f}x')" 2> /dev/null || echo n/a)" | tee -a "$SUM"
+        }
+        train b2g_$prec 300 -- $T "${a[@]}" --batch-size 64 --gpus 2 -o "$W/b2g_$prec"
+        row "unet train --gpus 2" "$W/b2g_$prec"
+        if [ -n "$TORCHRUN" ]; then
+          train b2t_$prec 300 -- $TORCHRUN --nproc-per-node 2 --no-python $T "${a[@]}" --batch-size 64 -o "$W/b2t_$prec"
+          row "torchrun --nproc-per-node 2 --no-python" "$W/b2t_$prec"
+        else
+          say "torchrun: not installed (skipped)"
+        fi
+        if [ -n "$MPIRUN" ]; then
+          train b2m_$prec 300 -- $MPIRUN $MPIARGS -np 2 $T "${a[@]}" --batch-size 64 -o "$W/b2m_$prec"
+          row "mpirun -np 2" "$W/b2m_$prec"
+        else
+          say "mpirun: not installed on this machine (skipped; carry Debian's OpenMPI .debs in .mpi/)"
+        fi
+        train b2n_$prec 300 UNET_BUCKET_MB=0 -- $T "${a[@]}" --batch-size 64 --gpus 2 -o "$W/b2n_$prec"
+        row "unet train --gpus 2, all-reduce after backward" "$W/b2n_$prec"
+      done ;;
+    *) say "unknown part $p" ;;
+  esac
+  say "    ($p: $(($(date +%s) - t0)) s)"
+done
+cp "$SUM" "$W/logs/"
+tar -C "$W" -czf "$OUT/logs.tar.gz" logs
+echo "summary: $SUM"
