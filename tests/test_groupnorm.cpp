@@ -224,6 +224,21 @@ int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, boo
                             A(DType::F32, {B, G}), silu};
       },
       kCpuTol, [&](Engine& e, GroupNormFwd& o) { shift_x(e, o.x); }, precs);
+  n += check_cpu_variants<GroupNormApply>(
+      what + " apply",
+      [&](const Alloc& A, DType act) {
+        return GroupNormApply{A(act, {B, H, W, C}),  A(DType::F32, {C}),
+                              A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                              A(DType::F32, {B, G}), A(DType::F32, {B, G}),
+                              A(act, {B, H, W, C}),  silu};
+      },
+      kCpuTol,
+      [&](Engine& e, GroupNormApply& o) {  // statistics of x from the reference forward
+        shift_x(e, o.x);
+        Tensor y = e.alloc(o.x.dtype, {B, H, W, C});
+        e.base_ops().run_variant(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu}, "ref");
+      },
+      precs);
   n += check_cpu_variants<GroupNormBwd>(
       what + " bwd",
       [&](const Alloc& A, DType act) {

@@ -38,6 +38,26 @@ void gn_run(const GroupNormFwd& o) {
   }
 }
 
+// GroupNormFwd's output from given statistics: the forward's own pass, so with the statistics the
+// forward wrote it reproduces the forward's output bit for bit.
+template <int I>
+void gn_apply_run(const GroupNormApply& o) {
+  const Kernels& K = *cpufast::kernels<I>();
+  const int B = (int)o.x.dim[0], HW = (int)(o.x.dim[1] * o.x.dim[2]), C = (int)o.x.dim[3];
+  const int G = (int)o.mean.dim[1];
+  const size_t n = cpufast::gn_scratch_floats(HW, C);
+#pragma omp parallel for schedule(static) if ((size_t)B * HW * C > 32768)
+  for (int b = 0; b < B; ++b) {
+    GnArgs a{};
+    a.HW = HW, a.C = C, a.G = G, a.silu = o.silu;
+    a.x = o.x.f32() + (size_t)b * HW * C, a.y = o.y.f32() + (size_t)b * HW * C;
+    a.gamma = o.gamma.f32(), a.beta = o.beta.f32();
+    a.ss = o.ss.defined() ? o.ss.f32() + (size_t)b * 2 * C : nullptr;
+    a.mean = o.mean.f32() + (size_t)b * G, a.rstd = o.rstd.f32() + (size_t)b * G;
+    K.gn_apply(a, cpufast::thread_buffer(3, n));
+  }
+}
+
 template <int I>
 void gn_bwd_run(const GroupNormBwd& o) {
   const Kernels& K = *cpufast::kernels<I>();
@@ -70,6 +90,8 @@ void gn_bwd_run(const GroupNormBwd& o) {
 
 void register_groupnorm_fast_cpu(CpuOps& ops) {
   cpufast::add_fast_variants<GroupNormFwd, any_shape<GroupNormFwd>, gn_run<0>, gn_run<1>>(ops);
+  cpufast::add_fast_variants<GroupNormApply, any_shape<GroupNormApply>, gn_apply_run<0>, gn_apply_run<1>>(
+      ops);
   cpufast::add_fast_variants<GroupNormBwd, any_shape<GroupNormBwd>, gn_bwd_run<0>, gn_bwd_run<1>>(ops);
 }
 
