@@ -17,6 +17,8 @@ struct InitArgs {
   uint64_t seed = 0;
   bool print_params = false;
   bool classifier = false;
+  double class_dropout = 0;
+  CLI::Option* class_dropout_opt = nullptr;
   ModelFlags flags;
   ClassifierFlags cflags;
 };
@@ -66,6 +68,13 @@ void register_init(CLI::App& app) {
   sub->add_flag("--classifier", args->classifier,
                 "write a noisy-image classifier (guided-diffusion's EncoderUNetModel) instead of a diffusion "
                 "model");
+  args->class_dropout_opt =
+      sub->add_option(
+             "--class-dropout", args->class_dropout,
+             "classifier-free guidance: P in [0, 1) with --class-cond; P > 0 gives label_emb the null "
+             "class's row (num_classes + 1 rows) and records P as `unet train`'s default class dropout")
+          ->group("Model")
+          ->check(real_range(0, 1));
   args->flags.add(sub, /*with_preset=*/false);
   args->cflags.add(sub, /*with_shared=*/false, /*with_preset=*/false);
   sub->callback([args] {
@@ -73,6 +82,9 @@ void register_init(CLI::App& app) {
     std::string overrides;
     if (args->classifier) {
       args->cflags.preset = args->preset.empty() ? "default" : args->preset;
+      if (args->class_dropout_opt->count())
+        throw UserError(
+            "--class-dropout is a diffusion-model flag (classifier-free guidance), not a classifier's");
       ck.is_classifier = true;
       ck.ccfg = args->cflags.resolve(&args->flags);  // refuses diffusion-only model flags
       for (auto& o : args->cflags.opts)
@@ -85,9 +97,19 @@ void register_init(CLI::App& app) {
       if (std::find(models.begin(), models.end(), args->flags.preset) == models.end())
         throw UserError("--preset " + args->flags.preset + " is a classifier preset: add --classifier");
       ck.cfg = args->flags.resolve();
+      if (args->class_dropout_opt->count()) {
+        ck.cfg.class_dropout = args->class_dropout;
+        ck.cfg.null_class = args->class_dropout > 0;
+        if (!ck.cfg.class_cond)
+          throw UserError("--class-dropout needs --class-cond (the null class is a row of label_emb)");
+        const std::string err = ck.cfg.validate();
+        if (!err.empty()) throw UserError("invalid model: " + err);
+      }
     }
     for (auto& o : args->flags.opts)
       if (o.first->count()) overrides += (overrides.empty() ? "" : " ") + o.first->get_name();
+    if (args->class_dropout_opt->count())
+      overrides += (overrides.empty() ? "" : " ") + std::string("--class-dropout");
     const ParamTable t = ck.table();
     if (args->print_params) {
       print_table(t, args->classifier ? "classifier " + ck.ccfg.describe() : ck.cfg.describe());

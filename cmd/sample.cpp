@@ -1,9 +1,11 @@
 // unet sample CKPT.h5 — thin: load weights, read --noise, call lib/sampler, write PNG/HDF5.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "checkpoint.h"
 #include "classifier.h"
+#include "classifier_free.h"
 #include "commands.h"
 #include "grid.h"
 #include "guidance.h"
@@ -25,12 +27,14 @@ struct SampleArgs {
   std::string sampler = "ddpm";
   int steps = 0;
   float eta = 0;
+  float guidance_scale = 1;
   float classifier_scale = 1;
   int cls = 0;
   bool no_ema = false, no_clip = false;
   uint64_t seed = 0;
   DeviceFlags dev;
-  CLI::Option *n_opt = nullptr, *steps_opt = nullptr, *cls_opt = nullptr, *cs_opt = nullptr;
+  CLI::Option *n_opt = nullptr, *steps_opt = nullptr, *cls_opt = nullptr, *gs_opt = nullptr,
+              *cs_opt = nullptr;
 };
 
 // Reads NOISE.h5 dataset `noise` float32 [N,C,H,W] (PyTorch layout) and returns NHWC.
@@ -99,10 +103,24 @@ void run(SampleArgs& a) {
   const bool cls_given = a.cls_opt->count() > 0;
   if (cls_given && !labelled)
     throw UserError("--class: " + a.ckpt + " is not class-conditional (and no --classifier guides it)");
-  if (cls_given && a.cls >= n_classes)
+  // A model with a null class (classifier-free guidance) takes it as --class num_classes, unless a
+  // classifier guides towards the class.
+  const bool null_ok = cfg.class_cond && cfg.null_class && !guided;
+  if (cls_given && guided && cfg.null_class && a.cls == cfg.num_classes)
+    throw UserError("--class " + std::to_string(a.cls) + " is the null class of " + a.ckpt +
+                    ": a --classifier guides towards one of its " + std::to_string(n_classes) +
+                    " classes (0 to " + std::to_string(n_classes - 1) + ")");
+  if (cls_given && a.cls >= (null_ok ? cfg.label_rows() : n_classes))
     throw UserError("--class " + std::to_string(a.cls) + " is out of range (the " +
                     (cfg.class_cond ? "model" : "classifier") + " has " + std::to_string(n_classes) +
-                    " classes: 0 to " + std::to_string(n_classes - 1) + ")");
+                    " classes: 0 to " + std::to_string(n_classes - 1) +
+                    (null_ok ? ", and " + std::to_string(cfg.num_classes) + " for the null class" : "") +
+                    ")");
+  const bool cf_guided = a.gs_opt->count() > 0;
+  if (cf_guided && !cfg.null_class)
+    throw UserError("--guidance-scale: " + a.ckpt +
+                    (cfg.class_cond ? " has no null class" : " is not class-conditional") +
+                    " (classifier-free guidance needs a model trained with unet train --class-dropout P)");
   std::vector<float> noise;
   int n = a.n;
   if (!a.noise.empty()) {
@@ -146,24 +164,32 @@ void run(SampleArgs& a) {
   so.clip = !a.no_clip;
   so.seed = a.seed;
   so.batch_size = a.batch_size ? std::min(a.batch_size, n) : std::min(n, 64);
-  std::string guide_note;
-  if (guided) {
-    char b[96];
-    std::snprintf(b, sizeof b, ", classifier guidance scale %g (%s weights)", (double)a.classifier_scale,
+  char gs[160] = "";
+  if (cf_guided) std::snprintf(gs, sizeof gs, ", guidance scale %g", (double)a.guidance_scale);
+  if (guided)
+    std::snprintf(gs + std::strlen(gs), sizeof gs - std::strlen(gs),
+                  ", classifier guidance scale %g (%s weights)", (double)a.classifier_scale,
                   !a.no_ema && !cck.ema.empty() ? "EMA" : "model");
-    guide_note = b;
-  }
   std::printf("unet sample: %d images, %s %d steps, %s weights%s, %s\n", n, a.sampler.c_str(),
-              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", guide_note.c_str(),
-              device.c_str());
+              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", gs, device.c_str());
   std::fflush(stdout);
   std::vector<float> out((size_t)n * R * R * C);
   Progress prog("sample", n, "img");
-  model.plan(so.batch_size, Mode::Sample);
+  // Classifier-free guidance runs the conditional and the unconditional half in one forward pass:
+  // the model is planned for twice the batch.
+  const int planned = cf_guided ? 2 * so.batch_size : so.batch_size;
+  model.plan(planned, Mode::Sample);
   SamplerNet net = sampler_net(model);
+  // --class num_classes: the null class (not with a classifier, which guides towards a class: the
+  // sampler then checks the labels against the classifier's classes, the model's without the null).
+  if (null_ok) net.num_classes = cfg.label_rows();
+  if (cf_guided)
+    net = classifier_free_guidance(*eng, std::move(net), so.batch_size, a.guidance_scale, cfg.num_classes);
+  // Classifier guidance on top (guidance.h): the classifier's EMA weights when it has them (as the
+  // model's), unless --no-ema.
   std::unique_ptr<Classifier> classifier;
   std::unique_ptr<ClassifierGuide> guide;
-  if (guided) {  // the classifier's EMA weights when it has them (as the model's), unless --no-ema
+  if (guided) {
     classifier = std::make_unique<Classifier>(cck.ccfg, *eng);
     eng->upload(classifier->params(), !a.no_ema && !cck.ema.empty() ? cck.ema.data() : cck.model.data());
     guide = std::make_unique<ClassifierGuide>(*eng, *classifier, a.classifier_scale, so.batch_size);
@@ -173,9 +199,10 @@ void run(SampleArgs& a) {
          out.data(), [&](int done, int) { prog.update(done); });
   prog.finish();
   // stdout, like every informational line: stderr carries only warnings and errors.
-  std::printf("unet sample: peak %s memory %.2f GB (activations %.2f GB planned for batch %d)\n",
+  std::printf("unet sample: peak %s memory %.2f GB (activations %.2f GB planned for batch %d%s)\n",
               eng->is_cuda() ? "GPU" : "host", eng->device().bytes_held() / 1e9,
-              model.activation_bytes() / 1e9, so.batch_size);
+              model.activation_bytes() / 1e9, planned,
+              cf_guided ? ": conditional and unconditional halves" : "");
   if (!a.h5.empty()) {
     AtomicFile af(a.h5);
     {
@@ -191,6 +218,7 @@ void run(SampleArgs& a) {
       h5::set_attr(f, "/", "sampler", a.sampler);
       h5::set_attr(f, "/", "steps", (int64_t)(a.steps ? a.steps : cfg.diffusion_steps));
       h5::set_attr(f, "/", "eta", (double)a.eta);
+      if (cf_guided) h5::set_attr(f, "/", "guidance_scale", (double)a.guidance_scale);
       if (guided) {
         h5::set_attr(f, "/", "classifier", a.classifier);
         h5::set_attr(f, "/", "classifier_scale", (double)a.classifier_scale);
@@ -234,7 +262,8 @@ void register_sample(CLI::App& app) {
   a->cls_opt =
       sub->add_option("--class", a->cls,
                       "class label 0..num_classes-1 for every image (class-conditional models, and the "
-                      "class a --classifier guides towards; default random, written to --h5 as labels)")
+                      "class a --classifier guides towards; default random, written to --h5 as labels); "
+                      "num_classes = the null class of a --class-dropout model")
           ->check(int_range(0, kModelLimits.num_classes - 1));
   sub->add_option("--classifier", a->classifier,
                   "classifier guidance with this noisy-image classifier (unet train-classifier / unet init "
@@ -243,6 +272,12 @@ void register_sample(CLI::App& app) {
   a->cs_opt = sub->add_option("--classifier-scale", a->classifier_scale,
                               "classifier guidance scale s (default 1.0, guided-diffusion's; 0 = unguided)")
                   ->check(real_range(0, INFINITY));
+  a->gs_opt =
+      sub->add_option("--guidance-scale", a->guidance_scale,
+                      "classifier-free guidance: eps = eps_uncond + W (eps_cond - eps_uncond), both from one "
+                      "forward pass of twice the batch (models trained with --class-dropout; W = 1: "
+                      "conditional, 0: unconditional, > 1: stronger guidance)")
+          ->check(real_range(0, INFINITY));
   sub->add_flag("--no-ema", a->no_ema, "use the raw weights instead of the EMA weights");
   sub->add_flag("--no-clip", a->no_clip, "do not clip the predicted x_0 to [-1, 1]");
   sub->add_option("--seed", a->seed, "seed for x_T, step noise and labels, 0 to 2^63-1 (default 0)")

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "checkpoint.h"
+#include "classifier_free.h"
 #include "classifier_train.h"
 #include "comm.h"
 #include "commands.h"
@@ -126,6 +127,8 @@ void run_train(TrainArgs& a) {
     std::set<std::string> given;
     for (const char* f : kSettingFlags)
       if (CLI::Option* opt = a.app->get_option_no_throw(f); opt && opt->count()) given.insert(f);
+    if (a.class_dropout_opt && a.class_dropout_opt->count())
+      given.insert("--class-dropout");  // so is the class dropout
     ResumeSettings rs = resolve_resume(ck, a.resume, o, given);
     o = rs.opt;
     warnings = rs.warnings;
@@ -144,6 +147,37 @@ void run_train(TrainArgs& a) {
     ck.ccfg = a.cmodel.resolve();
   } else {
     ck.cfg = a.model.resolve();
+  }
+  // Classifier-free guidance: the class dropout is the flag's, else the checkpoint's class_dropout
+  // (on --resume resolve_resume has taken it). It needs the null class's row of label_emb: a fresh
+  // model gets one, an --init checkpoint without one gains it, a resumed run cannot.
+  bool added_null_class = false;
+  if (!cls) {
+    const bool cd_given = a.class_dropout_opt->count() > 0;
+    if (cd_given && !(a.opt.class_dropout < 1))
+      throw UserError(
+          "--class-dropout must be in [0, 1), not 1"
+          " (every label dropped leaves nothing conditional to learn)");
+    if (!resume) o.class_dropout = cd_given ? a.opt.class_dropout : ck.cfg.class_dropout;
+    if ((cd_given || o.class_dropout > 0) && !ck.cfg.class_cond) {
+      const std::string what = resume ? a.resume : !a.init.empty() ? a.init : "";
+      throw UserError("--class-dropout needs a class-conditional model (" +
+                      (what.empty() ? std::string("--class-cond") : what + " is not class-conditional") +
+                      ")");
+    }
+    if (o.class_dropout > 0 && !ck.cfg.null_class) {
+      if (resume)
+        throw UserError("--class-dropout: " + a.resume +
+                        " has no null class, and a run cannot gain one on --resume (start a new run from it "
+                        "with --init, which adds one)");
+      if (a.init.empty()) {
+        ck.cfg.null_class = true;
+      } else {
+        add_null_class(ck, o.seed);
+        added_null_class = true;
+      }
+    }
+    if (!resume) ck.cfg.class_dropout = o.class_dropout;
   }
   const ParamTable t = ck.table();
   if (o.batch_size % world != 0)
@@ -247,6 +281,11 @@ void run_train(TrainArgs& a) {
   if (root) {
     for (const std::string& w : warnings) std::fprintf(stderr, "unet: warning: %s\n", w.c_str());
     if (!ranks_line.empty()) std::printf("%s\n", ranks_line.c_str());
+    if (added_null_class)
+      std::printf(
+          "unet train: %s has no null class: label_emb gains row %d (N(0,1), --seed %llu) for "
+          "--class-dropout\n",
+          a.init.c_str(), ck.cfg.num_classes, (unsigned long long)o.seed);
   }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -265,6 +304,9 @@ void run_train(TrainArgs& a) {
   } else {
     r = train(*eng, a.data, std::move(ck), resume, o, comm.get());
   }
+  // The step's graph holds the captured NCCL calls: gone before the communicator (it is destroyed
+  // first, as it was made from the engine), or ncclCommDestroy waits for it forever.
+  eng->device().graph_drop();
   comm->finish();  // every rank is done: none takes another's exit for a failure
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
@@ -285,6 +327,11 @@ void run_train(TrainArgs& a) {
   if (!r.last_checkpoint.empty())
     std::printf("; checkpoint %s (also %s/latest.h5)", r.last_checkpoint.c_str(), o.rundir.c_str());
   std::printf("\n");
+  if (r.labels_seen > 0)
+    std::printf(
+        "class dropout: %lld of %lld labels (%.2f%%) replaced by the null class (--class-dropout %g)\n",
+        (long long)r.labels_dropped, (long long)r.labels_seen, 100.0 * r.labels_dropped / r.labels_seen,
+        o.class_dropout);
   std::printf("peak %s memory %.2f GB (planned buffers and workspaces%s)\n", eng->is_cuda() ? "GPU" : "host",
               eng->device().bytes_held() / 1e9, eng->is_cuda() ? "; the CUDA context not counted" : "");
 }
@@ -368,13 +415,18 @@ void register_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   auto* sub = app.add_subcommand("train", "train a model on a dataset made by `unet prepare`");
   sub->footer(
-      "--resume takes every training setting from the checkpoint: batch size, seed, lr and warmup, EMA "
-      "rate,\n"
-      "grad clip, weight decay, flips, schedule sampler, the save/log/sample intervals and the --steps "
-      "target;\n"
-      "a flag given explicitly overrides one (with a warning when that changes the continuation). It also\n"
-      "checks that DATA is the dataset the run was trained on.");
+      "--resume takes every training setting from the checkpoint: batch size, seed, lr and warmup,\n"
+      "EMA rate, grad clip, weight decay, flips, schedule sampler, class dropout, the save/log/sample\n"
+      "intervals and the --steps target; a flag given explicitly overrides one (with a warning when that\n"
+      "changes the continuation). It also checks that DATA is the dataset the run was trained on.");
   add_train_flags(sub, a.get());
+  a->class_dropout_opt =
+      sub->add_option(
+             "--class-dropout", a->opt.class_dropout,
+             "classifier-free guidance: replace each label by the null class with probability P, "
+             "in [0, 1) (class-conditional models; adds the null class's label_emb row to a fresh or "
+             "--init model that lacks one; default: the checkpoint's class_dropout, else 0)")
+          ->check(real_range(0, 1));
   a->model.add(sub);
   sub->callback([a] { run_train(*a); });
 }

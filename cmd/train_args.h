@@ -19,6 +19,7 @@ struct TrainArgs {
   int gpus = 0;              // --gpus N: launch N local ranks
   double dist_timeout = 60;  // --dist-timeout
   CLI::App* app = nullptr;
+  CLI::Option* class_dropout_opt = nullptr;  // unet train
 };
 
 // The data, checkpoint, loop, run-directory, distributed and device flags (set a->classifier and

@@ -33,6 +33,7 @@ enum class Stream : uint64_t {
   SampleLabel = 8,      // sampler class labels when none are given: index i
   TrainTimestepIS = 9,  // importance-sampled t (loss-second-moment): key (step), index b
   EvalNoise = 10,       // unet eval's q_sample noise: key (timestep t), index i*numel + j
+  ClassDropout = 11,    // classifier-free guidance: label -> null class, key (step), index b
 };
 
 // splitmix64's output function: a bijection of 64-bit words with good avalanche.

@@ -341,6 +341,19 @@ def _noise(step_noise, k, t_orig, x):
     return step_noise(k, t_orig, tuple(x.shape)).to(device=x.device, dtype=x.dtype)
 
 
+def classifier_free_model(model, scale, null_label, channels):
+    """Classifier-free guidance (Ho & Salimans; GLIDE's and diffusers' convention) around a
+    class-conditional `model(x, t, y=labels)`: two forward passes, one with the labels and one with
+    the null label; the first `channels` output channels (eps, or x0 with predict_xstart) become
+    eps_u + scale * (eps_c - eps_u), the rest (the learned variance) are the conditional pass's."""
+    def fn(x, t, y=None):
+        c = model(x, t, y=y)
+        u = model(x, t, y=torch.full_like(y, null_label))
+        eps = u[:, :channels] + scale * (c[:, :channels] - u[:, :channels])
+        return torch.cat([eps, c[:, channels:]], dim=1)
+    return fn
+
+
 def ddim_sample(model, noise, steps, eta=0.0, clip=True, labels=None, T=1000, schedule="linear",
                 learn_sigma=False, step_noise=None):
     """DDIM from x_T = noise [N,C,H,W] with `steps` steps (0 = all T); returns x_0 [N,C,H,W].
@@ -404,7 +417,7 @@ class LossSecondMomentResampler:
 # unet's counter-based RNG (lib/rng.h), vectorised over indices with wrapping uint64 arithmetic
 
 STREAMS = dict(TrainNoise=1, TrainTimestep=2, TrainFlip=3, Shuffle=4, Dropout=5, SampleInit=6,
-               SampleStep=7, SampleLabel=8, TrainTimestepIS=9, EvalNoise=10)
+               SampleStep=7, SampleLabel=8, TrainTimestepIS=9, EvalNoise=10, ClassDropout=11)
 _M = (1 << 64) - 1
 
 
@@ -462,6 +475,15 @@ def unet_uniform01_f64(seed, stream, index):
     """uniform01_f64 of lib/rng.h: the top 53 bits of the hash, as float64 in [0, 1)."""
     bits = hash64(seed, STREAMS[stream], _u64(index))
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+def unet_class_dropped(seed, step, b, p):
+    """Whether `unet train --class-dropout p --seed seed` replaces the label of sample b (of the global
+    batch) of `step` by the null class (classifier_free.h): uniform01_f64(rng_key(seed, ClassDropout,
+    step), ClassDropout, b) < p. b may be an array."""
+    if not p > 0:
+        return np.zeros(np.shape(b), dtype=bool)
+    return unet_uniform01_f64(rng_key(seed, "ClassDropout", step), "ClassDropout", b) < p
 
 
 def unet_eval_noise(seed, first=0):

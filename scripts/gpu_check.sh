@@ -9,6 +9,10 @@
 #           CUDA vs float64 PyTorch, the pool and cross-entropy kernels), guided sampling vs the
 #           transcription (fp32 1e-4, tf32 2e-3), train-classifier (loss, bitwise resume with CUDA
 #           graphs, SIGINT), and the released 64x64 classifier's configuration at batch 32
+#   cfg     classifier-free guidance on the GPU: guided CUDA vs CPU sampling (gtest), the e2e test on
+#           cuda (W = 1 / W = 0 vs conditional / null-class sampling, W = 4 vs PyTorch two-pass guidance,
+#           class dropout vs the RNG contract, bitwise resume; fp32 and tf32), and seed64 sampling
+#           with --guidance-scale at batch 64 (activations planned for 128)
 #   bench   scripts/bench.py: unet fp32/tf32 vs PyTorch eager/compile, seed64 batch 32
 #   profile unet profile tables, CSV/JSON and a trace
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
@@ -20,7 +24,7 @@ OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 U="$BUILD/bin/unet"
 export UNET_BINARY=$(readlink -f "$U") UNET_SOURCE_DIR=$(pwd) PYTHONPATH=$(pwd)/scripts PYTHONUNBUFFERED=1
-parts=${*:-tests e2e parity objective classifier bench profile imagenet64 demo}
+parts=${*:-tests e2e parity objective classifier cfg bench profile imagenet64 demo}
 for p in $parts; do
   echo "=== $p"
   t0=$(date +%s)
@@ -78,6 +82,22 @@ PY
       grep -hE "FAIL|failed|bitwise" "$OUT"/train_classifier*.txt
       grep -E "step 20|memory|unet sample|error" "$OUT/classifier64.txt"
       rm -rf "$OUT/cls64run" "$OUT/cls64.h5" "$OUT/m64.h5" ;;
+    cfg)
+      "$BUILD/bin/test_classifier_free" > "$OUT/cfg_gtest.txt" 2>&1
+      grep -E "OK|FAILED|SKIPPED|Failure|learn_sigma" "$OUT/cfg_gtest.txt" | tail -n 16
+      # B and 2B may take different GEMM/conv kernels on the GPU: W = 0 / 1 are compared with a limit there.
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=fp32 UNET_CFG_BITWISE_TOL=1e-4 timeout 300 \
+        python3 tests/test_classifier_free_e2e.py > "$OUT/cfg_fp32.txt" 2>&1
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=2e-3 UNET_CFG_BITWISE_TOL=1e-2 timeout 300 \
+        python3 tests/test_classifier_free_e2e.py > "$OUT/cfg_tf32.txt" 2>&1
+      grep -hE "FAIL|failed|rel L2|max diff|binomial" "$OUT"/cfg_fp32.txt "$OUT"/cfg_tf32.txt
+      "$U" init -o "$OUT/cfg64.h5" --class-cond --num-classes 10 --class-dropout 0.1 > /dev/null
+      for gs in "" "--guidance-scale 3"; do
+        "$U" sample "$OUT/cfg64.h5" -n 64 --sampler ddim --steps 10 --class 1 $gs -o "$OUT/cfg64.png" 2>&1 | tail -n 2 | head -n 1
+        TIMEFORMAT="50 DDIM steps for 64 images ${gs:-unguided}: %R s"
+        time "$U" sample "$OUT/cfg64.h5" -n 64 --sampler ddim --steps 50 --class 1 $gs -o "" > /dev/null 2>&1
+      done
+      rm -f "$OUT/cfg64.h5" ;;
     bench) timeout 400 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
     profile)
       "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 \

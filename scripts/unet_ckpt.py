@@ -41,7 +41,8 @@ import torch
 from classifier_torch import (CLASSIFIER_DEFAULTS, CLASSIFIER_PRESETS, GD_MULT, classifier_state_dict_shapes,
                               create_classifier, normalize_classifier_flags, write_classifier_attrs)
 from classifier_torch import FORMAT as CLASSIFIER_FORMAT
-from unet_torch import DEFAULT_FLAGS, OBJECTIVE_FLAGS, PRESETS, create_model, normalize_flags, state_dict_shapes
+from unet_torch import (CFG_FLAGS, DEFAULT_FLAGS, OBJECTIVE_FLAGS, PRESETS, create_model, normalize_flags,
+                        state_dict_shapes)
 
 FORMAT = "unet-checkpoint"
 VERSION = 1
@@ -62,7 +63,7 @@ def read_flags(f):
         raise ValueError(f"{f.filename}: is a classifier checkpoint (format {fmt!r}), not a diffusion model")
     if fmt != FORMAT:
         raise ValueError(f"{f.filename}: not a unet checkpoint (format attribute is {fmt!r})")
-    missing = [k for k in DEFAULT_FLAGS if k not in f.attrs and k not in OBJECTIVE_FLAGS]
+    missing = [k for k in DEFAULT_FLAGS if k not in f.attrs and k not in OBJECTIVE_FLAGS + CFG_FLAGS]
     if missing:
         raise ValueError(f"{f.filename}: missing attribute(s) {', '.join(missing)}")
     return normalize_flags({k: f.attrs[k] for k in DEFAULT_FLAGS if k in f.attrs})
@@ -129,6 +130,8 @@ def _write_flags(f, flags):
     f.attrs["format"] = FORMAT
     f.attrs["version"] = np.int64(VERSION)
     for k, v in fl.items():
+        if k in CFG_FLAGS and not fl["null_class"]:
+            continue  # as `unet init`: only a model with a null class carries these
         if isinstance(v, bool):
             f.attrs[k] = np.int64(int(v))
         elif isinstance(v, int):
@@ -345,6 +348,10 @@ def _check_flags(fl):
         raise CliError("invalid model flags: diffusion_steps must be > 20 for the linear schedule")
     if fl["diffusion_steps"] < 2 or not 0 <= fl["dropout"] < 1:
         raise CliError("invalid model flags: diffusion_steps < 2 or dropout outside [0, 1)")
+    if fl["null_class"] and not fl["class_cond"]:
+        raise CliError("invalid model flags: null_class needs class_cond (the null class is a row of label_emb)")
+    if not 0 <= fl["class_dropout"] < 1 or (fl["class_dropout"] > 0 and not fl["null_class"]):
+        raise CliError("invalid model flags: class_dropout must be in [0, 1) and needs null_class")
 
 
 def _check_output(out, inp):
@@ -526,6 +533,9 @@ def guided_diffusion_flags(flags):
         notes.append(f"in_channels {f['in_channels']} (guided-diffusion's create_model fixes 3)")
     if f["class_cond"] and f["num_classes"] != 1000:
         notes.append(f"num_classes {f['num_classes']} (guided-diffusion fixes 1000)")
+    if f["class_cond"] and f["null_class"]:
+        notes.append(f"the null class: label_emb has num_classes + 1 = {f['num_classes'] + 1} rows (guided-diffusion "
+                     f"fixes 1000 classes; build its UNetModel with num_classes={f['num_classes'] + 1})")
     return " ".join(f"--{k} {v}" for k, v in sorted(out.items())), notes
 
 
@@ -595,6 +605,11 @@ def cmd_export(a):
         print(f'guided-diffusion CLASSIFIER_FLAGS="{gd}"')
     else:
         gd, notes = guided_diffusion_flags(flags)
+        if flags["class_cond"] and flags["null_class"]:
+            k = flags["num_classes"]
+            print(f"label_emb.weight has {k + 1} rows: classes 0..{k - 1} and row {k}, the null class of "
+                  f"classifier-free guidance (trained with class dropout {flags['class_dropout']:g}); a "
+                  f"guided-diffusion UNetModel with num_classes={k + 1} loads this state_dict")
         print(f'guided-diffusion MODEL_FLAGS="{gd}"')
     for note in notes:
         print(f"note: guided-diffusion's scripts cannot express {note}")

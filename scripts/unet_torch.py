@@ -51,8 +51,13 @@ DEFAULT_FLAGS = dict(
     predict_xstart=False,
     rescale_learned_sigmas=False,
     rescale_timesteps=False,
+    # classifier-free guidance: label_emb has num_classes + 1 rows, the last the null class (absent
+    # in checkpoints without one, and in guided-diffusion's models)
+    null_class=False,
+    class_dropout=0.0,
 )
 OBJECTIVE_FLAGS = ("use_kl", "predict_xstart", "rescale_learned_sigmas", "rescale_timesteps")
+CFG_FLAGS = ("null_class", "class_dropout")
 
 
 
@@ -84,7 +89,7 @@ PRESETS = {
 }
 
 _BOOL_FLAGS = ("use_new_attention_order", "use_scale_shift_norm", "resblock_updown", "learn_sigma",
-               "class_cond") + OBJECTIVE_FLAGS
+               "class_cond", "null_class") + OBJECTIVE_FLAGS
 _INT_FLAGS = ("image_size", "in_channels", "num_channels", "num_res_blocks", "num_heads",
               "num_head_channels", "num_classes", "diffusion_steps")
 
@@ -139,6 +144,7 @@ def normalize_flags(flags=None, preset=None, **kw):
     for k in _INT_FLAGS:
         out[k] = int(out[k])
     out["dropout"] = float(out["dropout"])
+    out["class_dropout"] = float(out["class_dropout"])
     ns = out["noise_schedule"]
     out["noise_schedule"] = ns.decode() if isinstance(ns, bytes) else str(ns)
     out["channel_mult"] = _mult_list(out["channel_mult"])
@@ -451,7 +457,7 @@ def create_model(flags=None, preset=None, **kw):
         attention_ds=attention_ds,
         dropout=f["dropout"],
         channel_mult=f["channel_mult"],
-        num_classes=f["num_classes"] if f["class_cond"] else None,
+        num_classes=f["num_classes"] + int(f["null_class"]) if f["class_cond"] else None,
         num_heads=f["num_heads"],
         num_head_channels=f["num_head_channels"],
         use_scale_shift_norm=f["use_scale_shift_norm"],

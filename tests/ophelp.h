@@ -8,6 +8,13 @@
 // precision's tolerance. Each variant also runs twice on the same inputs and must be bitwise
 // reproducible (exact resume relies on it). Without a GPU the GPU half skips.
 //
+// check_cpu_variants(name, build, ...) is the same check on the CPU engine: every CPU variant
+// (the fast "avx512" / "avx2" ones this CPU runs) against its "ref" variant on the same inputs,
+// fp32 within the summation-order tolerance (1e-5) and in the bf16 emulation (2e-3: the same f32
+// sums rounded to bf16, where a last-bit difference may flip a rounding), bitwise reproducible run
+// to run and bitwise independent of the OpenMP thread count (1, 2, 3 threads: bit-exact resume on
+// the CPU relies on it). The GPU checks compare with "ref" too, not with the CPU's default variant.
+//
 // Tolerances (relative L2 error, ||gpu - cpu|| / ||cpu||):
 //  * fp32: 1e-5 — IEEE fp32 on both sides, only summation order differs;
 //  * tf32: 1e-3 for one tensor-core GEMM (10-bit mantissa inputs, ~5e-4 each), 3e-3 where two
@@ -17,7 +24,10 @@
 //    the f32 accumulation order inside the op; 2e-2 where GEMMs are chained (attention).
 #pragma once
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -114,7 +124,7 @@ int check_variants(const std::string& what, const std::function<Op(const Alloc&,
     if (prep) prep(cpu, c);
     const auto in = inputs_of(cpu, c);
     load_inputs(cpu, c, in);
-    cpu.ops().run(c);
+    cpu.base_ops().run_variant(c, "ref");  // the reference loops, whatever the CPU's default
     const auto want = outputs_of(cpu, c);
     const double t = tol.for_precision(p);
     for (const std::string& v : gpu->base_ops().variants_for(g)) {
@@ -141,6 +151,64 @@ int check_variants(const std::string& what, const std::function<Op(const Alloc&,
       ++checked;
     }
   }
+  return checked;
+}
+
+// The CPU variants' tolerances: fp32 (tf32 is fp32 on the CPU) and the bf16 emulation.
+inline const Tol kCpuTol{1e-5, 1e-5, 2e-3};
+
+// Every CPU variant of the op but "ref" against "ref" (see the top of this file), in fp32 and in
+// the bf16 emulation. build(alloc, act) as for check_variants; prep(engine, op) makes the random
+// inputs valid. Returns the number of (precision, variant) pairs checked (0 when this CPU runs
+// none but ref).
+template <class Op>
+int check_cpu_variants(const std::string& what, const std::function<Op(const Alloc&, DType)>& build,
+                       Tol tol = kCpuTol, const std::function<void(Engine&, Op&)>& prep = nullptr,
+                       std::vector<Precision> precisions = {Precision::FP32, Precision::BF16}) {
+  static int calls = 0;
+  const int saved = omp_get_max_threads();
+  int checked = 0;
+  for (Precision p : precisions) {
+    SCOPED_TRACE(what + " (cpu variants, " + precision_name(p) + ")");
+    Engine& cpu = cpu_engine(p);
+    Alloc ca = [&](DType t, std::initializer_list<int64_t> d) { return cpu.alloc(t, d); };
+    Op c = build(ca, cpu.act_dtype());
+    randomize(cpu, c, test_seed() + 7 * (++calls) + 3);
+    if (prep) prep(cpu, c);
+    const auto in = inputs_of(cpu, c);
+    load_inputs(cpu, c, in);
+    cpu.base_ops().run_variant(c, "ref");
+    const auto want = outputs_of(cpu, c);
+    const double t = tol.for_precision(p);
+    for (const std::string& v : cpu.base_ops().variants_for(c)) {
+      if (v == "ref") continue;
+      SCOPED_TRACE("variant " + v);
+      std::vector<std::pair<std::string, std::vector<float>>> first;
+      for (int threads : {2, 1, 3, 2}) {
+        omp_set_num_threads(threads);
+        load_inputs(cpu, c, in);
+        cpu.base_ops().run_variant(c, v);
+        const auto got = outputs_of(cpu, c);
+        if (first.empty()) {
+          first = got;
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double e = rel_l2(got[i].second, want[i].second);
+            if (std::getenv("UNET_TEST_VERBOSE"))
+              std::printf("  %-40s cpu %-5s %-8s %-6s rel err %.2e (tol %.0e)\n", what.c_str(),
+                          precision_name(p), v.c_str(), got[i].first.c_str(), e, t);
+            EXPECT_LE(e, t) << got[i].first << " of " << describe(c);
+          }
+          continue;
+        }
+        for (size_t i = 0; i < got.size(); ++i)
+          EXPECT_TRUE(std::memcmp(got[i].second.data(), first[i].second.data(), got[i].second.size() * 4) ==
+                      0)
+              << got[i].first << " of " << v << " differs at " << threads << " threads from 2 threads";
+      }
+      ++checked;
+    }
+  }
+  omp_set_num_threads(saved);
   return checked;
 }
 

@@ -145,16 +145,20 @@ inline V nchw_to_nhwc(const V& t, int B, int C, int H, int W) {
   return e;
 }
 
-// The seed64 model's layers at batch 32, for the GPU variant checks at real shapes.
-inline unet::Arch seed64_arch() { return unet::build_arch(unet::preset("seed64")); }
+// A model's layers (input blocks, middle, output blocks), for the variant checks at real shapes:
+// seed64 at batch 32 for the GPU variants, tiny32 at batch 16 for the CPU ones.
 template <class F2>
-void each_seed64_layer(F2 f) {
-  const unet::Arch a = seed64_arch();
+void each_layer(const unet::Arch& a, F2 f) {
   for (auto& b : a.input_blocks)
     for (auto& l : b) f(l);
   for (auto& l : a.middle) f(l);
   for (auto& b : a.output_blocks)
     for (auto& l : b) f(l);
+}
+inline unet::Arch seed64_arch() { return unet::build_arch(unet::preset("seed64")); }
+template <class F2>
+void each_seed64_layer(F2 f) {
+  each_layer(seed64_arch(), f);
 }
 
 }  // namespace opt

@@ -148,4 +148,68 @@ TEST(AttentionVariants, SmallAndSeed64Shapes) {
   EXPECT_GE(seen.size(), 2u);
 }
 
+// ---- fast CPU variants vs the CPU reference ----
+
+int check_attn_cpu(const std::string& what, int B, int H, int W, int C, int heads, bool legacy,
+                   std::vector<Precision> precs = {Precision::FP32, Precision::BF16}, float mag = 0.5f,
+                   Tol tol = kCpuTol) {
+  const int T = H * W;
+  auto scale = [mag](Engine& e, Tensor& t) {
+    std::vector<float> v = test::randn(t.numel(), test::test_seed() + 5, mag);
+    test::from_host(e, t, v);
+  };
+  int n = check_cpu_variants<AttentionFwd>(
+      what + " fwd",
+      [&](const Alloc& A, DType act) {
+        return AttentionFwd{A(act, {B, H, W, 3 * C}), A(act, {B, H, W, C}), A(DType::F32, {B, heads, T}),
+                            legacy};
+      },
+      tol, [&](Engine& e, AttentionFwd& o) { scale(e, o.qkv); }, precs);
+  n += check_cpu_variants<AttentionBwd>(
+      what + " bwd",
+      [&](const Alloc& A, DType act) {
+        return AttentionBwd{A(act, {B, H, W, 3 * C}), A(act, {B, H, W, C}),     A(DType::F32, {B, heads, T}),
+                            A(act, {B, H, W, C}),     A(act, {B, H, W, 3 * C}), legacy};
+      },
+      tol,
+      [&](Engine& e, AttentionBwd& o) {
+        scale(e, o.qkv);
+        e.base_ops().run_variant(AttentionFwd{o.qkv, o.out, o.lse, legacy}, "ref");
+      },
+      precs);
+  return n;
+}
+
+TEST(AttentionCpuVariants, SmallOddShapes) {
+  int n = 0;
+  for (bool legacy : {false, true}) {
+    const std::string k = legacy ? " legacy" : " new";
+    n += check_attn_cpu("T9 d4" + k, 2, 3, 3, 12, 3, legacy);
+    n += check_attn_cpu("T1 d8" + k, 3, 1, 1, 8, 1, legacy);
+    n += check_attn_cpu("T17 d24" + k, 2, 17, 1, 48, 2, legacy);
+    n += check_attn_cpu("T40 d16" + k, 1, 5, 8, 32, 2, legacy);
+    n += check_attn_cpu("T70 d5" + k, 1, 7, 10, 15, 3, legacy);
+    // logits of a few hundred: most softmax weights underflow to 0 (and to denormals); a logit's
+    // rounding (~1e-7 of a few hundred) moves its weight by ~1e-5, so the gradient's tolerance is 5e-5
+    n += check_attn_cpu("T33 d64 peaked" + k, 1, 3, 11, 128, 2, legacy, {Precision::FP32, Precision::BF16},
+                        4.0f, Tol{5e-5, 5e-5, 2e-3});
+  }
+  if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";
+}
+
+TEST(AttentionCpuVariants, EveryTiny32ShapeAtBatch16) {
+  const ModelConfig cfg = preset("tiny32");
+  std::set<std::string> seen;
+  int n = 0;
+  each_layer(build_arch(cfg), [&](const Layer& l) {
+    if (l.kind != Layer::Attn) return;
+    const std::string k = std::to_string(l.res) + "_" + std::to_string(l.cin) + "_" + std::to_string(l.heads);
+    if (seen.insert(k).second)
+      for (bool legacy : {false, true})
+        n += check_attn_cpu(l.prefix + " " + k, 16, l.res, l.res, l.cin, l.heads, legacy, {Precision::FP32});
+  });
+  EXPECT_GE(seen.size(), 1u);
+  if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";
+}
+
 }  // namespace

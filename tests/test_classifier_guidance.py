@@ -7,7 +7,11 @@ on the same random weights:
   `unet` draws (its RNG transcribed in diffusion_torch.py), so it is deterministic too;
 - random classes when --class is not given: the --h5 output's `labels` are the classes guided towards;
 - scale 0 equals the unguided sampler bitwise, and the guidance changes the samples;
-- the classifier sees the model's (original, rescaled) timestep: a --rescale-timesteps model.
+- the classifier sees the model's (original, rescaled) timestep: a --rescale-timesteps model;
+- a model with a null class (trained with --class-dropout): classifier guidance alone, and on top of
+  classifier-free guidance (--guidance-scale W: the classifier conditions the step of the
+  W-guided prediction) vs guided-diffusion's cond_fn around the two-pass CFG mix; the null class
+  is refused as a class to guide towards.
 Run by ctest with env UNET_BINARY, UNET_SOURCE_DIR, PYTHONPATH=scripts. Exit 77 = skipped.
 """
 
@@ -107,6 +111,8 @@ def main():
                         use_scale_shift_norm=True, resblock_updown=True), SEED + 1)
     rescaled, rescaled_ck = make_model("rescaled", dict(base, noise_schedule="linear", rescale_timesteps=True),
                                        SEED + 2)
+    nulled, nulled_ck = make_model("nulled", dict(base, noise_schedule="linear", class_cond=True, num_classes=5,
+                                                  null_class=True, class_dropout=0.1), SEED + 5)
     cflags = dict(image_size=8, classifier_width=64, classifier_depth=1, classifier_channel_mult="1,2",
                   classifier_attention_resolutions="4", classifier_num_head_channels=32, num_classes=5,
                   diffusion_steps=T)
@@ -147,6 +153,22 @@ def main():
         ("ddim eta=0, 10 steps, rescale_timesteps model (classifier sees t*1000/T)", rescaled_ck,
          ["--sampler", "ddim", "--steps", "10", "--noise", noise_file, "--class", str(cls)] + g,
          ref(rescaled, "ddim", 10, schedule="linear", rescale_timesteps=True)),
+    ]
+    # Classifier-free guidance underneath: the classifier's gradient conditions the step of the mix.
+    w = float(rng.uniform(1.5, 4.0))
+    cfg = dt.classifier_free_model(nulled, w, 5, 3)
+    cases += [
+        ("ddim eta=0, 10 steps, null-class model, no --guidance-scale", nulled_ck,
+         ["--sampler", "ddim", "--steps", "10", "--noise", noise_file, "--class", str(cls)] + g,
+         ref(nulled, "ddim", 10, labels=y, schedule="linear")),
+        ("ddim eta=0, 10 steps, --guidance-scale %.2f and classifier guidance" % w, nulled_ck,
+         ["--sampler", "ddim", "--steps", "10", "--noise", noise_file, "--class", str(cls), "--guidance-scale",
+          f"{w!r}"] + g,
+         ref(cfg, "ddim", 10, labels=y, schedule="linear")),
+        ("ddpm, 8 steps respaced, --guidance-scale %.2f and classifier guidance" % w, nulled_ck,
+         ["--sampler", "ddpm", "--steps", "8", "--noise", noise_file, "--seed", str(s), "--class", str(cls),
+          "--guidance-scale", f"{w!r}"] + g,
+         ref(cfg, "ddpm", 8, labels=y, schedule="linear", step_noise=dt.unet_step_noise(s))),
     ]
     for i, (name, ck, args, want_fn) in enumerate(cases):
         got, labels = run_sample(ck, args, os.path.join(TMP, f"out{i}.h5"))
@@ -194,6 +216,16 @@ def main():
     r = subprocess.run([BINARY, "sample", plain_ck, "--device", DEVICE, "--class", "7", "--classifier", clf_ck, "-o",
                         ""], capture_output=True, text=True)
     check(r.returncode == 1 and "out of range" in r.stderr, f"--class beyond the classifier: {r.stderr.strip()}")
+    for extra in ([], ["--guidance-scale", "2"]):
+        r = subprocess.run([BINARY, "sample", nulled_ck, "--device", DEVICE, "--class", "5", "--classifier", clf_ck,
+                            "-o", ""] + extra, capture_output=True, text=True)
+        check(r.returncode == 1 and "null class" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+              f"--class 5 (the null class) with a classifier {extra}: {r.stderr.strip()}")
+    # Random classes of a null-class model guided by a classifier: never the null class.
+    got, labels = run_sample(nulled_ck, ["--sampler", "ddim", "--steps", "3", "-n", "12", "--seed", str(s),
+                                         "--guidance-scale", "2"] + g, os.path.join(TMP, "nulled_rand.h5"))
+    check(labels is not None and labels.min() >= 0 and labels.max() < 5,
+          f"null-class model, random classes guided towards: {labels}")
 
 
 if __name__ == "__main__":

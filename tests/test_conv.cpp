@@ -2,7 +2,12 @@
 //  * the reference vs a direct 7-loop convolution in PyTorch layout, and vs finite differences;
 //  * the fused epilogue (bias, per-sample embedding, residual) and the embedding gradient;
 //  * the float engine vs the double template, absent outputs skipped;
-//  * every CUDA variant vs the CPU engine at odd small shapes and at every seed64 shape.
+//  * every CUDA variant vs the CPU engine at odd small shapes and at every seed64 shape;
+//  * every fast CPU variant (avx512, avx2) vs the CPU reference at odd small shapes and at every
+//    tiny32 shape, bitwise independent of the thread count; the default choice and the forced
+//    reference (conv=ref).
+#include <algorithm>
+
 #include "ops_common.h"
 
 using namespace opt;
@@ -241,6 +246,199 @@ TEST(ConvVariants, EverySeed64ShapeAtBatch32) {
     }
   });
   EXPECT_GT(seen.size(), 8u);
+}
+
+// ---- fast CPU variants vs the CPU reference ----
+
+// Forward (with the epilogue terms asked for), data gradient and filter gradient (with db, and
+// demb when emb) of one conv shape: every CPU variant against "ref".
+// precs: fp32 and the bf16 emulation unless told.
+int check_conv_cpu(const std::string& what, int B, int H, int Ci, int Co, int k, int s, bool emb, bool res,
+                   int Wd = 0, std::vector<Precision> precs = {Precision::FP32, Precision::BF16}) {
+  const int W = Wd ? Wd : H, Ho = out_size(H, k, s), Wo = out_size(W, k, s);
+  int n = check_cpu_variants<ConvFwd>(
+      what + " fwd",
+      [&](const Alloc& A, DType act) {
+        return ConvFwd{A(act, {B, H, W, Ci}),
+                       A(act, {Co, k, k, Ci}),
+                       A(DType::F32, {Co}),
+                       emb ? A(DType::F32, {B, Co}) : Tensor{},
+                       res ? A(act, {B, Ho, Wo, Co}) : Tensor{},
+                       A(act, {B, Ho, Wo, Co}),
+                       s};
+      },
+      kCpuTol, nullptr, precs);
+  n += check_cpu_variants<ConvBwdData>(
+      what + " dgrad",
+      [&](const Alloc& A, DType act) {
+        return ConvBwdData{A(act, {B, Ho, Wo, Co}), A(act, {Co, k, k, Ci}), A(act, {B, H, W, Ci}), s};
+      },
+      kCpuTol, nullptr, precs);
+  n += check_cpu_variants<ConvBwdFilter>(
+      what + " wgrad",
+      [&](const Alloc& A, DType act) {
+        return ConvBwdFilter{A(act, {B, H, W, Ci}),
+                             A(act, {B, Ho, Wo, Co}),
+                             A(DType::F32, {Co, k, k, Ci}),
+                             A(DType::F32, {Co}),
+                             emb ? A(DType::F32, {B, Co}) : Tensor{},
+                             s};
+      },
+      kCpuTol, nullptr, precs);
+  return n;
+}
+
+// The variants this CPU runs besides ref (none on a CPU without AVX2 and FMA).
+std::vector<std::string> fast_conv_variants() {
+  Dev d;
+  const ConvFwd op{
+      d.poisoned({1, 4, 4, 8}), d.poisoned({8, 3, 3, 8}), {}, {}, {}, d.poisoned({1, 4, 4, 8}), 1};
+  std::vector<std::string> v = d.eng->base_ops().variants_for(op);
+  v.erase(std::remove(v.begin(), v.end(), std::string("ref")), v.end());
+  return v;
+}
+
+#define SKIP_WITHOUT_FAST_CPU() \
+  if (fast_conv_variants().empty()) GTEST_SKIP() << "this CPU has neither AVX-512 nor AVX2+FMA"
+
+TEST(ConvCpuVariants, SmallOddShapes) {
+  SKIP_WITHOUT_FAST_CPU();
+  int n = 0;
+  n += check_conv_cpu("3x3 s1 odd", 2, 7, 5, 6, 3, 1, true, true, 5);
+  n += check_conv_cpu("3x3 s2 odd", 3, 9, 3, 5, 3, 2, false, false, 6);
+  n += check_conv_cpu("3x3 s2 even", 2, 8, 17, 33, 3, 2, true, false);
+  n += check_conv_cpu("1x1 s1", 2, 5, 12, 20, 1, 1, false, true, 7);
+  n += check_conv_cpu("1x1 s2", 2, 6, 4, 3, 1, 2, false, false, 5);
+  n += check_conv_cpu("1x1 pixel", 1, 1, 2, 3, 3, 1, false, false);
+  n += check_conv_cpu("3x3 wide", 2, 9, 20, 70, 3, 1, true, true, 8);
+  n += check_conv_cpu("3x3 long row", 1, 3, 7, 9, 3, 1, false, true, 41);
+  n += check_conv_cpu("3x3 s2 1 row", 2, 1, 6, 5, 3, 2, false, false, 9);
+  n += check_conv_cpu("1x1 many ch", 2, 3, 130, 48, 1, 1, true, false, 5);
+  n += check_conv_cpu("3x3 one channel", 3, 5, 1, 1, 3, 1, true, true, 4);
+  n += check_conv_cpu("3x3 s2 2x2", 1, 2, 3, 40, 3, 2, false, true);
+  n += check_conv_cpu("3x3 s2 wide Co", 2, 5, 9, 131, 3, 2, true, false, 7);
+  n += check_conv_cpu("3x3 1 column", 2, 6, 4, 5, 3, 1, false, false, 1);
+  EXPECT_GE(n, 42);
+}
+
+// The optional parts: no bias, a bf16 model's f32 output layer (y f32, x and w bf16), a filter
+// gradient with only db and demb, or dw without db.
+TEST(ConvCpuVariants, OptionalTerms) {
+  SKIP_WITHOUT_FAST_CPU();
+  const int B = 2, H = 5, W = 6, Ci = 7, Co = 18;
+  int n = check_cpu_variants<ConvFwd>("fwd no bias", [&](const Alloc& A, DType act) {
+    return ConvFwd{A(act, {B, H, W, Ci}), A(act, {Co, 3, 3, Ci}), {}, A(DType::F32, {B, Co}),
+                   A(act, {B, H, W, Co}), A(act, {B, H, W, Co}),  1};
+  });
+  n += check_cpu_variants<ConvFwd>("fwd f32 out", [&](const Alloc& A, DType act) {
+    return ConvFwd{A(act, {B, H, W, Ci}),
+                   A(act, {Co, 3, 3, Ci}),
+                   A(DType::F32, {Co}),
+                   {},
+                   {},
+                   A(DType::F32, {B, H, W, Co}),
+                   1};
+  });
+  n += check_cpu_variants<ConvBwdFilter>("wgrad db demb only", [&](const Alloc& A, DType act) {
+    return ConvBwdFilter{A(act, {B, H, W, Ci}), A(act, {B, H, W, Co}),  {},
+                         A(DType::F32, {Co}),   A(DType::F32, {B, Co}), 1};
+  });
+  n += check_cpu_variants<ConvBwdFilter>("wgrad dw only", [&](const Alloc& A, DType act) {
+    return ConvBwdFilter{
+        A(act, {B, H, W, Ci}), A(act, {B, 3, 3, Co}), A(DType::F32, {Co, 3, 3, Ci}), {}, {}, 2};
+  });
+  EXPECT_GE(n, 8);
+}
+
+// Every conv of tiny32 (the CPU demo's model) at batch 16: input and output layers, each ResBlock's
+// convs (with the epilogue they use), skip 1x1s, attention's qkv and proj, down- and upsampling.
+TEST(ConvCpuVariants, EveryTiny32ShapeAtBatch16) {
+  SKIP_WITHOUT_FAST_CPU();
+  const ModelConfig cfg = preset("tiny32");
+  const Arch a = build_arch(cfg);
+  const int B = 16, S = cfg.image_size;
+  std::set<std::string> seen;
+  auto once = [&](const std::string& key, auto f) {
+    if (seen.insert(key).second) f();
+  };
+  const std::vector<Precision> f32{Precision::FP32};  // (bf16: the odd shapes above)
+  once("in", [&] { check_conv_cpu("input conv", B, S, 3, cfg.num_channels, 3, 1, false, false, 0, f32); });
+  once("out", [&] { check_conv_cpu("output conv", B, S, a.out_cin, 3, 3, 1, false, false, 0, f32); });
+  each_layer(a, [&](const Layer& l) {
+    const int r = l.res;
+    const std::string sz = std::to_string(r) + "_" + std::to_string(l.cin) + "_" + std::to_string(l.cout);
+    switch (l.kind) {
+      case Layer::Conv:
+        break;
+      case Layer::Down:
+        once("d" + sz, [&] { check_conv_cpu(l.prefix, B, r, l.cin, l.cout, 3, 2, false, false, 0, f32); });
+        break;
+      case Layer::Up:
+        once("u" + sz,
+             [&] { check_conv_cpu(l.prefix, B, 2 * r, l.cin, l.cout, 3, 1, false, false, 0, f32); });
+        break;
+      case Layer::Res:
+        once("r" + sz, [&] {
+          check_conv_cpu(l.prefix + " conv1", B, r, l.cin, l.cout, 3, 1, !cfg.use_scale_shift_norm, false, 0,
+                         f32);
+          check_conv_cpu(l.prefix + " conv2", B, r, l.cout, l.cout, 3, 1, false, true, 0, f32);
+          if (l.cin != l.cout)
+            check_conv_cpu(l.prefix + " skip", B, r, l.cin, l.cout, 1, 1, false, false, 0, f32);
+        });
+        break;
+      case Layer::Attn:
+        once("a" + sz, [&] {
+          check_conv_cpu(l.prefix + " qkv", B, r, l.cin, 3 * l.cin, 1, 1, false, false, 0, f32);
+          check_conv_cpu(l.prefix + " proj", B, r, l.cin, l.cin, 1, 1, false, true, 0, f32);
+        });
+        break;
+    }
+  });
+  EXPECT_GT(seen.size(), 8u);
+}
+
+// The fast variant is the CPU engine's default for convs, f32 and the bf16 emulation; a forced
+// conv=ref (UNET_KERNELS or --kernels, the same overrides) runs the reference and gives its
+// result bit for bit.
+TEST(ConvCpuVariants, DefaultAndForcedReference) {
+  SKIP_WITHOUT_FAST_CPU();
+  const std::vector<std::string> fast = fast_conv_variants();
+  const int B = 2, H = 6, Ci = 8, Co = 12;
+  V x = rnd((size_t)B * H * H * Ci), w = rnd((size_t)Co * 9 * Ci), bias = rnd(Co);
+  auto run = [&](std::string* chose) {
+    Dev d;  // a fresh engine: the chooser caches its choice per op signature
+    Tensor Y = d.poisoned({B, H, H, Co});
+    const ConvFwd op{d.put(x, {B, H, H, Ci}), d.put(w, {Co, 3, 3, Ci}), d.put(bias), {}, {}, Y, 1};
+    *chose = d.eng->ops().variant(op);
+    d.run(op);
+    return d.get(Y);
+  };
+  std::string v;
+  const F y_fast = run(&v);
+  EXPECT_EQ(v, fast.front());
+  auto bf16 = make_cpu_engine(Precision::BF16);
+  const ConvFwd opb{bf16->alloc(DType::BF16, {B, H, H, Ci}),
+                    bf16->alloc(DType::BF16, {Co, 3, 3, Ci}),
+                    {},
+                    {},
+                    {},
+                    bf16->alloc(DType::BF16, {B, H, H, Co}),
+                    1};
+  EXPECT_EQ(bf16->ops().variant(opb), fast.front());
+
+  set_kernel_overrides("conv=ref");
+  const F y_ref = run(&v);
+  set_kernel_overrides("");
+  EXPECT_EQ(v, "ref");
+  Dev d;
+  Tensor Y = d.poisoned({B, H, H, Co});
+  d.eng->base_ops().run_variant(
+      ConvFwd{d.put(x, {B, H, H, Ci}), d.put(w, {Co, 3, 3, Ci}), d.put(bias), {}, {}, Y, 1}, "ref");
+  EXPECT_EQ(0, std::memcmp(d.get(Y).data(), y_ref.data(), y_ref.size() * 4));
+  EXPECT_LT(rel(y_fast, V(y_ref.begin(), y_ref.end())), 1e-5);
+  const F y_again = run(&v);  // the override is gone: the fast variant again
+  EXPECT_EQ(v, fast.front());
+  EXPECT_EQ(0, std::memcmp(y_again.data(), y_fast.data(), y_fast.size() * 4));
 }
 
 }  // namespace

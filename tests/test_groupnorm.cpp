@@ -1,5 +1,7 @@
 // groupnorm family: lib/ops/groupnorm.h (reference), lib/ops/groupnorm.cpp (CPU),
-// kernels/groupnorm/ (CUDA). GroupNorm with optional scale-shift and SiLU, forward and backward.
+// kernels/groupnorm/ (CUDA), lib/ops/groupnorm_fast.cpp (the fast CPU variants). GroupNorm with
+// optional scale-shift and SiLU, forward and backward; every CUDA variant vs the CPU engine, every
+// fast CPU variant vs the CPU reference (odd shapes and every tiny32 shape, thread-count independent).
 #include "ops_common.h"
 
 using namespace opt;
@@ -200,6 +202,104 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
                  rc.second, false, true);
   });
   check_gn("seed64 ss", 32, 32, 128, true, true);
+}
+
+// ---- fast CPU variants vs the CPU reference ----
+
+// shift: added to x (a mean far from 0 next to a unit spread: the variance's cancellation).
+int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, bool ss, bool silu,
+                 std::vector<Precision> precs = {Precision::FP32, Precision::BF16}, float shift = 0) {
+  auto shift_x = [shift](Engine& e, const Tensor& x) {
+    if (shift == 0) return;
+    std::vector<float> v = test::to_host(e, x);
+    for (float& f : v) f += shift;
+    test::from_host(e, x, v);
+  };
+  int n = check_cpu_variants<GroupNormFwd>(
+      what + " fwd",
+      [&](const Alloc& A, DType act) {
+        return GroupNormFwd{A(act, {B, H, W, C}),  A(DType::F32, {C}),
+                            A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                            A(act, {B, H, W, C}),  A(DType::F32, {B, G}),
+                            A(DType::F32, {B, G}), silu};
+      },
+      kCpuTol, [&](Engine& e, GroupNormFwd& o) { shift_x(e, o.x); }, precs);
+  n += check_cpu_variants<GroupNormApply>(
+      what + " apply",
+      [&](const Alloc& A, DType act) {
+        return GroupNormApply{A(act, {B, H, W, C}),  A(DType::F32, {C}),
+                              A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                              A(DType::F32, {B, G}), A(DType::F32, {B, G}),
+                              A(act, {B, H, W, C}),  silu};
+      },
+      kCpuTol,
+      [&](Engine& e, GroupNormApply& o) {  // statistics of x from the reference forward
+        shift_x(e, o.x);
+        Tensor y = e.alloc(o.x.dtype, {B, H, W, C});
+        e.base_ops().run_variant(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu}, "ref");
+      },
+      precs);
+  n += check_cpu_variants<GroupNormBwd>(
+      what + " bwd",
+      [&](const Alloc& A, DType act) {
+        return GroupNormBwd{A(act, {B, H, W, C}),
+                            A(DType::F32, {C}),
+                            A(DType::F32, {C}),
+                            ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                            A(DType::F32, {B, G}),
+                            A(DType::F32, {B, G}),
+                            A(act, {B, H, W, C}),
+                            A(act, {B, H, W, C}),
+                            A(DType::F32, {C}),
+                            A(DType::F32, {C}),
+                            ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                            silu};
+      },
+      kCpuTol,
+      [&](Engine& e, GroupNormBwd& o) {  // statistics of x from the reference forward
+        shift_x(e, o.x);
+        Tensor y = e.alloc(o.x.dtype, {B, H, W, C});
+        e.base_ops().run_variant(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu}, "ref");
+      },
+      precs);
+  return n;
+}
+
+TEST(GroupNormCpuVariants, SmallOddShapes) {
+  int n = 0;
+  for (bool ss : {false, true})
+    for (bool silu : {false, true}) {
+      const std::string k = std::string(ss ? " ss" : "") + (silu ? " silu" : "");
+      n += check_gn_cpu("odd C12 G4" + k, 2, 5, 3, 12, 4, ss, silu);
+      n += check_gn_cpu("odd C20 G5" + k, 3, 3, 4, 20, 5, ss, silu);
+      n += check_gn_cpu("C3 G1" + k, 2, 1, 7, 3, 1, ss, silu);
+      n += check_gn_cpu("C48 G16" + k, 1, 6, 5, 48, 16, ss, silu);
+      n += check_gn_cpu("shifted C64 G32" + k, 2, 9, 9, 64, 32, ss, silu, {Precision::FP32, Precision::BF16},
+                        40.0f);
+    }
+  if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";
+}
+
+// Every GroupNorm of tiny32 at batch 16 (ResBlock norms with SiLU, the second one with scale-shift;
+// attention norms without SiLU; the output norm).
+TEST(GroupNormCpuVariants, EveryTiny32ShapeAtBatch16) {
+  const Arch a = build_arch(preset("tiny32"));
+  const std::vector<Precision> f32{Precision::FP32};  // (bf16: the odd shapes above)
+  std::set<std::pair<int, int>> seen;
+  int n = 0;
+  each_layer(a, [&](const Layer& l) {
+    if (l.kind != Layer::Res && l.kind != Layer::Attn) return;
+    for (auto rc : {std::pair{l.res, l.cin}, std::pair{l.res, l.cout}})
+      if (seen.insert(rc).second) {
+        const std::string k = l.prefix + " " + std::to_string(rc.first) + "x" + std::to_string(rc.second);
+        n += check_gn_cpu(k, 16, rc.first, rc.first, rc.second, 32, false, true, f32);
+        n += check_gn_cpu(k + " ss", 16, rc.first, rc.first, rc.second, 32, true, true, f32);
+        n += check_gn_cpu(k + " attn", 16, rc.first, rc.first, rc.second, 32, false, false, f32);
+      }
+  });
+  n += check_gn_cpu("out", 16, 32, 32, a.out_cin, 32, false, true, f32);
+  EXPECT_GE(seen.size(), 4u);
+  if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";
 }
 
 }  // namespace

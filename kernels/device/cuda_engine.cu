@@ -148,6 +148,12 @@ class CudaDevice final : public Device {
     if (!graph_) throw std::logic_error("graph_launch without a captured graph");
     CUDA_CHECK(cudaGraphLaunch(graph_, ctx.stream));
   }
+  void graph_drop() override {
+    if (!graph_) return;
+    CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    CUDA_CHECK(cudaGraphExecDestroy(graph_));
+    graph_ = nullptr;
+  }
 
   void range_push(const char* name) override {
     nvtxRangePushA(name);

@@ -69,5 +69,10 @@ void register_dropout_cpu(CpuOps& ops);
 void register_loss_cpu(CpuOps& ops);
 void register_diffusion_cpu(CpuOps& ops);
 void register_optimizer_cpu(CpuOps& ops);
+// The fast variants ("avx512", "avx2", "avx512_wino", ...; lib/ops/<family>_fast.cpp), put ahead
+// of "ref" by their family's registration.
+void register_conv_fast_cpu(CpuOps& ops);
+void register_attention_fast_cpu(CpuOps& ops);
+void register_groupnorm_fast_cpu(CpuOps& ops);
 
 }  // namespace unet

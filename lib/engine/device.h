@@ -43,6 +43,9 @@ class Device {
   virtual void graph_begin() {}
   virtual void graph_end() {}
   virtual void graph_launch() {}
+  // Waits for the stream and destroys the captured graph. Before a communicator whose collectives
+  // were captured is destroyed: NCCL holds resources for the graph until it is gone.
+  virtual void graph_drop() {}
   virtual bool capturing() const { return false; }
   // The native stream the work runs on (cudaStream_t on CUDA; nullptr on the CPU), for the
   // communicator (lib/dist), which enqueues its collectives in the same order.

@@ -136,6 +136,12 @@ void write_config(h5::File& f, const ModelConfig& c, const std::string& obj) {
   h5::set_attr(f, obj, "predict_xstart", c.predict_xstart);
   h5::set_attr(f, obj, "rescale_learned_sigmas", c.rescale_learned_sigmas);
   h5::set_attr(f, obj, "rescale_timesteps", c.rescale_timesteps);
+  // Classifier-free guidance, only where there is a null class: a checkpoint without one stays
+  // attribute for attribute what it was (and guided-diffusion-shaped).
+  if (c.null_class) {
+    h5::set_attr(f, obj, "null_class", c.null_class);
+    h5::set_attr(f, obj, "class_dropout", c.class_dropout);
+  }
 }
 
 ModelConfig read_config(h5::File& f, const std::string& obj) {
@@ -178,6 +184,9 @@ ModelConfig read_config(h5::File& f, const std::string& obj) {
       {"rescale_learned_sigmas", &ModelConfig::rescale_learned_sigmas},
       {"rescale_timesteps", &ModelConfig::rescale_timesteps}};
   for (const auto& [name, field] : objective) c.*field = h5::has_attr(f, obj, name) && a.flag(name);
+  // Classifier-free guidance: absent = no null class, no class dropout.
+  c.null_class = h5::has_attr(f, obj, "null_class") && a.flag("null_class");
+  if (h5::has_attr(f, obj, "class_dropout")) c.class_dropout = a.f64("class_dropout");
   std::string err = c.validate(/*attr_names=*/true);
   if (!err.empty()) throw UserError(f.path() + ": invalid model configuration: " + err);
   return c;

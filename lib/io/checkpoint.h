@@ -9,7 +9,9 @@
 //                                loss_history, loss_counts (loss-second-moment sampler)
 //   root attributes              format="unet-checkpoint", version=1, and every ModelConfig field
 //                                under its guided-diffusion name (booleans int64 0/1, lists int64
-//                                arrays, dropout float64, noise_schedule string)
+//                                arrays, dropout float64, noise_schedule string); with a null
+//                                class (classifier-free guidance) also null_class = 1 and
+//                                class_dropout (float64), and label_emb has num_classes + 1 rows
 //
 // A classifier checkpoint (`unet init --classifier`, `unet train-classifier`) has the same groups
 // with the classifier's state_dict names, and root attributes format="unet-classifier", version=1,

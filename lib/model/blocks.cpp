@@ -175,7 +175,7 @@ void Blocks::embedding_fwd(const Tensor& t_in, const Tensor& labels) {
   run(LinearFwd{at(a1s), P(table.at("time_embed.2.weight").offset, {ed, ed}),
                 vec(table.at("time_embed.2.bias").offset, ed), at(emb)});
   if (cfg.class_cond)
-    run(EmbeddingAdd{labels, P(table.at("label_emb.weight").offset, {cfg.num_classes, ed}), at(emb)});
+    run(EmbeddingAdd{labels, P(table.at("label_emb.weight").offset, {cfg.label_rows(), ed}), at(emb)});
   run(SiluFwd{at(emb), at(semb)});
 }
 
@@ -439,7 +439,7 @@ void Blocks::embedding_bwd(const Tensor& labels) {
   ScopedRange r(eng.device(), "time_embed bwd");
   run(SiluBwd{at(emb), at(d_semb), at(d_emb)});
   if (cfg.class_cond)
-    run(EmbeddingBwd{labels, at(d_emb), G(table.at("label_emb.weight").offset, {cfg.num_classes, ed})});
+    run(EmbeddingBwd{labels, at(d_emb), G(table.at("label_emb.weight").offset, {cfg.label_rows(), ed})});
   const size_t w2 = table.at("time_embed.2.weight").offset, b2 = table.at("time_embed.2.bias").offset;
   const size_t w0 = table.at("time_embed.0.weight").offset, b0 = table.at("time_embed.0.bias").offset;
   run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), G(w2, {ed, ed}), gvec(b2, ed)});

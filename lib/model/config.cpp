@@ -224,6 +224,13 @@ std::string ModelConfig::validate(bool attr_names) const {
   }
   if (class_cond && num_classes < 1) return bad(nm("--num-classes") + " must be positive with --class-cond");
   if (num_classes > L.num_classes) return range("--num-classes", num_classes, 1, L.num_classes);
+  if (!(class_dropout >= 0.0 && class_dropout < 1.0))
+    return bad(nm("--class-dropout") + " must be in [0, 1)");
+  if (null_class && !class_cond)
+    return bad(attr_names ? "null_class needs class_cond (the null class is a row of label_emb)"
+                          : "--class-dropout needs --class-cond (the null class is a row of label_emb)");
+  if (class_dropout > 0 && !null_class)
+    return bad(nm("--class-dropout") + " needs a null class (a label_emb row beyond the classes)");
   if (!(dropout >= 0.0f && dropout < 1.0f)) return bad(nm("--dropout") + " must be in [0, 1)");
   // The linear schedule's last beta is 0.02*1000/T: T <= 20 makes it >= 1 (a zero alpha-bar).
   if (noise_schedule == "linear" && diffusion_steps <= 20)
@@ -247,6 +254,7 @@ std::string ModelConfig::describe() const {
     << " learn_sigma=" << (learn_sigma ? "true" : "false")
     << " class_cond=" << (class_cond ? "true" : "false");
   if (class_cond) o << " num_classes=" << num_classes;
+  if (null_class) o << " null_class=true class_dropout=" << class_dropout;
   o << " dropout=" << dropout << " diffusion_steps=" << diffusion_steps
     << " noise_schedule=" << noise_schedule;
   if (use_kl) o << " use_kl=true";

@@ -23,6 +23,12 @@ struct ModelConfig {
   bool learn_sigma = false;
   bool class_cond = false;
   int num_classes = 1000;
+  // Classifier-free guidance (Ho & Salimans): label_emb has one extra row, num_classes, the null
+  // class ("no label"); class_dropout is the probability with which training replaces a label by
+  // it (the default of `unet train`, recorded as trained). Checkpoint attributes null_class and
+  // class_dropout; absent = false / 0 (guided-diffusion's models have no null class).
+  bool null_class = false;
+  double class_dropout = 0.0;
   float dropout = 0.0f;
   int diffusion_steps = 1000;
   std::string noise_schedule = "linear";  // linear | cosine
@@ -37,6 +43,8 @@ struct ModelConfig {
   // Channels of level l: int(mult * num_channels), truncating like guided-diffusion's int().
   int level_channels(size_t level) const { return (int)(channel_mult[level] * num_channels); }
   int out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
+  // Rows of label_emb: the classes, plus the null class when there is one (its label is num_classes).
+  int label_rows() const { return num_classes + (null_class ? 1 : 0); }
   int time_embed_dim() const { return 4 * num_channels; }
   // Heads of an attention block with `ch` channels (guided-diffusion's rule).
   int heads_for(int ch) const { return num_head_channels == -1 ? num_heads : ch / num_head_channels; }

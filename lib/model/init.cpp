@@ -67,6 +67,10 @@ void init_params(const ParamTable& t, uint64_t seed, float* arena) {
   }
 }
 
+void init_tensor(const ParamInfo& p, uint64_t seed, float* torch_order) {
+  fill_torch_order(p, seed, torch_order);
+}
+
 std::vector<float> init_params(const ParamTable& t, uint64_t seed) {
   std::vector<float> a(t.total);
   init_params(t, seed, a.data());

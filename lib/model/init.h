@@ -16,5 +16,7 @@ namespace unet {
 // the result does not depend on the thread count.
 std::vector<float> init_params(const ParamTable& t, uint64_t seed);
 void init_params(const ParamTable& t, uint64_t seed, float* arena);  // arena: t.total floats
+// One tensor's values in PyTorch order (p.numel floats), as init_params draws them.
+void init_tensor(const ParamInfo& p, uint64_t seed, float* torch_order);
 
 }  // namespace unet

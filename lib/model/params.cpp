@@ -81,7 +81,7 @@ ParamTable build_param_table(const ModelConfig& cfg) {
   const int mc = cfg.num_channels, ed = cfg.time_embed_dim();
   b.linear("time_embed.0", mc, ed);
   b.linear("time_embed.2", ed, ed);
-  if (cfg.class_cond) b.add("label_emb.weight", {cfg.num_classes, ed}, InitRule::Normal);
+  if (cfg.class_cond) b.add("label_emb.weight", {cfg.label_rows(), ed}, InitRule::Normal);
   for (auto& blk : a.input_blocks)
     for (auto& l : blk) add_layer(b, cfg, l);
   for (auto& l : a.middle) add_layer(b, cfg, l);

@@ -22,6 +22,7 @@ void attn_bwd(const AttentionBwd& o) {
 void register_attention_cpu(CpuOps& ops) {
   ops.variants<AttentionFwd>().push_back(cpu_ref<AttentionFwd, attn_fwd>());
   ops.variants<AttentionBwd>().push_back(cpu_ref<AttentionBwd, attn_bwd>());
+  register_attention_fast_cpu(ops);  // avx512, avx2 ahead of ref: the default where they run
 }
 
 }  // namespace unet

@@ -32,6 +32,7 @@ void register_groupnorm_cpu(CpuOps& ops) {
   ops.variants<GroupNormFwd>().push_back(cpu_ref<GroupNormFwd, gn_fwd>());
   ops.variants<GroupNormApply>().push_back(cpu_ref<GroupNormApply, gn_apply>());
   ops.variants<GroupNormBwd>().push_back(cpu_ref<GroupNormBwd, gn_bwd>());
+  register_groupnorm_fast_cpu(ops);  // avx512, avx2 ahead of ref: the default where they run
 }
 
 }  // namespace unet

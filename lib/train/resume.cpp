@@ -155,6 +155,13 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
   else if (given.microbatch != mb)
     changed.push_back("--microbatch " + std::to_string(given.microbatch) +
                       " (checkpoint: " + std::to_string(mb) + ")");
+  // The class dropout of classifier-free guidance is the checkpoint's root attribute class_dropout
+  // (absent: 0, no dropout), which every save writes with the rate trained at.
+  const double cd = ck.cfg.class_dropout;
+  if (!explicit_flags.count("--class-dropout"))
+    r.opt.class_dropout = cd;
+  else if (given.class_dropout != cd)
+    changed.push_back("--class-dropout " + num(given.class_dropout) + " (checkpoint: " + num(cd) + ")");
   if (!changed.empty())
     r.warnings.push_back("resuming with " + join(changed) +
                          ": the run will not continue exactly as it would have uninterrupted");

@@ -11,6 +11,7 @@
 #include <memory>
 #include <sstream>
 
+#include "classifier_free.h"
 #include "dataloader.h"
 #include "diffusion.h"
 #include "grid.h"
@@ -98,6 +99,13 @@ class DiffusionTask final : public TrainTask {
     if (cfg_.class_cond && (int64_t)info.class_names.size() > cfg_.num_classes)
       throw UserError(dataset + ": " + std::to_string(info.class_names.size()) +
                       " classes but the model has --num-classes " + std::to_string(cfg_.num_classes));
+    // Classifier-free guidance's class dropout needs the null class's row of label_emb.
+    if (!(o_.class_dropout >= 0 && o_.class_dropout < 1))
+      throw UserError("--class-dropout must be in [0, 1), not " + std::to_string(o_.class_dropout));
+    if (o_.class_dropout > 0 && !cfg_.null_class)
+      throw UserError(std::string("--class-dropout: ") +
+                      (cfg_.class_cond ? "the model has no null class (a label_emb row beyond its classes)"
+                                       : "the model is not class-conditional"));
   }
 
   Network& build(Engine& eng) override {
@@ -140,6 +148,18 @@ class DiffusionTask final : public TrainTask {
 
   void set_batch(const Batch& b, int64_t step, int first) override {
     for (int i = 0; i < Bl_; ++i) host_labels_[i] = b.labels[i];
+    if (cfg_.class_cond && o_.class_dropout > 0) {  // this rank's slice of the global batch of `step`
+      const int mine =
+          apply_class_dropout(o_.seed, step, first, Bl_, o_.class_dropout, cfg_.num_classes, host_labels_);
+      // The count of the whole batch (the draws are a function of the global sample: no reduction).
+      int all = mine;
+      if (comm_) {
+        all = 0;
+        for (int i = 0; i < o_.batch_size; ++i) all += class_dropped(o_.seed, step, i, o_.class_dropout);
+      }
+      labels_dropped += all;
+      labels_seen += o_.batch_size;
+    }
     if (lsm_)
       lsm_->sample(o_.seed, step, Bl_, b.t.data(), host_t_.data(), host_w_.data(), first);
     else
@@ -218,6 +238,7 @@ class DiffusionTask final : public TrainTask {
 
   void fill_checkpoint(Checkpoint& c) const override {
     c.cfg = cfg_;
+    c.cfg.class_dropout = o_.class_dropout;  // the rate this run trains with (what --resume continues)
     if (lsm_) c.loss_history = lsm_->history(), c.loss_counts = lsm_->counts();
   }
 
@@ -249,6 +270,8 @@ class DiffusionTask final : public TrainTask {
     save_grid_png(o.rundir + name, imgs.data(), n, R, R, Cin);
   }
 
+  int64_t labels_seen = 0, labels_dropped = 0;  // --class-dropout
+
  private:
   bool hybrid() const { return cfg_.learn_sigma && !cfg_.use_kl; }  // mse and vb columns
 
@@ -273,7 +296,9 @@ class DiffusionTask final : public TrainTask {
 TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume, const TrainOptions& o,
                   Communicator* comm) {
   DiffusionTask task(ck.cfg, o);
-  return run_training(eng, dataset, std::move(ck), resume, o, comm, task);
+  TrainResult r = run_training(eng, dataset, std::move(ck), resume, o, comm, task);
+  r.labels_seen = task.labels_seen, r.labels_dropped = task.labels_dropped;
+  return r;
 }
 
 TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,

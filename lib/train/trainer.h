@@ -39,7 +39,8 @@ struct TrainOptions {
   uint64_t seed = 0;
   std::string schedule_sampler = "uniform";  // uniform | loss-second-moment (guided-diffusion's names)
   int64_t microbatch = 0;                    // samples per micro-batch (0 = the whole batch)
-  uint64_t dataset_fingerprint = 0;          // DatasetReader::fingerprint(), recorded for resume
+  double class_dropout = 0.0;  // P(label -> null class) per sample (classifier_free.h); needs a null class
+  uint64_t dataset_fingerprint = 0;  // DatasetReader::fingerprint(), recorded for resume
   // train-classifier: inputs noised at uniform t (guided-diffusion's --noised; else t = 0, clean
   // images), and a validation batch every eval_every steps when val_data is given.
   bool noised = true;
@@ -57,6 +58,7 @@ struct TrainResult {
   bool diverged = false;     // NaN/Inf loss or weights
   std::string stop_reason;   // with diverged: what became non-finite, at which step
   std::string last_checkpoint;
+  int64_t labels_seen = 0, labels_dropped = 0;  // --class-dropout: labels of this run, and those dropped
 };
 
 // Set by the signal handler of `unet train`; the loop saves and stops at the next step boundary.
