@@ -34,6 +34,7 @@ struct ModelFlags {
   CLI::Option* preset_opt = nullptr;
   void add(CLI::App* app, bool with_preset = true);
   bool any_given() const;                     // any model flag (or --preset) on the command line
+  std::string given_names() const;            // those flags, "--preset --use-kl" (for messages)
   ModelConfig apply(ModelConfig base) const;  // base + explicit flags, validated (UserError)
   ModelConfig resolve() const;                // preset(--preset) + explicit flags, validated
 };

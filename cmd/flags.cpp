@@ -120,6 +120,14 @@ bool ModelFlags::any_given() const {
   return false;
 }
 
+std::string ModelFlags::given_names() const {
+  std::string s;
+  if (preset_opt && preset_opt->count()) s = preset_opt->get_name();
+  for (auto& o : opts)
+    if (o.first->count()) s += (s.empty() ? "" : " ") + o.first->get_name();
+  return s;
+}
+
 ModelConfig ModelFlags::apply(ModelConfig base) const {
   for (auto& o : opts)
     if (o.first->count()) o.second(base);
@@ -165,6 +173,7 @@ std::unique_ptr<Engine> DeviceFlags::make(std::string* note) const {
       throw UserError("--precision tf32 needs a GPU; the CPU engine computes fp32 (or emulates bf16)");
     eng = make_cpu_engine(p);
   }
+  check_kernel_overrides(eng->base_ops());  // a forced variant this engine lacks: refused now
   *note = "device " + eng->name() + no_gpu;
   return eng;
 }

@@ -5,6 +5,7 @@
 #include "checkpoint.h"
 #include "classifier_free.h"
 #include "commands.h"
+#include "env_vars.h"
 #include "grid.h"
 #include "h5.h"
 #include "layout.h"
@@ -69,6 +70,7 @@ void run(SampleArgs& a) {
   std::error_code ec;
   if (!a.png_dir.empty() && fs::exists(a.png_dir, ec) && !fs::is_directory(a.png_dir, ec))
     throw UserError(a.png_dir + ": --png-dir exists and is not a directory");
+  check_environment({{"checkpoint", a.ckpt}, {"--noise file", a.noise}});
 
   Checkpoint ck = load_checkpoint(a.ckpt);
   const ModelConfig& cfg = ck.cfg;
@@ -102,6 +104,9 @@ void run(SampleArgs& a) {
   check_memory(sample_host_bytes(cfg, build_param_table(cfg), n, !noise.empty(), !a.h5.empty()),
                "sampling " + std::to_string(n) + " images of " + std::to_string(R) + "x" + std::to_string(R) +
                    "x" + std::to_string(C) + (a.n_opt->count() ? " (-n)" : ""));
+  // The engine before anything is written (it refuses a forced kernel variant it lacks).
+  std::string device;
+  auto eng = a.dev.make(&device);
   if (!a.png_dir.empty()) {
     fs::create_directories(a.png_dir, ec);
     if (!fs::is_directory(a.png_dir)) throw UserError(a.png_dir + ": cannot create directory");
@@ -118,9 +123,7 @@ void run(SampleArgs& a) {
       labels[i] =
           cls_given ? a.cls : (int32_t)(rng_bits(a.seed, Stream::SampleLabel, i) % (uint64_t)cfg.num_classes);
   }
-  // Everything checked: now the device, and the only informational line, on stdout.
-  std::string device;
-  auto eng = a.dev.make(&device);
+  // Everything checked: the only informational line, on stdout.
   Model model(cfg, *eng);
   const bool use_ema = !a.no_ema && !ck.ema.empty();
   eng->upload(model.params(), use_ema ? ck.ema.data() : ck.model.data());
@@ -131,6 +134,7 @@ void run(SampleArgs& a) {
   so.clip = !a.no_clip;
   so.seed = a.seed;
   so.batch_size = a.batch_size ? std::min(a.batch_size, n) : std::min(n, 64);
+  model.plan(so.batch_size, Mode::Sample);  // refuses a batch beyond memory before anything is printed
   char gs[48] = "";
   if (cf_guided) std::snprintf(gs, sizeof gs, ", guidance scale %g", (double)a.guidance_scale);
   std::printf("unet sample: %d images, %s %d steps, %s weights%s, %s\n", n, a.sampler.c_str(),

@@ -64,7 +64,7 @@ void atomic_copy(const std::string& src, const std::string& dst) { copy_file_ato
 }  // namespace
 
 TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume, const TrainOptions& o,
-                  Communicator* comm) {
+                  Communicator* comm, const std::function<void()>& started) {
   namespace fs = std::filesystem;
   const ModelConfig& cfg = ck.cfg;
   Device& dev = eng.device();
@@ -144,6 +144,7 @@ TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool r
   int64_t quartile_n[4] = {0, 0, 0, 0};                // samples per quartile in the log window (this rank)
   const int first = multi ? comm->rank() * Bl : 0;     // this rank's slice of the global batch
 
+  if (started) started();
   if (!quiet)
     std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d%s)%s\n",
                 dev.bytes_held() / 1e9, eng.name().c_str(), model.activation_bytes() / 1e9, Bl,

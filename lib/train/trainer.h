@@ -60,7 +60,10 @@ std::atomic<bool>& stop_requested();
 // weights (ck) and so stays identical. Rank 0 alone writes metrics, checkpoints and sample grids;
 // logged losses are averaged over the ranks; a stop (Ctrl-C, divergence) happens at the same step
 // on every rank.
+// `started` (optional) is called once everything is allocated, before the first step: the caller's
+// informational lines come after every check, the memory plan's included.
 TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
-                  const TrainOptions& opt, Communicator* comm = nullptr);
+                  const TrainOptions& opt, Communicator* comm = nullptr,
+                  const std::function<void()>& started = {});
 
 }  // namespace unet
