@@ -103,17 +103,16 @@ void wino_conv(const Kernels& K, const float* x, int B, int H, int W, int nin, i
                size_t ldu, float* y, const float* bias, const float* emb, const float* res) {
   const int th = (H + 1) / 2, tw = (W + 1) / 2;
   const int rb = std::min(th, std::max(1, 32 / tw)), nblk = (th + rb - 1) / rb;
-  const size_t m_ld = round_up(nout, kPadN), zpad = round_up(nin, kPadN), ntmax = (size_t)rb * tw;
+  const size_t m_ld = round_up(nout, kPadN), ntmax = (size_t)rb * tw;
   const bool parallel = par(2.0 * B * H * W * nin * nout * 4);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int task = 0; task < B * nblk; ++task) {
     const int b = task / nblk, i0 = task % nblk * rb, i1 = std::min(th, i0 + rb), nt = (i1 - i0) * tw;
-    float* vb = thread_buffer(4, zpad + 16 * ntmax * nin);
+    float* vb = thread_buffer(4, 16 * ntmax * nin);
     float* mb = thread_buffer(5, 16 * ntmax * m_ld);
-    std::fill(vb, vb + zpad, 0.0f);
     cpufast::WinoArgs a{};
     a.H = H, a.W = W, a.C = nin, a.Co = nout, a.tw = tw, a.i0 = i0, a.i1 = i1;
-    a.x = x + (size_t)b * H * W * nin, a.zeros = vb, a.v = vb + zpad, a.v_mat = (ptrdiff_t)nt * nin;
+    a.x = x + (size_t)b * H * W * nin, a.v = vb, a.v_mat = (ptrdiff_t)nt * nin;
     a.m = mb, a.m_mat = (ptrdiff_t)(nt * m_ld), a.m_ld = (ptrdiff_t)m_ld;
     a.y = y + (size_t)b * H * W * nout, a.bias = bias, a.bias2 = emb ? emb + (size_t)b * nout : nullptr;
     a.res = res ? res + (size_t)b * H * W * nout : nullptr;

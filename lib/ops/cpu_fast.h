@@ -55,13 +55,11 @@ static inline GemmArgs gemm_args() {
 // Winograd F(2x2, 3x3) for a 3x3 stride-1 convolution (padding 1) of one sample, over a block of
 // tile rows [i0, i1) (tw tiles a row; tile (i, j) = outputs rows 2i, 2i+1, columns 2j, 2j+1):
 //  * wino_input: x [H, W, C] -> V, 16 matrices [tiles, C] at v + xi * v_mat (row stride C);
-//    zeros: C floats of 0 (the padding);
 //  * wino_output: M, 16 matrices [tiles, Co] at m + xi * m_mat (row stride m_ld, whole vectors
 //    readable) -> y [H, W, Co], adding bias[co], bias2[co] and res[pixel, co] (each nullable).
 struct WinoArgs {
   int H, W, C, Co, tw, i0, i1;
   const float* x;
-  const float* zeros;
   float* v;
   ptrdiff_t v_mat;
   const float* m;
