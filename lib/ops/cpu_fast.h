@@ -125,8 +125,9 @@ struct Kernels {
 // (static: these are compiled into the instruction-set files too, and must not be shared with them)
 static inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 // Row stride of the [T, *] matrices in the attention scratch, and the scratch's size.
-// Query rows per block of the attention kernels (their softmax weights stay in L1).
-constexpr int kAttnRB = 16;
+// Query rows per block of the attention kernels: the block's softmax weights stay in cache (64 KB
+// at T = 256), and the gradients summed over query rows (dk, dv) get 64 of them per GEMM.
+constexpr int kAttnRB = 64;
 static inline size_t attn_ld(int T) { return round_up((size_t)T, 16); }
 static inline size_t attn_scratch_floats(int T, int d) {
   const size_t ld = attn_ld(T), dd = round_up((size_t)d, 16);

@@ -417,7 +417,7 @@ AttnBufs attn_bufs(int T, int d, float* s) {
   return b;
 }
 
-// Per block of kAttnRB query rows (the block's weights stay in L1): logits = q k^T, softmax
+// Per block of kAttnRB query rows (the block's weights stay in cache): logits = q k^T, softmax
 // (lse kept), out = w v. Every element is computed as without blocks.
 void attn_fwd(const AttnArgs& a, float* scratch) {
   const int T = a.T, d = a.d;
