@@ -67,31 +67,34 @@ bool bwd_filter_ok(const ConvBwdFilter& o) {
 
 // ---- Winograd F(2x2, 3x3): 3x3 stride-1 convolutions with 2.25x fewer multiplies ----
 
-// U[xi][in][out] (out padded with zeros to ldu) = G g G^T of each 3x3 filter g(out, ky, kx, in),
-// G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]; in buffer `slot` of the calling thread.
-template <class Get>
-float* wino_filters(int nin, int nout, size_t ldu, int slot, Get get) {
+// U[xi][in][out] = G g G^T of each 3x3 filter, G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1], from
+// gt [9][nin][ldu] (gt[ky * 3 + kx][in][out] = g(out, ky, kx, in), zeros for out >= nout, so U's
+// padding is zeros too); in buffer `slot` of the calling thread. The inner loop runs over out
+// (contiguous in gt and U), which the compiler vectorises.
+float* wino_filters(const float* gt, int nin, size_t ldu, int slot) {
   float* U = thread_buffer(slot, 16 * (size_t)nin * ldu);
-#pragma omp parallel for schedule(static) if ((size_t)nin * nout > 4096)
+#pragma omp parallel for schedule(static) if ((size_t)nin * ldu > 1024)
   for (int in = 0; in < nin; ++in) {
-    for (int out = 0; out < nout; ++out) {
-      float g[3][3], t[4][3];
-      for (int ky = 0; ky < 3; ++ky)
-        for (int kx = 0; kx < 3; ++kx) g[ky][kx] = get(out, ky, kx, in);
+    const float* g[9];
+    float* u[16];
+    for (int tap = 0; tap < 9; ++tap) g[tap] = gt + ((size_t)tap * nin + in) * ldu;
+    for (int xi = 0; xi < 16; ++xi) u[xi] = U + ((size_t)xi * nin + in) * ldu;
+    for (size_t o = 0; o < ldu; ++o) {
+      float t[4][3];
       for (int kx = 0; kx < 3; ++kx) {
-        t[0][kx] = g[0][kx];
-        t[1][kx] = 0.5f * (g[0][kx] + g[1][kx] + g[2][kx]);
-        t[2][kx] = 0.5f * (g[0][kx] - g[1][kx] + g[2][kx]);
-        t[3][kx] = g[2][kx];
+        const float g0 = g[kx][o], g1 = g[3 + kx][o], g2 = g[6 + kx][o];
+        t[0][kx] = g0;
+        t[1][kx] = 0.5f * (g0 + g1 + g2);
+        t[2][kx] = 0.5f * (g0 - g1 + g2);
+        t[3][kx] = g2;
       }
       for (int r = 0; r < 4; ++r) {
-        const float u[4] = {t[r][0], 0.5f * (t[r][0] + t[r][1] + t[r][2]),
-                            0.5f * (t[r][0] - t[r][1] + t[r][2]), t[r][2]};
-        for (int c = 0; c < 4; ++c) U[((size_t)(4 * r + c) * nin + in) * ldu + out] = u[c];
+        u[4 * r + 0][o] = t[r][0];
+        u[4 * r + 1][o] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
+        u[4 * r + 2][o] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
+        u[4 * r + 3][o] = t[r][2];
       }
     }
-    for (int xi = 0; xi < 16; ++xi)
-      std::fill(U + ((size_t)xi * nin + in) * ldu + nout, U + ((size_t)xi * nin + in + 1) * ldu, 0.0f);
   }
   return U;
 }
@@ -142,9 +145,14 @@ void wino_fwd(const Kernels& K, const ConvFwd& o) {
   const int Co = (int)o.w.dim[0];
   const float* w = o.w.f32();
   const size_t ldu = round_up(Co, kPadN);
-  const float* U = wino_filters(Ci, Co, ldu, 0, [w, Ci](int co, int ky, int kx, int ci) {
-    return w[(((size_t)co * 3 + ky) * 3 + kx) * Ci + ci];
-  });
+  float* gt = thread_buffer(6, 9 * (size_t)Ci * ldu);  // gt[tap][ci][co] = w[co, tap, ci]
+  for (int tap = 0; tap < 9; ++tap)
+    for (int ci = 0; ci < Ci; ++ci) {
+      float* d = gt + ((size_t)tap * Ci + ci) * ldu;
+      for (int co = 0; co < Co; ++co) d[co] = w[((size_t)co * 9 + tap) * Ci + ci];
+      std::fill(d + Co, d + ldu, 0.0f);
+    }
+  const float* U = wino_filters(gt, Ci, ldu, 0);
   wino_conv(K, o.x.f32(), B, H, W, Ci, Co, U, ldu, o.y.f32(), o.bias.defined() ? o.bias.f32() : nullptr,
             o.emb.defined() ? o.emb.f32() : nullptr, o.res.defined() ? o.res.f32() : nullptr);
 }
@@ -156,9 +164,14 @@ void wino_bwd_data(const Kernels& K, const ConvBwdData& o) {
   const int Co = (int)o.w.dim[0];
   const float* w = o.w.f32();
   const size_t ldu = round_up(Ci, kPadN);
-  const float* U = wino_filters(Co, Ci, ldu, 0, [w, Ci](int ci, int ky, int kx, int co) {
-    return w[(((size_t)co * 3 + (2 - ky)) * 3 + (2 - kx)) * Ci + ci];
-  });
+  float* gt = thread_buffer(6, 9 * (size_t)Co * ldu);  // gt[tap][co][ci] = w[co, 8 - tap, ci]
+  for (int tap = 0; tap < 9; ++tap)
+    for (int co = 0; co < Co; ++co) {
+      float* d = gt + ((size_t)tap * Co + co) * ldu;
+      std::memcpy(d, w + ((size_t)co * 9 + (8 - tap)) * Ci, sizeof(float) * Ci);
+      std::fill(d + Ci, d + ldu, 0.0f);
+    }
+  const float* U = wino_filters(gt, Co, ldu, 0);
   wino_conv(K, o.dy.f32(), B, H, W, Co, Ci, U, ldu, o.dx.f32(), nullptr, nullptr, nullptr);
 }
 
