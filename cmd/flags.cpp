@@ -146,8 +146,8 @@ void DeviceFlags::add(CLI::App* app) {
                   "slow emulation of the GPU's rounding)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   app->add_option("--kernels", kernels,
-                  "force kernel variants, e.g. conv=im2col (family or op = variant, comma-separated; "
-                  "also UNET_KERNELS)");
+                  "force kernel variants, e.g. conv=ref (the CPU reference loops) or conv=im2col (family or "
+                  "op = variant, comma-separated; also UNET_KERNELS)");
 }
 
 std::unique_ptr<Engine> DeviceFlags::make(bool quiet) const {
