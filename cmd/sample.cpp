@@ -134,7 +134,11 @@ void run(SampleArgs& a) {
   so.clip = !a.no_clip;
   so.seed = a.seed;
   so.batch_size = a.batch_size ? std::min(a.batch_size, n) : std::min(n, 64);
-  model.plan(so.batch_size, Mode::Sample);  // refuses a batch beyond memory before anything is printed
+  // Classifier-free guidance runs the conditional and the unconditional half in one forward pass:
+  // the model is planned for twice the batch (before anything is printed: a batch beyond memory is
+  // refused first).
+  const int planned = cf_guided ? 2 * so.batch_size : so.batch_size;
+  model.plan(planned, Mode::Sample);
   char gs[48] = "";
   if (cf_guided) std::snprintf(gs, sizeof gs, ", guidance scale %g", (double)a.guidance_scale);
   std::printf("unet sample: %d images, %s %d steps, %s weights%s, %s\n", n, a.sampler.c_str(),
@@ -142,10 +146,6 @@ void run(SampleArgs& a) {
   std::fflush(stdout);
   std::vector<float> out((size_t)n * R * R * C);
   Progress prog("sample", n, "img");
-  // Classifier-free guidance runs the conditional and the unconditional half in one forward pass:
-  // the model is planned for twice the batch.
-  const int planned = cf_guided ? 2 * so.batch_size : so.batch_size;
-  model.plan(planned, Mode::Sample);
   SamplerNet net = sampler_net(model);
   if (cfg.null_class) net.num_classes = cfg.label_rows();  // --class num_classes: the null class
   if (cf_guided)
