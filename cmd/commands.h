@@ -35,6 +35,7 @@ struct ModelFlags {
   CLI::Option* preset_opt = nullptr;
   void add(CLI::App* app, bool with_preset = true);
   bool any_given() const;                     // any model flag (or --preset) on the command line
+  std::string given_names() const;            // those flags, "--preset --use-kl" (for messages)
   ModelConfig apply(ModelConfig base) const;  // base + explicit flags, validated (UserError)
   ModelConfig resolve() const;                // preset(--preset) + explicit flags, validated
 };
@@ -51,6 +52,7 @@ struct ClassifierFlags {
   CLI::Option* preset_opt = nullptr;
   void add(CLI::App* app, bool with_shared, bool with_preset);
   bool any_given() const;
+  std::string given_names() const;  // the flags given, "--preset --classifier-width" (for messages)
   // base + explicit flags (+ the shared ones of `model`, when given there), validated (UserError).
   ClassifierConfig apply(ClassifierConfig base, const ModelFlags* model = nullptr) const;
   ClassifierConfig resolve(const ModelFlags* model = nullptr) const;  // classifier_preset(preset) + flags

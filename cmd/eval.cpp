@@ -10,7 +10,10 @@
 
 #include "checkpoint.h"
 #include "commands.h"
+#include "env_vars.h"
 #include "model.h"
+#include "params.h"
+#include "preflight.h"
 #include "util.h"
 
 namespace unet {
@@ -24,19 +27,33 @@ struct EvalArgs {
 
 void run(EvalArgs& a) {
   namespace fs = std::filesystem;
+  // Everything is checked before the device and the long work: the output (never an input, never
+  // a special file, in a writable directory), the environment, the checkpoint, the dataset against
+  // the model, -n against the dataset, host memory.
   if (!a.csv.empty()) {
     check_writable_dir_for(a.csv);
     check_not_input(a.csv, a.ckpt, "checkpoint");
     check_not_input(a.csv, a.data, "dataset");
   }
+  check_environment({{"checkpoint", a.ckpt}, {"dataset", a.data}});
   if (!fs::exists(a.data)) throw UserError(a.data + ": no such file");
   Checkpoint ck = load_checkpoint(a.ckpt);
+  const TrainData data = check_train_data(a.data, ck.cfg, a.ckpt);
+  if (a.opt.n > data.info.count)
+    throw UserError("-n " + std::to_string(a.opt.n) + ": " + a.data + " has " +
+                    std::to_string(data.info.count) + " images");
+  const int64_t n = a.opt.n > 0 ? a.opt.n : data.info.count;
+  check_memory(eval_host_bytes(ck.cfg, build_param_table(ck.cfg), n, a.opt.batch_size),
+               "evaluating " + std::to_string(n) + " images at batch size " +
+                   std::to_string(std::min<int64_t>(n, a.opt.batch_size > 0 ? a.opt.batch_size : 32)));
   a.opt.clip = !a.no_clip;
   std::string device;
   auto eng = a.dev.make(&device);
   Model model(ck.cfg, *eng);
   const bool use_ema = !a.no_ema && !ck.ema.empty();
   eng->upload(model.params(), use_ema ? ck.ema.data() : ck.model.data());
+  // Planned as evaluate() plans it: a batch beyond memory is refused before anything is printed.
+  model.plan((int)std::min<int64_t>(n, a.opt.batch_size > 0 ? a.opt.batch_size : 32), Mode::Sample);
   std::printf("unet eval: %s weights of %s, %d timesteps, %s\n", use_ema ? "EMA" : "model", a.ckpt.c_str(),
               ck.cfg.diffusion_steps, device.c_str());
   std::fflush(stdout);

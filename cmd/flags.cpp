@@ -120,6 +120,14 @@ bool ModelFlags::any_given() const {
   return false;
 }
 
+std::string ModelFlags::given_names() const {
+  std::string s;
+  if (preset_opt && preset_opt->count()) s = preset_opt->get_name();
+  for (auto& o : opts)
+    if (o.first->count()) s += (s.empty() ? "" : " ") + o.first->get_name();
+  return s;
+}
+
 ModelConfig ModelFlags::apply(ModelConfig base) const {
   for (auto& o : opts)
     if (o.first->count()) o.second(base);
@@ -190,6 +198,14 @@ bool ClassifierFlags::any_given() const {
   return false;
 }
 
+std::string ClassifierFlags::given_names() const {
+  std::string s;
+  if (preset_opt && preset_opt->count()) s = preset_opt->get_name();
+  for (auto& o : opts)
+    if (o.first->count()) s += (s.empty() ? "" : " ") + o.first->get_name();
+  return s;
+}
+
 ClassifierConfig ClassifierFlags::apply(ClassifierConfig base, const ModelFlags* model) const {
   if (model) {
     // The flags both networks have; every other model flag describes a diffusion model only.
@@ -236,8 +252,8 @@ void DeviceFlags::add(CLI::App* app) {
                   "slow emulation of the GPU's rounding)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   app->add_option("--kernels", kernels,
-                  "force kernel variants, e.g. conv=im2col (family or op = variant, comma-separated; "
-                  "also UNET_KERNELS)");
+                  "force kernel variants, e.g. conv=ref (the CPU reference loops) or conv=im2col (family or "
+                  "op = variant, comma-separated; also UNET_KERNELS)");
 }
 
 std::unique_ptr<Engine> DeviceFlags::make(bool quiet) const {
@@ -263,6 +279,7 @@ std::unique_ptr<Engine> DeviceFlags::make(std::string* note) const {
       throw UserError("--precision tf32 needs a GPU; the CPU engine computes fp32 (or emulates bf16)");
     eng = make_cpu_engine(p);
   }
+  check_kernel_overrides(eng->base_ops());  // a forced variant this engine lacks: refused now
   *note = "device " + eng->name() + no_gpu;
   return eng;
 }

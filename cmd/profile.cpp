@@ -3,11 +3,14 @@
 // model, and hands the work to lib/profile (run_profile).
 #include <sys/stat.h>
 
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
 #include "checkpoint.h"
 #include "commands.h"
+#include "env_vars.h"
 #include "profile_run.h"
 #include "util.h"
 
@@ -32,11 +35,19 @@ void run(ProfileArgs& a) {
   if (!a.kernels.empty()) set_kernel_overrides(a.kernels);
   r.precision = parse_precision(a.precision);
   if (!a.checkpoint.empty() && !file_exists(a.checkpoint)) throw UserError(a.checkpoint + ": no such file");
+  check_environment({{"checkpoint", a.checkpoint}});
+  if (!r.trace.empty()) {  // before the GPU work (run_profile checks the directory)
+    check_writable_dir_for(r.trace);
+    check_not_input(r.trace, a.checkpoint, "checkpoint");
+  }
   // --in-channels: a layer's input channels (any count), or with --layer model the image channels
   // (validated with the model). A layer's count is taken out before the model is validated.
   int layer_in = 0;
   if (a.in_ch_opt->count() && r.layer != "model") {
     layer_in = a.model.v.in_channels;
+    if (layer_in < 1 || layer_in > kModelLimits.channels)
+      throw UserError("--in-channels " + std::to_string(layer_in) + " is out of range (1 to " +
+                      std::to_string(kModelLimits.channels) + ")");
     a.model.v.in_channels = 3;
   }
   // The model configuration: a checkpoint's, else preset + flags. It also gives the layer defaults.
@@ -44,7 +55,8 @@ void run(ProfileArgs& a) {
   if (!a.checkpoint.empty()) {
     if (r.layer == "model") {
       if (a.model.any_given())
-        throw UserError("profile: model flags cannot be combined with a checkpoint (" + a.checkpoint + ")");
+        throw UserError(a.model.given_names() + ": model flags cannot be combined with a checkpoint (" +
+                        a.checkpoint + ") when profiling the model");
       Checkpoint ck = load_checkpoint(a.checkpoint);
       r.cfg = ck.cfg;
       r.weights = std::move(ck.model);
@@ -77,16 +89,23 @@ void register_profile(CLI::App& app) {
   sub->add_option("--pass", r.pass,
                   "forward, backward or step (forward+backward, + AdamW for the model; default)")
       ->check(CLI::IsMember({"forward", "backward", "step"}));
-  sub->add_option("--batch-size", r.batch, "batch size (default 32)");
+  // Every number is bounded at parse time (a layer as large as the largest model's allows).
+  const ModelLimits& L = kModelLimits;
+  sub->add_option("--batch-size", r.batch, "batch size (default 32)")->check(int_range(1, kMaxBatch));
   sub->add_option(
-      "--resolution", r.resolution,
-      "layer input size R (RxR feature maps; default: --image-size, 16 for attention, half for upsample)");
-  sub->add_option("--out-channels", r.out_ch, "layer output channels (default: = input channels)");
+         "--resolution", r.resolution,
+         "layer input size R (RxR feature maps; default: --image-size, 16 for attention, half for upsample)")
+      ->check(int_range(1, L.image_size));
+  sub->add_option("--out-channels", r.out_ch, "layer output channels (default: = input channels)")
+      ->check(int_range(1, L.channels));
   sub->add_option("--emb-channels", r.emb_ch,
-                  "resblock timestep-embedding width (default 4 x --num-channels)");
-  sub->add_option("--params", r.params, "adamw: number of parameters (default: the model's)");
-  sub->add_option("--iters", r.iters, "timed iterations (default 20)");
-  sub->add_option("--warmup", r.warmup, "untimed warm-up iterations first (default 5)");
+                  "resblock timestep-embedding width (default 4 x --num-channels)")
+      ->check(int_range(1, 4 * L.channels));
+  sub->add_option("--params", r.params, "adamw: number of parameters (default: the model's)")
+      ->check(int_range(1, INT32_MAX));
+  sub->add_option("--iters", r.iters, "timed iterations (default 20)")->check(int_range(1, 1000000));
+  sub->add_option("--warmup", r.warmup, "untimed warm-up iterations first (default 5)")
+      ->check(int_range(0, 1000000));
   sub->add_option("--precision", a->precision, "fp32, tf32 (default) or bf16")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   sub->add_option("--kernels", a->kernels,
@@ -99,8 +118,10 @@ void register_profile(CLI::App& app) {
   sub->add_flag(
       "--measure-peaks", r.measure_peaks,
       "measure the peaks (1 GiB device copy, 8192^3 cuBLAS GEMM) instead of datasheet/device values");
-  sub->add_option("--peak-tflops", r.peak_tflops, "override the peak TFLOP/s of the roofline");
-  sub->add_option("--peak-gbps", r.peak_gbps, "override the peak GB/s of the roofline");
+  sub->add_option("--peak-tflops", r.peak_tflops, "override the peak TFLOP/s of the roofline")
+      ->check(real_range(0, INFINITY, true));
+  sub->add_option("--peak-gbps", r.peak_gbps, "override the peak GB/s of the roofline")
+      ->check(real_range(0, INFINITY, true));
   sub->add_flag("--no-plain-timing", r.no_plain, "skip the extra timing run without the profiler attached");
   sub->add_flag("--no-graph", r.no_graph,
                 "time eager launches (one per kernel) instead of CUDA-graph replays of a captured iteration");

@@ -7,6 +7,7 @@
 #include "classifier.h"
 #include "classifier_free.h"
 #include "commands.h"
+#include "env_vars.h"
 #include "grid.h"
 #include "guidance.h"
 #include "h5.h"
@@ -75,6 +76,8 @@ void run(SampleArgs& a) {
   std::error_code ec;
   if (!a.png_dir.empty() && fs::exists(a.png_dir, ec) && !fs::is_directory(a.png_dir, ec))
     throw UserError(a.png_dir + ": --png-dir exists and is not a directory");
+  check_environment(
+      {{"checkpoint", a.ckpt}, {"--noise file", a.noise}, {"--classifier checkpoint", a.classifier}});
 
   Checkpoint ck = load_checkpoint(a.ckpt);
   const ModelConfig& cfg = ck.cfg;
@@ -135,6 +138,9 @@ void run(SampleArgs& a) {
   check_memory(sample_host_bytes(cfg, build_param_table(cfg), n, !noise.empty(), !a.h5.empty()),
                "sampling " + std::to_string(n) + " images of " + std::to_string(R) + "x" + std::to_string(R) +
                    "x" + std::to_string(C) + (a.n_opt->count() ? " (-n)" : ""));
+  // The engine before anything is written (it refuses a forced kernel variant it lacks).
+  std::string device;
+  auto eng = a.dev.make(&device);
   if (!a.png_dir.empty()) {
     fs::create_directories(a.png_dir, ec);
     if (!fs::is_directory(a.png_dir)) throw UserError(a.png_dir + ": cannot create directory");
@@ -151,9 +157,7 @@ void run(SampleArgs& a) {
       labels[i] =
           cls_given ? a.cls : (int32_t)(rng_bits(a.seed, Stream::SampleLabel, i) % (uint64_t)n_classes);
   }
-  // Everything checked: now the device, and the only informational line, on stdout.
-  std::string device;
-  auto eng = a.dev.make(&device);
+  // Everything checked: the only informational line, on stdout.
   Model model(cfg, *eng);
   const bool use_ema = !a.no_ema && !ck.ema.empty();
   eng->upload(model.params(), use_ema ? ck.ema.data() : ck.model.data());
@@ -164,19 +168,9 @@ void run(SampleArgs& a) {
   so.clip = !a.no_clip;
   so.seed = a.seed;
   so.batch_size = a.batch_size ? std::min(a.batch_size, n) : std::min(n, 64);
-  char gs[160] = "";
-  if (cf_guided) std::snprintf(gs, sizeof gs, ", guidance scale %g", (double)a.guidance_scale);
-  if (guided)
-    std::snprintf(gs + std::strlen(gs), sizeof gs - std::strlen(gs),
-                  ", classifier guidance scale %g (%s weights)", (double)a.classifier_scale,
-                  !a.no_ema && !cck.ema.empty() ? "EMA" : "model");
-  std::printf("unet sample: %d images, %s %d steps, %s weights%s, %s\n", n, a.sampler.c_str(),
-              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", gs, device.c_str());
-  std::fflush(stdout);
-  std::vector<float> out((size_t)n * R * R * C);
-  Progress prog("sample", n, "img");
   // Classifier-free guidance runs the conditional and the unconditional half in one forward pass:
-  // the model is planned for twice the batch.
+  // the model is planned for twice the batch; a --classifier is planned for the batch (backward to
+  // the image only). Both before anything is printed: a batch beyond memory is refused first.
   const int planned = cf_guided ? 2 * so.batch_size : so.batch_size;
   model.plan(planned, Mode::Sample);
   SamplerNet net = sampler_net(model);
@@ -195,6 +189,17 @@ void run(SampleArgs& a) {
     guide = std::make_unique<ClassifierGuide>(*eng, *classifier, a.classifier_scale, so.batch_size);
     guide->attach(net);
   }
+  char gs[160] = "";
+  if (cf_guided) std::snprintf(gs, sizeof gs, ", guidance scale %g", (double)a.guidance_scale);
+  if (guided)
+    std::snprintf(gs + std::strlen(gs), sizeof gs - std::strlen(gs),
+                  ", classifier guidance scale %g (%s weights)", (double)a.classifier_scale,
+                  !a.no_ema && !cck.ema.empty() ? "EMA" : "model");
+  std::printf("unet sample: %d images, %s %d steps, %s weights%s, %s\n", n, a.sampler.c_str(),
+              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", gs, device.c_str());
+  std::fflush(stdout);
+  std::vector<float> out((size_t)n * R * R * C);
+  Progress prog("sample", n, "img");
   sample(*eng, net, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(),
          out.data(), [&](int done, int) { prog.update(done); });
   prog.finish();

@@ -15,6 +15,7 @@
 #include "classifier_train.h"
 #include "comm.h"
 #include "commands.h"
+#include "env_vars.h"
 #include "init.h"
 #include "params.h"
 #include "preflight.h"
@@ -62,6 +63,47 @@ void check_input_not_in_outputs(const std::string& rundir, const std::string& in
                     " under a name the run writes; refusing to overwrite an input (choose another -o)");
 }
 
+// --gpus N starts N ranks on this machine: one per visible GPU, or with --device cpu at most one
+// per core (as mpirun without --oversubscribe).
+void check_local_ranks(int n, const std::string& device) {
+  const std::string flag = "--gpus " + std::to_string(n);
+  if (device == "cpu") {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    if ((unsigned)n > cores)
+      throw UserError(flag + " --device cpu: " + std::to_string(n) + " CPU ranks but this machine has " +
+                      std::to_string(cores) + " cores (at most one rank per core)");
+    return;
+  }
+  const int gpus = cuda_device_count();
+  if (gpus == 0)
+    throw UserError(flag + ": no GPU is visible" +
+                    (device.empty() ? " (--device cpu starts CPU ranks instead)" : std::string()));
+  if (n > gpus)
+    throw UserError(flag + ": only " + std::to_string(gpus) + " GPU" + (gpus > 1 ? "s are" : " is") +
+                    " visible (one rank per GPU)");
+}
+
+// A run directory this run created: removed again if the run ends before writing anything there
+// but its lock file (refused after the directory was made: a forced kernel variant, too little
+// memory for the batch, ...), so that a refused run leaves nothing behind.
+class NewDirCleanup {
+ public:
+  explicit NewDirCleanup(std::string dir) : dir_(std::move(dir)) {}
+  ~NewDirCleanup() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename() != ".lock") return;  // the run wrote something: keep it all
+    fs::remove(dir_ + "/.lock", ec);
+    fs::remove(dir_, ec);  // only when empty
+  }
+  NewDirCleanup(const NewDirCleanup&) = delete;
+  NewDirCleanup& operator=(const NewDirCleanup&) = delete;
+
+ private:
+  std::string dir_;
+};
+
 // "rank 0 gpu01 GPU 0, rank 1 gpu01 GPU 1": where each rank runs (from all_gather), and checks
 // that every rank chose the same kind of engine.
 std::string describe_ranks(const std::vector<std::string>& all, int* nodes) {
@@ -84,6 +126,11 @@ std::string describe_ranks(const std::vector<std::string>& all, int* nodes) {
 }
 
 }  // namespace
+
+CLI::Validator setting_check(const char* flag) {
+  const SettingRange r = train_setting_range(flag);
+  return r.integer ? int_range(r.ilo, r.ihi) : real_range(r.lo, r.hi, r.lo_open);
+}
 
 void run_train(TrainArgs& a) {
   namespace fs = std::filesystem;
@@ -108,10 +155,18 @@ void run_train(TrainArgs& a) {
   std::unique_ptr<ControlPlane> cp = connect_control_plane(env, a.dist_timeout);
   if (!a.init.empty() && !a.resume.empty()) throw UserError("--init and --resume are exclusive");
   if ((!a.init.empty() || !a.resume.empty()) && (cls ? a.cmodel.any_given() : a.model.any_given()))
-    throw UserError(net + " flags cannot be combined with --init/--resume: the " + net +
-                    " comes from the checkpoint");
+    throw UserError(cls ? a.cmodel.given_names() +
+                              ": classifier flags cannot be combined with --init/--resume: the classifier "
+                              "comes from the checkpoint"
+                        : a.model.given_names() +
+                              ": model flags cannot be combined with --init/--resume: the model and its "
+                              "training objective come from the checkpoint");
   if (!fs::exists(a.data)) throw UserError(a.data + ": no such file");
   if (cls && !o.val_data.empty() && !fs::exists(o.val_data)) throw UserError(o.val_data + ": no such file");
+  check_environment({{"dataset", a.data},
+                     {"--val-data dataset", o.val_data},
+                     {"--init checkpoint", a.init},
+                     {"--resume checkpoint", a.resume}});
   auto load = [&](const std::string& path, bool opt) {
     return cls ? load_classifier_checkpoint(path, opt) : load_checkpoint(path, opt);
   };
@@ -185,9 +240,14 @@ void run_train(TrainArgs& a) {
                                                                            : "--batch-size ") +
                     std::to_string(o.batch_size) + " is not divisible by the " + std::to_string(world) +
                     " ranks (the batch size is global: each rank takes an equal slice)");
+  // Micro-batches of N samples: N divides each rank's batch, or is at least that batch (whole).
   if (o.microbatch > 0 && o.microbatch < o.batch_size / world && (o.batch_size / world) % o.microbatch != 0)
-    throw UserError("--microbatch " + std::to_string(o.microbatch) +
-                    " does not divide the batch of each rank (" + std::to_string(o.batch_size / world) + ")");
+    throw UserError((resume && !a.app->get_option("--microbatch")->count() ? "the checkpoint's microbatch "
+                                                                           : "--microbatch ") +
+                    std::to_string(o.microbatch) + " does not divide the batch" +
+                    (world > 1 ? " of each rank (" : " (--batch-size ") +
+                    std::to_string(o.batch_size / world) + ")");
+  if (launcher) check_local_ranks(a.gpus, a.dev.device);
   if (a.rundir.empty()) a.rundir = default_rundir();
   if (cp) a.rundir = cp->broadcast(a.rundir);  // rank 0's (the default name has the time in it)
   o.rundir = a.rundir;
@@ -216,9 +276,11 @@ void run_train(TrainArgs& a) {
   if (resume) check_resume_dataset(ck, a.resume, a.data, data.info, data.fingerprint);
   o.dataset_fingerprint = data.fingerprint;
   const int ckpt_arenas = 1 + (ck.ema.empty() ? 0 : 1) + (ck.has_optimizer ? 2 : 0);
-  check_memory(train_host_bytes(t, ckpt_arenas, o.batch_size / world, data.info),
+  // The --gpus launcher's ranks all run on this machine: each needs its own.
+  check_memory(train_host_bytes(t, ckpt_arenas, o.batch_size / world, data.info) * (launcher ? a.gpus : 1),
                "training (batch " + std::to_string(o.batch_size) + ", " + std::to_string(t.count / 1000000) +
-                   " M parameters, " + std::to_string(data.info.count) + " images)");
+                   " M parameters, " + std::to_string(data.info.count) + " images" +
+                   (launcher ? ", " + std::to_string(a.gpus) + " ranks" : std::string()) + ")");
   if (!resume && a.init.empty()) {
     check_model_size(t, 1, "the " + net + " flags");
     if (!launcher) ck.model = init_params(t, o.seed);  // the ranks make their own
@@ -231,27 +293,8 @@ void run_train(TrainArgs& a) {
     return;
   }
 
-  // The run directory: checked writable, created, locked against a second trainer (by rank 0,
-  // which alone writes there).
-  std::unique_ptr<DirLock> lock;
-  if (root) {
-    if (fs::is_directory(o.rundir, ec)) {
-      check_writable_dir_for(o.rundir + "/metrics.csv");
-      check_writable_dir_for(o.rundir + "/latest.h5");
-    }
-    fs::create_directories(o.rundir, ec);
-    if (!fs::is_directory(o.rundir, ec)) throw UserError(o.rundir + ": cannot create the run directory");
-    lock = std::make_unique<DirLock>(o.rundir, cmd);
-    if (!resume && fs::exists(o.rundir + "/latest.h5"))  // written by a trainer that just finished
-      throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
-                      "/latest.h5 or choose another -o");
-    check_writable_dir_for(o.rundir + "/metrics.csv");
-    check_writable_dir_for(o.rundir + "/latest.h5");
-    remove_stale_temps(o.rundir);
-  }
-
-  // Everything checked: now the device (a rank's GPU is its local rank), and the only
-  // informational output, on stdout.
+  // The device (a rank's GPU is its local rank) and its engine, which refuses a forced kernel
+  // variant it lacks (UNET_KERNELS, --kernels): before anything is written.
   int gpu = -1;
   if (env.distributed() && a.dev.device != "cpu") {
     const int n = cuda_device_count();
@@ -261,10 +304,34 @@ void run_train(TrainArgs& a) {
     omp_set_num_threads((int)std::max(1u, std::thread::hardware_concurrency() / (unsigned)env.local_world));
   std::string device;
   auto eng = a.dev.make(&device);
+
+  // The run directory: checked writable, created, locked against a second trainer (by rank 0,
+  // which alone writes there). One this run created is removed again when the run fails before
+  // writing anything into it (a refused run leaves nothing behind).
+  std::unique_ptr<DirLock> lock;
+  std::unique_ptr<NewDirCleanup> cleanup;
+  if (root) {
+    if (fs::is_directory(o.rundir, ec)) {
+      check_writable_dir_for(o.rundir + "/metrics.csv");
+      check_writable_dir_for(o.rundir + "/latest.h5");
+    }
+    const bool existed = fs::exists(o.rundir, ec);
+    fs::create_directories(o.rundir, ec);
+    if (!fs::is_directory(o.rundir, ec)) throw UserError(o.rundir + ": cannot create the run directory");
+    if (!existed) cleanup = std::make_unique<NewDirCleanup>(o.rundir);
+    lock = std::make_unique<DirLock>(o.rundir, cmd);
+    if (!resume && fs::exists(o.rundir + "/latest.h5"))  // written by a trainer that just finished
+      throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
+                      "/latest.h5 or choose another -o");
+    check_writable_dir_for(o.rundir + "/metrics.csv");
+    check_writable_dir_for(o.rundir + "/latest.h5");
+    remove_stale_temps(o.rundir);
+  }
+
+  // Everything checked: the communicator, and the only informational output, on stdout.
   CommOptions co;
   co.timeout_s = a.dist_timeout;
-  if (const char* mb = std::getenv("UNET_BUCKET_MB"))
-    co.bucket_bytes = (size_t)(std::max(0.0, std::atof(mb)) * (1 << 20));
+  co.bucket_bytes = env_bucket_bytes(co.bucket_bytes);  // UNET_BUCKET_MB
   std::unique_ptr<Communicator> comm = make_communicator(env, std::move(cp), *eng, co);
   std::string ranks_line;
   if (env.distributed()) {
@@ -278,7 +345,10 @@ void run_train(TrainArgs& a) {
                  " per node on " + std::to_string(nodes) + " node" + (nodes > 1 ? "s" : "") +
                  ", started by " + env.launcher + ", " + comm->backend() + " (" + ranks + ")";
   }
-  if (root) {
+  const int64_t start_step = resume ? ck.state.at("step") : 0;
+  // Printed once the trainer has planned its memory: every check came first.
+  auto started = [&] {
+    if (!root) return;
     for (const std::string& w : warnings) std::fprintf(stderr, "unet: warning: %s\n", w.c_str());
     if (!ranks_line.empty()) std::printf("%s\n", ranks_line.c_str());
     if (added_null_class)
@@ -286,23 +356,22 @@ void run_train(TrainArgs& a) {
           "unet train: %s has no null class: label_emb gains row %d (N(0,1), --seed %llu) for "
           "--class-dropout\n",
           a.init.c_str(), ck.cfg.num_classes, (unsigned long long)o.seed);
-  }
+    std::printf("%s: %.2f M parameters, batch %d%s, %s, %s step %lld%s -> %s\n", cmd, t.count / 1e6,
+                o.batch_size,
+                env.distributed() ? (" (" + std::to_string(o.batch_size / world) + " per rank)").c_str() : "",
+                device.c_str(), resume ? "resuming at" : "starting at", (long long)start_step,
+                o.steps ? (" until step " + std::to_string(o.steps)).c_str() : " (until interrupted)",
+                o.rundir.c_str());
+    std::fflush(stdout);
+  };
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  if (root)
-    std::printf(
-        "%s: %.2f M parameters, batch %d%s, %s, %s step %lld%s -> %s\n", cmd, t.count / 1e6, o.batch_size,
-        env.distributed() ? (" (" + std::to_string(o.batch_size / world) + " per rank)").c_str() : "",
-        device.c_str(), resume ? "resuming at" : "starting at", resume ? (long long)ck.state.at("step") : 0LL,
-        o.steps ? (" until step " + std::to_string(o.steps)).c_str() : " (until interrupted)",
-        o.rundir.c_str());
-  std::fflush(stdout);
   TrainResult r;
   if (cls) {
     ClassifierTask task(ck.ccfg, o);
-    r = run_training(*eng, a.data, std::move(ck), resume, o, comm.get(), task);
+    r = run_training(*eng, a.data, std::move(ck), resume, o, comm.get(), task, started);
   } else {
-    r = train(*eng, a.data, std::move(ck), resume, o, comm.get());
+    r = train(*eng, a.data, std::move(ck), resume, o, comm.get(), started);
   }
   // The step's graph holds the captured NCCL calls: gone before the communicator (it is destroyed
   // first, as it was made from the engine), or ncclCommDestroy waits for it forever.
@@ -356,39 +425,40 @@ void add_train_flags(CLI::App* sub, TrainArgs* a) {
   };
   sub->add_option("--batch-size", o.batch_size,
                   "images per step (default " + std::to_string(o.batch_size) + ")")
-      ->check(int_range(1, kMaxBatch));
+      ->check(setting_check("--batch-size"));
   sub->add_option("--lr", o.lr, "AdamW learning rate (default " + num(o.lr) + ")")
-      ->check(real_range(0, INFINITY, true));
+      ->check(setting_check("--lr"));
   sub->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (default 0)")
-      ->check(real_range(0, INFINITY));
+      ->check(setting_check("--weight-decay"));
   sub->add_option(
          "--ema-rate", o.ema_rate,
          cls ? "keep an EMA of the weights with this decay (default 0 = none, as classifier_train.py)"
              : "EMA decay of the weights (default 0.9999)")
-      ->check(real_range(0, 1));
+      ->check(setting_check("--ema-rate"));
   sub->add_option("--steps", o.steps,
                   "stop at this global step, counting steps before a resume (default: until Ctrl-C)")
-      ->check(int_range(1, INT64_MAX));
+      ->check(setting_check("--steps"));
   sub->add_option("--save-every", o.save_every,
                   "checkpoint every N steps (default 10000; 0 = only at the end; always at the end)")
-      ->check(int_range(0, INT64_MAX));
+      ->check(setting_check("--save-every"));
   sub->add_option("--log-every", o.log_every,
                   "log loss/grad norm/speed every N steps (default 10; 0 = at the end)")
-      ->check(int_range(0, INT64_MAX));
+      ->check(setting_check("--log-every"));
   if (!cls)
     sub->add_option("--sample-every", o.sample_every,
                     "write a sample grid (EMA, DDIM 50) every N steps (default 0 = never)")
-        ->check(int_range(0, INT64_MAX));
+        ->check(setting_check("--sample-every"));
   sub->add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to X (default 0 = off)")
-      ->check(real_range(0, INFINITY));
+      ->check(setting_check("--grad-clip"));
   sub->add_option("--lr-warmup", o.lr_warmup, "linear learning-rate warmup over N steps (default 0)")
-      ->check(int_range(0, INT64_MAX));
+      ->check(setting_check("--lr-warmup"));
   sub->add_option(
          "--microbatch", o.microbatch,
-         "accumulate gradients over micro-batches of N samples (must divide --batch-size; the " +
+         "accumulate gradients over micro-batches of N samples (must divide each rank's batch; N at least "
+         "the batch = the whole batch; the " +
              std::string(cls ? "classifier" : "model") +
              " is planned for N: less memory, same result up to summation order; default 0 = whole batch)")
-      ->check(int_range(0, kMaxBatch));
+      ->check(setting_check("--microbatch"));
   if (!cls)
     sub->add_option(
            "--schedule-sampler", o.schedule_sampler,
@@ -400,7 +470,7 @@ void add_train_flags(CLI::App* sub, TrainArgs* a) {
   sub->add_option(
          "--seed", o.seed,
          "seed of data order, noise, timesteps, flips, dropout and fresh init, 0 to 2^63-1 (default 0)")
-      ->check(seed_range());
+      ->check(setting_check("--seed"));
   sub->add_option("--gpus", a->gpus,
                   "train on N GPUs of this machine: starts N processes, one per GPU (data-parallel; "
                   "--batch-size is the global batch). torchrun, mpirun and srun work too")

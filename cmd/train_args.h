@@ -25,6 +25,9 @@ struct TrainArgs {
 // The data, checkpoint, loop, run-directory, distributed and device flags (set a->classifier and
 // the option defaults first); the network's flags are added by the command.
 void add_train_flags(CLI::App* sub, TrainArgs* a);
+// A training setting's flag validator: the range (resume.h train_setting_range) a value recorded
+// in a resumed checkpoint is checked against too.
+CLI::Validator setting_check(const char* flag);
 void run_train(TrainArgs& a);
 
 }  // namespace unet

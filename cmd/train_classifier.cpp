@@ -34,7 +34,7 @@ void register_train_classifier(CLI::App& app) {
   sub->add_option("--val-data", o.val_data, "labelled validation dataset: val_* columns in metrics.csv");
   sub->add_option("--eval-every", o.eval_every,
                   "a validation batch after every N-th step (default 5, classifier_train.py's eval_interval)")
-      ->check(int_range(1, INT64_MAX));
+      ->check(setting_check("--eval-every"));
   a->cmodel.add(sub, /*with_shared=*/true, /*with_preset=*/true);
   sub->callback([a] { run_train(*a); });
 }

@@ -7,6 +7,9 @@
 #   equiv   2 GPUs x 16 vs 1 GPU x 32 after 50 steps, seed64: fp32 (5e-5 relative L2 of the
 #           weights), tf32 (1e-3), bf16 (1e-2); and the NCCL step captured in a CUDA graph vs
 #           eager (UNET_NO_CUDA_GRAPH=1): the same result
+#   floor   one GPU: 1 x 32 vs 1 x 32 in two micro-batches of 16 (--microbatch 16), fp32, 50 steps:
+#           the same step summed in another order, i.e. what summation order alone does to the
+#           weights after 50 AdamW steps (the noise floor of the equiv comparison; runs on 1 GPU)
 #   resume  2 GPUs to step 25, then 1 GPU to 50, vs 2 GPUs straight to 50
 #   fail    a rank killed mid-run: the other stops within seconds with one line naming it
 #   bench   images/s, seed64 at 32 images per GPU (tf32 and bf16): 1 GPU vs `unet train --gpus 2`,
@@ -31,7 +34,7 @@ say() { echo "$*" | tee -a "$SUM"; }
 
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 say "gpu_multi: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $NGPU, unet $("$U" --version 2>&1)"
-if [ "$NGPU" -lt 2 ]; then say "gpu_multi: needs 2 GPUs, found $NGPU"; exit 2; fi
+if [ "$NGPU" -lt 2 ] && [ "$parts" != floor ]; then say "gpu_multi: needs 2 GPUs, found $NGPU"; exit 2; fi
 nvidia-smi topo -m > "$W/logs/topo.txt" 2>&1
 
 # mpirun: on PATH, or Debian's OpenMPI unpacked from carried .debs (.mpi/*.deb).
@@ -107,6 +110,14 @@ for p in $parts; do
       train eqo1 300 -- "$U" train "$W/d.h5" --init "$W/init_ls.h5" --seed 1 "${a[@]}" -o "$W/eqo1" &&
         train eqo2 300 -- "$U" train "$W/d.h5" --init "$W/init_ls.h5" --seed 1 "${a[@]}" --gpus 2 -o "$W/eqo2" &&
         compare "$W/eqo1/latest.h5" "$W/eqo2/latest.h5" 1e-4 "fp32 learned sigma + loss-second-moment + --microbatch 8: 2 GPUs vs 1 GPU" ;;
+    floor)
+      say "=== floor: 1 GPU x 32 vs 1 GPU x 32 as 2 micro-batches of 16, 50 steps (seed64, fp32)"
+      a=(--batch-size 32 --steps 50 --save-every 50 --log-every 10 --precision fp32)
+      train fl1 300 -- $T "${a[@]}" -o "$W/fl1" &&
+        train fl2 300 -- $T "${a[@]}" --microbatch 16 -o "$W/fl2" &&
+        compare "$W/fl1/latest.h5" "$W/fl2/latest.h5" 5e-5 "fp32 summation order alone (--microbatch 16 vs whole batch, 1 GPU)"
+      train fl3 300 -- $T "${a[@]}" -o "$W/fl3" &&
+        compare "$W/fl1/latest.h5" "$W/fl3/latest.h5" 0 "fp32 the same run twice (bitwise)" ;;
     resume)
       say "=== resume: 2 GPUs to step 25, 1 GPU to 50, vs 2 GPUs straight (tf32)"
       a=(--batch-size 32 --save-every 25 --log-every 5)

@@ -7,11 +7,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 
 #include "checkpoint.h"
 #include "config.h"
+#include "engine.h"
+#include "env_vars.h"
 #include "resume.h"
 #include "testutil.h"
 #include "util.h"
@@ -240,7 +245,8 @@ TEST(Resume, OlderCheckpointFallsBackWithOneWarning) {
 TEST(Resume, UnknownScheduleSamplerIsRefused) {
   Checkpoint ck = recorded(trained());
   ck.state_str["schedule_sampler"] = "beta";
-  EXPECT_NE(error_of([&] { resolve_resume(ck, "c.h5", TrainOptions(), {}); }).find("'beta'"), std::string::npos);
+  EXPECT_NE(error_of([&] { resolve_resume(ck, "c.h5", TrainOptions(), {}); }).find("'beta'"),
+            std::string::npos);
 }
 
 TEST(Resume, ScheduleSamplerAndMicrobatchComeFromTheCheckpoint) {
@@ -256,7 +262,8 @@ TEST(Resume, ScheduleSamplerAndMicrobatchComeFromTheCheckpoint) {
   r = resolve_resume(recorded(o), "c.h5", given, {"--schedule-sampler", "--microbatch"});
   EXPECT_EQ(r.opt.schedule_sampler, "uniform");
   ASSERT_EQ(r.warnings.size(), 1u);
-  EXPECT_NE(r.warnings[0].find("--schedule-sampler uniform (checkpoint: loss-second-moment)"), std::string::npos)
+  EXPECT_NE(r.warnings[0].find("--schedule-sampler uniform (checkpoint: loss-second-moment)"),
+            std::string::npos)
       << r.warnings[0];
   EXPECT_NE(r.warnings[0].find("--microbatch 3 (checkpoint: 1)"), std::string::npos) << r.warnings[0];
 }
@@ -272,4 +279,211 @@ TEST(Resume, OtherDatasetIsRefused) {
   info.count = 30;
   EXPECT_NE(error_of([&] { check_resume_dataset(ck, "c.h5", "d.h5", info, 1234); }).find("30 images"),
             std::string::npos);
+}
+
+// A damaged or hand-edited checkpoint: every recorded setting is checked against the range of its
+// flag (one table for both), naming the file and the attribute, unless the flag replaces it.
+TEST(Resume, RecordedValuesOutsideTheirRangeAreRefused) {
+  struct Case {
+    const char* key;
+    double value;
+    bool real;
+  };
+  const Case cases[] = {{"batch_size", 0, false},
+                        {"batch_size", 1e9, false},
+                        {"seed", -1, false},
+                        {"lr_warmup", -3, false},
+                        {"microbatch", -1, false},
+                        {"microbatch", 70000, false},
+                        {"save_every", -1, false},
+                        {"log_every", -1, false},
+                        {"sample_every", -9, false},
+                        {"lr", NAN, true},
+                        {"lr", 0, true},
+                        {"ema_rate", 1.5, true},
+                        {"grad_clip", INFINITY, true},
+                        {"weight_decay", -0.1, true}};
+  for (const Case& c : cases) {
+    Checkpoint ck = recorded(trained());
+    if (c.real)
+      ck.state_f64[c.key] = c.value;
+    else
+      ck.state[c.key] = (int64_t)c.value;
+    const std::string e = error_of([&] { resolve_resume(ck, "c.h5", TrainOptions(), {}); });
+    EXPECT_NE(e.find(std::string("c.h5: state attribute ") + c.key), std::string::npos) << c.key << ": " << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  Checkpoint ck = recorded(trained());
+  ck.state["batch_size"] = 0;
+  TrainOptions given;
+  given.batch_size = 4;
+  EXPECT_EQ(resolve_resume(ck, "c.h5", given, {"--batch-size"}).opt.batch_size, 4);
+  ck = recorded(trained());
+  ck.state["step"] = -1;
+  EXPECT_NE(error_of([&] { resolve_resume(ck, "c.h5", TrainOptions(), {}); }).find("step = -1"),
+            std::string::npos);
+  Checkpoint old;  // an older checkpoint: lr from the optimizer group, checked alike
+  old.has_optimizer = true;
+  old.opt.lr = NAN;
+  old.state = {{"step", 4}};
+  EXPECT_NE(
+      error_of([&] { resolve_resume(old, "old.h5", TrainOptions(), {}); }).find("optimizer attribute lr"),
+      std::string::npos);
+}
+
+// train-classifier's own settings (noised, eval_every) are recorded in classifier checkpoints only
+// and checked like the others.
+TEST(Resume, ClassifierSettingsAreRecordedAndChecked) {
+  TrainOptions o = trained();
+  o.noised = false, o.eval_every = 3;
+  Checkpoint ck = recorded(o);
+  EXPECT_EQ(ck.state.count("eval_every"), 0u) << "a diffusion run records no classifier setting";
+  Checkpoint c;
+  c.is_classifier = true;
+  c.has_optimizer = true;
+  DatasetInfo info;
+  info.count = 60;
+  info.image_size = 8;
+  store_train_settings(o, info, c);
+  c.state["step"] = 4;
+  ResumeSettings r = resolve_resume(c, "c.h5", TrainOptions(), {});
+  EXPECT_FALSE(r.opt.noised);
+  EXPECT_EQ(r.opt.eval_every, 3);
+  for (int64_t bad : {0, -3}) {
+    Checkpoint d = c;
+    d.state["eval_every"] = bad;
+    const std::string e = error_of([&] { resolve_resume(d, "c.h5", TrainOptions(), {}); });
+    EXPECT_NE(e.find("c.h5: state attribute eval_every = " + std::to_string(bad)), std::string::npos) << e;
+    EXPECT_NE(e.find("--eval-every"), std::string::npos) << e;
+    TrainOptions given;
+    given.eval_every = 2;
+    EXPECT_EQ(resolve_resume(d, "c.h5", given, {"--eval-every"}).opt.eval_every, 2);
+  }
+  EXPECT_EQ(train_setting_range("--eval-every").text(), "an integer from 1 to 9223372036854775807");
+  EXPECT_TRUE(train_setting_range("--noised").contains_int(1));
+}
+
+TEST(Resume, FlagsAndRecordedValuesShareOneRange) {
+  EXPECT_EQ(train_setting_range("--batch-size").text(), "an integer from 1 to 65536");
+  EXPECT_EQ(train_setting_range("--lr").text(), "a finite number > 0");
+  EXPECT_EQ(train_setting_range("--ema-rate").text(), "a finite number in [0, 1]");
+  EXPECT_FALSE(train_setting_range("--grad-clip").contains(INFINITY));
+  EXPECT_FALSE(train_setting_range("--lr").contains(0));
+  EXPECT_TRUE(train_setting_range("--microbatch").contains_int(0));
+  EXPECT_THROW(train_setting_range("--nope"), std::logic_error);
+}
+
+TEST(Resume, LossSecondMomentHistoryIsCheckedBeforeTraining) {
+  TrainOptions o = trained();
+  o.schedule_sampler = "loss-second-moment";
+  const Checkpoint good = [&] {
+    Checkpoint ck = recorded(o);
+    ck.loss_history.assign((size_t)ck.cfg.diffusion_steps * 10, 0.5);
+    ck.loss_counts.assign(ck.cfg.diffusion_steps, 10);
+    return ck;
+  }();
+  EXPECT_EQ(error_of([&] { resolve_resume(good, "c.h5", TrainOptions(), {}); }), "");
+  Checkpoint ck = good;
+  ck.loss_counts[3] = 11;
+  EXPECT_NE(error_of([&] { resolve_resume(ck, "c.h5", TrainOptions(), {}); }).find("c.h5: state/loss_counts"),
+            std::string::npos);
+  ck = good;
+  ck.loss_history[7] = NAN;
+  EXPECT_NE(
+      error_of([&] { resolve_resume(ck, "c.h5", TrainOptions(), {}); }).find("c.h5: state/loss_history"),
+      std::string::npos);
+  ck = good;
+  ck.loss_history.resize(ck.loss_history.size() / 2);
+  EXPECT_NE(error_of([&] { resolve_resume(ck, "c.h5", TrainOptions(), {}); }).find("state/loss_history"),
+            std::string::npos);
+  // The uniform sampler does not use the history: resuming with it is a warning, not an error.
+  TrainOptions given;
+  given.schedule_sampler = "uniform";
+  ResumeSettings r = resolve_resume(ck, "c.h5", given, {"--schedule-sampler"});
+  EXPECT_EQ(r.opt.schedule_sampler, "uniform");
+  EXPECT_EQ(r.warnings.size(), 1u);
+}
+
+// ---- the environment ----------------------------------------------------------------------------
+namespace {
+// Sets (value != nullptr) or unsets a variable for the scope.
+struct EnvVar {
+  std::string name;
+  EnvVar(const char* n, const char* v) : name(n) {
+    if (v)
+      setenv(n, v, 1);
+    else
+      unsetenv(n);
+  }
+  ~EnvVar() { unsetenv(name.c_str()); }
+};
+}  // namespace
+
+TEST(Environment, EveryVariableIsParsedOrRefusedNamingIt) {
+  {
+    EnvVar v("UNET_BUCKET_MB", nullptr);
+    EXPECT_EQ(env_bucket_bytes(7), 7u);
+  }
+  for (const char* ok : {"25", "0", "0.5", "1000000"}) {
+    EnvVar v("UNET_BUCKET_MB", ok);
+    EXPECT_EQ(env_bucket_bytes(7), (size_t)(std::atof(ok) * (1 << 20))) << ok;
+  }
+  for (const char* bad : {"abc", "-1", "nan", "inf", "1e7", " 5", "5 ", "25MB"}) {
+    EnvVar v("UNET_BUCKET_MB", bad);
+    EXPECT_NE(error_of([] { env_bucket_bytes(0); }).find("UNET_BUCKET_MB='"), std::string::npos) << bad;
+    EXPECT_NE(error_of([] { check_environment(); }).find("UNET_BUCKET_MB"), std::string::npos) << bad;
+  }
+  {
+    EnvVar v("UNET_STREAM_DATA", "1");
+    EXPECT_EQ(env_stream_data(), 1);
+  }
+  for (const char* bad : {"yes", "2", "true"}) {
+    EnvVar v("UNET_STREAM_DATA", bad);
+    EXPECT_NE(error_of([] { env_stream_data(); }).find("UNET_STREAM_DATA"), std::string::npos) << bad;
+  }
+  {
+    EnvVar v("UNET_CPU_COMM", "mpi");
+    EXPECT_EQ(env_cpu_comm(), "mpi");
+  }
+  {
+    EnvVar v("UNET_CPU_COMM", "nccl");
+    EXPECT_NE(error_of([] { env_cpu_comm(); }).find("UNET_CPU_COMM='nccl'"), std::string::npos);
+  }
+}
+
+TEST(Environment, CudnnCacheIsNoSpecialFileNorAnInput) {
+  const std::string d = test::temp_dir("cache");
+  ASSERT_EQ(mkfifo((d + "/fifo").c_str(), 0644), 0);
+  spit(d + "/in.h5", "x");
+  fs::create_symlink(d + "/in.h5", d + "/link");
+  const std::vector<std::pair<std::string, std::string>> inputs = {{"dataset", d + "/in.h5"}};
+  auto err = [&](const char* cache) {
+    EnvVar v("UNET_CUDNN_CACHE", cache);
+    return error_of([&] { check_environment(inputs); });
+  };
+  EXPECT_NE(err((d + "/fifo").c_str()).find("is a FIFO"), std::string::npos);
+  EXPECT_NE(err(d.c_str()).find("is a directory"), std::string::npos);
+  EXPECT_NE(err((d + "/in.h5").c_str()).find("same file as the dataset"), std::string::npos);
+  EXPECT_NE(err((d + "/link").c_str()).find("UNET_CUDNN_CACHE="), std::string::npos);
+  EXPECT_EQ(err((d + "/plans.txt").c_str()), "");
+  EnvVar none("UNET_CUDNN_CACHE", nullptr);
+  EnvVar xdg("XDG_CACHE_HOME", d.c_str());
+  EXPECT_EQ(cudnn_cache_path(), d + "/unet/cudnn-plans.txt");
+}
+
+// A forced variant the engine lacks is refused once the engine is made (DeviceFlags::make,
+// profile), naming where it came from.
+TEST(KernelOverrides, UnknownNamesAreRefusedAgainstTheEngine) {
+  auto eng = make_cpu_engine();
+  auto check = [&] { check_kernel_overrides(eng->base_ops()); };
+  set_kernel_overrides("conv=nope");
+  const std::string e = error_of(check);
+  EXPECT_NE(e.find("--kernels: kernel variant conv=nope does not exist (conv has: "), std::string::npos) << e;
+  EXPECT_NE(e.find("ref"), std::string::npos) << e;
+  set_kernel_overrides("nosuch=ref");
+  EXPECT_NE(error_of(check).find("no kernel family or op 'nosuch'"), std::string::npos);
+  set_kernel_overrides("conv_fwd=ref,groupnorm=ref");
+  EXPECT_EQ(error_of(check), "");
+  set_kernel_overrides("");
+  EXPECT_EQ(error_of(check), "");
 }

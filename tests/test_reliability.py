@@ -7,9 +7,16 @@ line on stderr naming the file or flag, and leaves every pre-existing file as it
   4. outputs that would replace inputs or special files (same file, links, FIFOs, sockets)
   5. non-finite and out-of-range numbers (flags, NaN checkpoints, NaN noise)
   6. two trainers on one run directory
-  7. resume restores every setting: resume without flags == uninterrupted run, bitwise
+  7. resume restores every setting: resume without flags == uninterrupted run, bitwise; a checkpoint's
+     recorded settings and loss-second-moment history are checked like flags
   8. stale temporaries, the NaN stop message, --max-pixels
-CPU only; a tiny 8x8 model keeps the whole suite to well under a minute on two cores."""
+and, for the features that came after: the objective's and data-parallel flags (--microbatch,
+--gpus, --dist-timeout, --schedule-sampler), the environment (UNET_KERNELS, UNET_BUCKET_MB,
+UNET_STREAM_DATA, UNET_CPU_COMM, UNET_CUDNN_CACHE, torchrun/Open MPI/Slurm variables), `unet eval`
+(-n, datasets of another size or without labels, --csv onto inputs), `unet profile` without a GPU,
+damaged streamed datasets, `unet train-classifier` and `unet sample --classifier`. Refused cases must
+also print nothing on stdout (quiet=True): the checks come before any informational line.
+CPU only; a tiny 8x8 model keeps the whole suite to about a minute on two idle cores."""
 
 import hashlib
 import os
@@ -36,6 +43,7 @@ MODEL = ["--image-size", "8", "--num-channels", "32", "--channel-mult", "1,1", "
          "--attention-resolutions", "none"]
 CPU = ["--device", "cpu"]
 failures = []
+GPU = bool(shutil.which("nvidia-smi")) and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
 def check(cond, msg):
@@ -57,9 +65,16 @@ def limits(fsize=None, vmem=None):
     return pre
 
 
-def unet(*args, fsize=None, vmem=None, timeout=120):
+# Variables of a launcher or of unet's own that would change a run: never inherited by the cases.
+SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
+         "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "UNET_KERNELS", "UNET_BUCKET_MB", "UNET_STREAM_DATA",
+         "UNET_CPU_COMM", "UNET_CUDNN_CACHE")
+BASE_ENV = {k: v for k, v in os.environ.items() if k not in SCRUB}
+
+
+def unet(*args, fsize=None, vmem=None, timeout=120, env=None):
     return subprocess.run([BINARY, *args], capture_output=True, text=True, cwd=TMP, timeout=timeout,
-                          preexec_fn=limits(fsize, vmem))
+                          preexec_fn=limits(fsize, vmem), env={**BASE_ENV, **(env or {})})
 
 
 _hashes = {}
@@ -88,19 +103,31 @@ def tree():
     return out
 
 
-def refused(args, needles, what, fsize=None, vmem=None, unchanged=True):
+cases = 0  # refused() calls: the bad inputs tried
+REFUSE_TIMEOUT = 120
+
+
+def refused(args, needles, what, fsize=None, vmem=None, unchanged=True, env=None, quiet=False):
     """args must fail with exit 1, exactly one stderr line containing every needle, no temporary
-    name in it, and (unchanged) every file under TMP exactly as before (no leftovers either)."""
+    name in it, and (unchanged) every file under TMP exactly as before (no leftovers either);
+    quiet: nothing on stdout either (the refusal came before any informational line)."""
+    global cases
+    cases += 1
     before = tree() if unchanged else None
-    r = unet(*args, fsize=fsize, vmem=vmem)
+    try:
+        r = unet(*args, fsize=fsize, vmem=vmem, env=env, timeout=REFUSE_TIMEOUT)
+    except subprocess.TimeoutExpired:  # a hang is a failure of its own, not the end of the suite
+        check(False, f"{what}: still running after {REFUSE_TIMEOUT} s")
+        return None
     lines = r.stderr.splitlines()
     ok = r.returncode == 1 and len(lines) == 1 and lines[0].startswith("unet: ") and ".tmp-" not in r.stderr
-    ok = ok and all(n in r.stderr for n in needles)
+    ok = ok and all(n in r.stderr for n in needles) and not (quiet and r.stdout)
     changed = []
     if unchanged:
         after = tree()
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-    check(ok and not changed, f"{what}: rc {r.returncode}, {lines[:3]}" + (f", changed {changed}" if changed else ""))
+    check(ok and not changed, f"{what}: rc {r.returncode}, {lines[:3]}" + (f", changed {changed}" if changed else "") +
+          (f", stdout {r.stdout.strip()[:200]!r}" if quiet and r.stdout else ""))
     return r
 
 
@@ -420,17 +447,374 @@ def smaller():
     check(r.returncode == 1 and "--max-pixels" in r.stderr, "--max-pixels 0 refused")
 
 
+GB = 1 << 30
+
+
+def objective_flags():
+    """The objective's and data-parallel training's flags: refused at parse (or before the run
+    directory exists), one line naming the flag, nothing written, nothing printed."""
+    new = P("newrun")  # no refused run may create it
+    base = ["train", P("d.h5"), "--init", P("i.h5"), "-o", new, *CPU]
+    for v, needles in [("-1", ["--microbatch", "0 to 65536"]), ("1000000", ["--microbatch", "65536"]),
+                       ("abc", ["--microbatch"]), ("2.5", ["--microbatch"])]:
+        refused([*base, "--microbatch", v], needles, f"train --microbatch {v}", quiet=True)
+    refused([*base, "--batch-size", "4", "--microbatch", "3"], ["--microbatch 3", "--batch-size 4"],
+            "--microbatch 3 not dividing --batch-size 4", quiet=True)
+    for v in ("0", "-1", "2000", "1.5", "many"):
+        refused([*base, "--gpus", v], ["--gpus", "1 to 1024"], f"train --gpus {v}", quiet=True)
+    refused([*base, "--gpus", "1000", "--batch-size", "1000"], ["--gpus 1000", "cores"],
+            "--gpus 1000 --device cpu: more ranks than cores", quiet=True)
+    if not GPU:
+        refused(["train", P("d.h5"), "--init", P("i.h5"), "-o", new, "--gpus", "2", "--batch-size", "2"],
+                ["--gpus 2", "no GPU"], "--gpus 2 without a GPU", quiet=True)
+    for v in ("nan", "inf", "-1", "0", "1e9", "soon"):
+        refused([*base, "--dist-timeout", v], ["--dist-timeout"], f"train --dist-timeout {v}", quiet=True)
+    for flag, v in [("--schedule-sampler", "bogus"), ("--schedule-sampler", ""), ("--precision", "fp16"),
+                    ("--device", "tpu")]:
+        refused([*base, flag, v], [flag], f"train {flag} {v!r}", quiet=True)
+    refused([*base, "--precision", "tf32"], ["--precision tf32"], "train --precision tf32 on the CPU", quiet=True)
+    # The objective comes from the checkpoint: objective flags with --init/--resume are refused.
+    for flag in ("--use-kl", "--predict-xstart", "--learn-sigma"):
+        refused([*base, flag], [flag, "checkpoint"], f"train --init with {flag}", quiet=True)
+
+
+def environment():
+    """Forced kernels, unet's own variables, launcher variables, the cuDNN cache."""
+    new = P("newrun")
+    base = ["train", P("d.h5"), "--init", P("i.h5"), "-o", new, *CPU]
+    smp = ["sample", P("i.h5"), "-n", "1", "--steps", "2", "-o", P("new.png"), "--png-dir", P("newpngs"), *CPU]
+    for args, what in [(base, "train"), (smp, "sample"), (["eval", P("i.h5"), P("d.h5"), *CPU], "eval")]:
+        refused([*args, "--kernels", "conv=nope"], ["--kernels", "conv=nope", "does not exist"],
+                f"{what} --kernels conv=nope", quiet=True)
+        refused(args, ["UNET_KERNELS", "conv=nope"], f"{what} UNET_KERNELS=conv=nope", env={"UNET_KERNELS": "conv=nope"},
+                quiet=True)
+    for spec, needle in [("nosuch=x", "nosuch"), ("conv", "family=variant"), ("=ref", "family=variant"),
+                         ("conv=ref,groupnorm=", "groupnorm=")]:
+        refused(base, ["UNET_KERNELS", needle], f"UNET_KERNELS={spec}", env={"UNET_KERNELS": spec}, quiet=True)
+    refused([*base, "--kernels", "conv"], ["--kernels", "family=variant"], "train --kernels conv", quiet=True)
+    for var, v in [("UNET_BUCKET_MB", "abc"), ("UNET_BUCKET_MB", "-1"), ("UNET_BUCKET_MB", "nan"),
+                   ("UNET_BUCKET_MB", "1e12"), ("UNET_BUCKET_MB", "25MB"), ("UNET_STREAM_DATA", "yes"),
+                   ("UNET_STREAM_DATA", "2"), ("UNET_CPU_COMM", "nccl")]:
+        refused(base, [var, v], f"{var}={v}", env={var: v}, quiet=True)
+    # Launchers' variables: one line naming the variable, before anything waits for a peer.
+    torch2 = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    slurm = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+             "SLURM_STEP_TASKS_PER_NODE": "2"}
+    for env, needle in [({"RANK": "0", "WORLD_SIZE": "abc"}, "WORLD_SIZE='abc'"),
+                        ({"RANK": "0", "WORLD_SIZE": "99999999999999999999"}, "WORLD_SIZE"),
+                        ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "RANK=2"),
+                        ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK"),
+                        ({"WORLD_SIZE": "2"}, "RANK"),
+                        ({**torch2, "LOCAL_RANK": "5"}, "LOCAL_RANK=5"),
+                        (torch2, "MASTER_ADDR"),
+                        ({**torch2, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"}, "MASTER_PORT"),
+                        ({**torch2, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "x"}, "MASTER_PORT"),
+                        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "two"}, "OMPI_COMM_WORLD_SIZE"),
+                        ({"OMPI_COMM_WORLD_RANK": "0"}, "OMPI_COMM_WORLD_SIZE"),
+                        ({**slurm, "SLURM_PROCID": "5"}, "SLURM_PROCID=5"),
+                        ({**slurm, "SLURM_STEP_TASKS_PER_NODE": "2(x"}, "SLURM_STEP_TASKS_PER_NODE"),
+                        ({**slurm, "SLURM_STEP_TASKS_PER_NODE": "0"}, "SLURM_"),
+                        ({**slurm, "SLURM_JOB_NODELIST": "gpu[1-"}, "SLURM_JOB_NODELIST")]:
+        refused(base, [needle], f"launcher environment {env}", env=env, quiet=True)
+    # A valid environment whose peers never come: one line within --dist-timeout, never a hang.
+    dist = ["train", P("d.h5"), "--init", P("i.h5"), "-o", new, "--dist-timeout", "1", *CPU]
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    free = probe.getsockname()[1]  # rank 0 listens on MASTER_PORT + 1
+    probe.close()
+    refused(dist, ["did not connect", "--dist-timeout"], "rank 0 of 2 whose rank 1 never comes",
+            env={**torch2, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free - 1)}, quiet=True)
+    refused(dist, ["rank 1", "nonexistent.invalid", "MASTER_ADDR"], "rank 1 of 2 with an unresolvable MASTER_ADDR",
+            env={**torch2, "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "nonexistent.invalid",
+                 "MASTER_PORT": "29999"}, quiet=True)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    refused(dist, ["in use", "MASTER_PORT"], "rank 0 whose port is taken",
+            env={**torch2, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1)}, quiet=True)
+    busy.close()
+    # The cuDNN plan cache is appended to: never a special file, never an input.
+    os.mkfifo(P("cache_fifo"))
+    for cache, needle in [(P("cache_fifo"), "FIFO"), (TMP, "directory"), (P("d.h5"), "d.h5"), (P("i.h5"), "i.h5")]:
+        refused(base, ["UNET_CUDNN_CACHE", needle], f"train UNET_CUDNN_CACHE={os.path.basename(cache)}",
+                env={"UNET_CUDNN_CACHE": cache}, quiet=True)
+    refused(smp, ["UNET_CUDNN_CACHE", "i.h5"], "sample UNET_CUDNN_CACHE=the checkpoint",
+            env={"UNET_CUDNN_CACHE": P("i.h5")}, quiet=True)
+    refused(["eval", P("i.h5"), P("d.h5"), *CPU], ["UNET_CUDNN_CACHE", "d.h5"], "eval UNET_CUDNN_CACHE=the dataset",
+            env={"UNET_CUDNN_CACHE": P("d.h5")}, quiet=True)
+    # A batch beyond memory: refused by the memory plan, before anything is printed; the run
+    # directory it had made is gone again.
+    refused([*base, "--batch-size", "32768"], ["batch size 32768", "memory"], "train --batch-size 32768 under ulimit -v",
+            vmem=2 * GB, quiet=True)
+    refused(["sample", P("i.h5"), "-n", "65536", "--batch-size", "65536", "--steps", "1", "-o", P("big.png"), *CPU],
+            ["batch size 65536", "memory"], "sample --batch-size 65536 under ulimit -v", vmem=2 * GB, quiet=True)
+
+
+def resume_state():
+    """A resumed checkpoint's recorded settings are checked like the flags; the schedule sampler,
+    its history and the micro-batches come from the checkpoint."""
+    run = P("st_run")  # no refused resume may create it
+    for key, value in [("batch_size", 0), ("batch_size", 10**9), ("microbatch", -3), ("microbatch", 10**6),
+                       ("seed", -1), ("lr", float("nan")), ("lr", -1.0), ("ema_rate", 5.0),
+                       ("grad_clip", float("inf")), ("weight_decay", float("-inf")), ("lr_warmup", -1),
+                       ("log_every", -2), ("step", -5)]:
+        bad = P(f"state_{key}_{value}.h5")
+        shutil.copy(P("base", "latest.h5"), bad)
+        with h5py.File(bad, "a") as f:
+            f["state"].attrs[key] = np.float64(value) if isinstance(value, float) else np.int64(value)
+        refused(["train", P("d.h5"), "--resume", bad, "-o", run, *CPU], [bad, key], f"resume with state {key}={value}",
+                quiet=True)
+    # The flag replaces a damaged value (with the override's warning).
+    r = unet("train", P("d.h5"), "--resume", P("state_batch_size_0.h5"), "-o", P("st_fixed"), "--batch-size", "2",
+             "--steps", "3", *CPU)
+    lines = r.stderr.splitlines()
+    check(r.returncode == 0 and len(lines) == 1 and "--batch-size 2 (checkpoint: 0)" in lines[0],
+          f"--batch-size replaces a damaged batch_size, one warning: {lines}")
+    # A microbatch recorded in the checkpoint that does not divide an explicit batch size.
+    shutil.copy(P("base", "latest.h5"), P("state_mb3.h5"))
+    with h5py.File(P("state_mb3.h5"), "a") as f:
+        f["state"].attrs["microbatch"] = np.int64(3)
+    refused(["train", P("d.h5"), "--resume", P("state_mb3.h5"), "-o", run, "--batch-size", "4", *CPU],
+            ["microbatch 3", "checkpoint"], "the checkpoint's microbatch against an explicit --batch-size", quiet=True)
+    # A loss-second-moment run with micro-batches: resumed without flags, silently.
+    lsm = P("lsm")
+    r = unet("train", P("d.h5"), "--init", P("i.h5"), "-o", lsm, "--steps", "2", "--batch-size", "2",
+             "--schedule-sampler", "loss-second-moment", "--microbatch", "1", *CPU)
+    check(r.returncode == 0 and r.stderr == "", f"a loss-second-moment run with --microbatch 1: {r.stderr.strip()}")
+    shutil.copy(os.path.join(lsm, "latest.h5"), P("lsm_2.h5"))
+    r = unet("train", P("d.h5"), "--resume", os.path.join(lsm, "latest.h5"), "--steps", "3", *CPU)
+    with h5py.File(os.path.join(lsm, "latest.h5"), "r") as f:
+        st = f["state"]
+        kept = (st.attrs["schedule_sampler"] == "loss-second-moment" and st.attrs["microbatch"] == 1 and
+                "loss_history" in st and st.attrs["step"] == 3)
+    check(r.returncode == 0 and r.stderr == "" and kept,
+          f"resume without flags keeps the sampler, its history and the micro-batches: {r.stderr.strip()}")
+    r = unet("train", P("d.h5"), "--resume", os.path.join(lsm, "latest.h5"), "--steps", "4", "--schedule-sampler",
+             "uniform", "--microbatch", "2", *CPU)
+    lines = r.stderr.splitlines()
+    check(r.returncode == 0 and len(lines) == 1 and "--schedule-sampler uniform (checkpoint: loss-second-moment)"
+          in lines[0] and "--microbatch 2 (checkpoint: 1)" in lines[0],
+          f"resume with --schedule-sampler uniform --microbatch 2: one warning naming both: {lines}")
+    for name, edit, needle in [("lsm_counts.h5", "counts", "state/loss_counts"),
+                               ("lsm_nan.h5", "nan", "state/loss_history"),
+                               ("lsm_width.h5", "width", "state/loss_history")]:
+        shutil.copy(P("lsm_2.h5"), P(name))
+        with h5py.File(P(name), "a") as f:
+            if edit == "counts":
+                c = f["state/loss_counts"][()]
+                c[5] = 11
+                f["state/loss_counts"][...] = c
+            elif edit == "nan":
+                h = f["state/loss_history"][()]
+                h[3, 2] = np.nan
+                f["state/loss_history"][...] = h
+            else:
+                h = f["state/loss_history"][()]
+                del f["state/loss_history"]
+                f["state/loss_history"] = h[:, :5]
+        refused(["train", P("d.h5"), "--resume", P(name), "-o", run, *CPU], [name, needle],
+                f"resume with a damaged loss-second-moment history ({edit})", quiet=True)
+    for flag in ("--use-kl", "--rescale-timesteps"):
+        refused(["train", P("d.h5"), "--resume", P("lsm_2.h5"), "-o", run, flag, *CPU], [flag, "checkpoint"],
+                f"resume with {flag}", quiet=True)
+
+
+def classifier():
+    """Issue 13 under issue 14's rules: train-classifier's flags, recorded settings and environment,
+    and sample --classifier, refused in one line naming the flag, file or attribute, before anything
+    is printed or written (a run directory it had made is gone again)."""
+    cls = ["--image-size", "8", "--classifier-width", "32", "--classifier-depth", "1", "--classifier-channel-mult",
+           "1,1", "--classifier-attention-resolutions", "none", "--classifier-num-head-channels", "32",
+           "--num-classes", "3"]
+    r = unet("init", "--classifier", "-o", P("c.h5"), *cls, "--seed", "3")
+    check(r.returncode == 0, f"init the 8x8 classifier: {r.stderr.strip()}")
+    r = unet("train-classifier", P("d.h5"), "--init", P("c.h5"), "-o", P("cbase"), "--steps", "2", "--batch-size",
+             "2", "--val-data", P("d.h5"), *CPU)
+    check(r.returncode == 0 and r.stderr == "", f"a 2-step train-classifier run ({r.stderr.strip()[:200]})")
+    new = P("cnew")  # no refused run may create it
+    base = ["train-classifier", P("d.h5"), "--init", P("c.h5"), "-o", new, *CPU]
+    for flag, v, needles in [("--eval-every", "0", ["--eval-every", "1 to"]), ("--eval-every", "-2", ["--eval-every"]),
+                             ("--eval-every", "often", ["--eval-every"]), ("--noised", "maybe", ["--noised"]),
+                             ("--batch-size", "0", ["--batch-size", "1 to 65536"]), ("--lr", "nan", ["--lr"]),
+                             ("--lr", "0", ["--lr", "> 0"]), ("--ema-rate", "1.5", ["--ema-rate"]),
+                             ("--weight-decay", "-1", ["--weight-decay"]), ("--grad-clip", "inf", ["--grad-clip"]),
+                             ("--microbatch", "-1", ["--microbatch"]), ("--seed", "-1", ["--seed"]),
+                             ("--steps", "0", ["--steps"]), ("--lr-warmup", "1e99", ["--lr-warmup"])]:
+        refused([*base, flag + "=" + v if flag == "--noised" else flag, *([] if flag == "--noised" else [v])], needles,
+                f"train-classifier {flag} {v}", quiet=True)
+    refused([*base, "--batch-size", "4", "--microbatch", "3"], ["--microbatch 3", "--batch-size 4"],
+            "train-classifier --microbatch 3 not dividing --batch-size 4", quiet=True)
+    refused([*base, "--val-data", P("nope.h5")], ["nope.h5", "no such file"], "train-classifier --val-data missing",
+            quiet=True)
+    refused([*base, "--val-data", P("c.h5")], ["c.h5"], "train-classifier --val-data a checkpoint", quiet=True)
+    for flag in (["--classifier-width", "64"], ["--preset", "tiny32"]):
+        refused([*base, *flag], [flag[0], "checkpoint"], f"train-classifier --init with {flag[0]}", quiet=True)
+    for flag in (["--class-dropout", "0.1"], ["--schedule-sampler", "uniform"], ["--sample-every", "5"]):
+        refused([*base, *flag], [flag[0]], f"train-classifier {flag[0]} (a diffusion model's)", quiet=True)
+    refused(["train-classifier", P("d.h5"), "--init", P("i.h5"), "-o", new, *CPU], ["i.h5", "not a classifier"],
+            "train-classifier --init with a diffusion model", quiet=True)
+    refused(["train", P("d.h5"), "--init", P("c.h5"), "-o", new, *CPU], ["c.h5", "classifier"],
+            "train --init with a classifier", quiet=True)
+    refused(base, ["UNET_KERNELS", "conv=nope"], "train-classifier UNET_KERNELS=conv=nope",
+            env={"UNET_KERNELS": "conv=nope"}, quiet=True)
+    refused([*base, "--val-data", P("d.h5")], ["UNET_CUDNN_CACHE", "d.h5"],
+            "train-classifier UNET_CUDNN_CACHE=the dataset", env={"UNET_CUDNN_CACHE": P("d.h5")}, quiet=True)
+    refused([*base, "--batch-size", "32768"], ["batch size 32768", "memory"],
+            "train-classifier --batch-size 32768 under ulimit -v", vmem=2 * GB, quiet=True)
+    # Recorded settings of a classifier run, train-classifier's own among them.
+    for key, value in [("eval_every", 0), ("eval_every", -3), ("batch_size", 0), ("lr", float("nan")),
+                       ("ema_rate", 2.0)]:
+        bad = P(f"cstate_{key}_{value}.h5")
+        shutil.copy(P("cbase", "latest.h5"), bad)
+        with h5py.File(bad, "a") as f:
+            f["state"].attrs[key] = np.float64(value) if isinstance(value, float) else np.int64(value)
+        refused(["train-classifier", P("d.h5"), "--resume", bad, "-o", new, *CPU], [bad, key],
+                f"train-classifier resume with state {key}={value}", quiet=True)
+    r = unet("train-classifier", P("d.h5"), "--resume", P("cstate_eval_every_0.h5"), "-o", P("cfixed"),
+             "--eval-every", "2", "--steps", "3", *CPU)
+    check(r.returncode == 0 and r.stderr == "", f"--eval-every replaces a damaged eval_every: {r.stderr.strip()}")
+    # sample --classifier
+    smp = ["sample", P("i.h5"), "-n", "2", "--steps", "2", "-o", P("cnew.png"), *CPU]
+    g = ["--classifier", P("cbase", "latest.h5")]
+    for v in ("nan", "-1", "inf", "strong"):
+        refused([*smp, *g, "--classifier-scale", v], ["--classifier-scale"], f"sample --classifier-scale {v}",
+                quiet=True)
+    refused([*smp, "--classifier-scale", "2"], ["--classifier-scale", "--classifier"],
+            "sample --classifier-scale without --classifier", quiet=True)
+    refused([*smp, "--classifier", P("nope.h5")], ["nope.h5"], "sample --classifier missing", quiet=True)
+    refused([*smp, "--classifier", P("i.h5")], ["i.h5", "not a classifier"], "sample --classifier a model",
+            quiet=True)
+    refused([*smp, "--classifier", P("d.h5")], ["d.h5", "classifier"], "sample --classifier a dataset", quiet=True)
+    refused(["sample", P("i.h5"), "-n", "2", "--steps", "2", *g, "-o", P("cbase", "latest.h5"), *CPU],
+            ["--classifier checkpoint"], "sample -o onto the --classifier", quiet=True)
+    refused(["sample", P("i.h5"), "-n", "2", "--steps", "2", *g, "-o", "", "--h5", P("cbase", "latest.h5"), *CPU],
+            ["--classifier checkpoint"], "sample --h5 onto the --classifier", quiet=True)
+    refused([*smp, *g], ["UNET_CUDNN_CACHE", "latest.h5"], "sample UNET_CUDNN_CACHE=the --classifier",
+            env={"UNET_CUDNN_CACHE": P("cbase", "latest.h5")}, quiet=True)
+    refused([*smp, *g, "--class", "3"], ["--class 3", "out of range"], "sample --class beyond the classes",
+            quiet=True)
+    refused(["sample", P("i.h5"), "-n", "65536", "--batch-size", "65536", "--steps", "1", "-o", P("big.png"), *g,
+             *CPU], ["batch size 65536", "memory"], "sample --classifier --batch-size 65536 under ulimit -v",
+            vmem=2 * GB, quiet=True)
+
+
+def evaluation():
+    """unet eval: every input checked before the device and before any informational line."""
+    r = unet("init", "-o", P("e.h5"), *MODEL, "--class-cond", "--num-classes", "3", "--learn-sigma",
+             "--diffusion-steps", "30")
+    check(r.returncode == 0, "init a 30-step learned-sigma model")
+    ev = ["eval", P("e.h5"), P("d.h5"), *CPU]
+    for v in ("0", "-1", "99999999999999999999", "ten"):
+        refused([*ev, "-n", v], ["--num-images"], f"eval -n {v}", quiet=True)
+    refused([*ev, "-n", "61"], ["-n 61", "d.h5", "60 images"], "eval -n past the dataset", quiet=True)
+    for flag, v in [("--batch-size", "0"), ("--batch-size", "100000"), ("--seed", "-1"), ("--precision", "fp8")]:
+        refused([*ev, flag, v], [flag], f"eval {flag} {v}", quiet=True)
+    refused([*ev, "--use-kl"], ["--use-kl"], "eval with a model flag", quiet=True)
+    unet("prepare", os.path.join(SRC, "testdata", "images"), "-o", P("d16.h5"), "--image-size", "16")
+    unet("prepare", os.path.join(SRC, "testdata", "images"), "-o", P("d_nolab.h5"), "--image-size", "8")
+    refused(["eval", P("e.h5"), P("d16.h5"), *CPU], ["d16.h5", "16x16", "e.h5"], "eval on a dataset of another size",
+            quiet=True)
+    refused(["eval", P("e.h5"), P("d_nolab.h5"), *CPU], ["d_nolab.h5", "no labels"],
+            "eval of a class-conditional model on an unlabelled dataset", quiet=True)
+    shutil.copy(P("e.h5"), P("e_nan.h5"))
+    with h5py.File(P("e_nan.h5"), "a") as f:
+        f["model/out.2.weight"][0] = np.nan
+    refused(["eval", P("e_nan.h5"), P("d.h5"), *CPU], ["e_nan.h5", "model/out.2.weight"], "eval a checkpoint with NaN",
+            quiet=True)
+    refused(["eval", P("e.h5"), P("e.h5"), *CPU], ["e.h5", "not a unet dataset"], "eval with a checkpoint as data",
+            quiet=True)
+    refused(["eval", P("d.h5"), P("d.h5"), *CPU], ["d.h5", "checkpoint"], "eval with a dataset as checkpoint",
+            quiet=True)
+    refused(["eval", P("e.h5"), P("missing.h5"), *CPU], ["missing.h5"], "eval of a missing dataset", quiet=True)
+    # --csv: never an input (also through links), never a special file, in an existing directory.
+    os.symlink(P("d.h5"), P("d_link.csv"))
+    os.link(P("e.h5"), P("e_hard.csv"))
+    os.mkfifo(P("terms_fifo"))
+    for out, needle, what in [(P("d.h5"), "d.h5", "the dataset"), (P("e.h5"), "e.h5", "the checkpoint"),
+                              (P("d_link.csv"), "d_link.csv", "a symlink to the dataset"),
+                              (P("e_hard.csv"), "e_hard.csv", "a hard link to the checkpoint"),
+                              (P("terms_fifo"), "FIFO", "a FIFO"), (P("nodir", "t.csv"), "nodir", "a missing directory"),
+                              (TMP, "directory", "a directory")]:
+        refused([*ev, "--csv", out], [needle], f"eval --csv onto {what}", quiet=True)
+    # Disk full at the end: the existing terms file stays; a run that fits writes it.
+    open(P("terms.csv"), "w").write("old\n")
+    refused([*ev, "-n", "1", "--csv", P("terms.csv")], ["terms.csv", "File too large"], "eval --csv past ulimit -f",
+            fsize=100)
+    r = unet(*ev, "-n", "2", "--batch-size", "1", "--csv", P("terms.csv"))
+    rows = open(P("terms.csv")).read().splitlines()
+    check(r.returncode == 0 and r.stderr == "" and len(rows) == 1 + 30 + 2 and rows[-1].startswith("total,"),
+          f"eval -n 2 --csv: {r.stderr.strip()[:200]}")
+
+
+def profiling():
+    """unet profile: flags bounded at parse; outputs checked before the GPU; no GPU: one line."""
+    if not GPU:
+        refused(["profile"], ["GPU"], "profile without a GPU", quiet=True)
+        refused(["profile", "--layer", "attention", "--format", "json"], ["GPU"], "profile --layer attention without a GPU",
+                quiet=True)
+    for flag, v in [("--batch-size", "0"), ("--batch-size", "100000000"), ("--iters", "0"), ("--warmup", "-1"),
+                    ("--resolution", "0"), ("--resolution", "100000"), ("--out-channels", "0"),
+                    ("--emb-channels", "-5"), ("--params", "0"), ("--params", "99999999999"),
+                    ("--peak-tflops", "nan"), ("--peak-gbps", "-1"), ("--layer", "bogus"), ("--pass", "sideways"),
+                    ("--format", "xml"), ("--precision", "fp16"), ("--num-res-blocks", "1000000"),
+                    ("--kernels", "conv")]:
+        refused(["profile", flag, v], [flag], f"profile {flag} {v}", quiet=True)
+    refused(["profile", "--layer", "resblock", "--in-channels", "1000000000"], ["--in-channels"],
+            "profile --layer resblock --in-channels 1e9", quiet=True)
+    refused(["profile", P("missing.h5")], ["missing.h5"], "profile of a missing checkpoint", quiet=True)
+    refused(["profile", P("i.h5"), "--num-channels", "64"], ["--num-channels", "i.h5"],
+            "profile a checkpoint's model with model flags", quiet=True)
+    refused(["profile", P("i.h5"), "--trace", P("i.h5")], ["i.h5", "same file"], "profile --trace onto the checkpoint",
+            quiet=True)
+    refused(["profile", "--trace", P("terms_fifo")], ["FIFO"], "profile --trace onto a FIFO", quiet=True)
+    refused(["profile", "--trace", P("nodir", "t.json")], ["nodir"], "profile --trace into a missing directory",
+            quiet=True)
+    refused(["profile"], ["UNET_KERNELS"], "profile UNET_KERNELS=conv", env={"UNET_KERNELS": "conv"}, quiet=True)
+
+
+def streamed():
+    """A damaged dataset: one line naming it, streamed (mid-run, from the reader threads) or held."""
+    with h5py.File(P("d.h5"), "r") as f:
+        imgs, labs, names, attrs = f["images"][:40], f["labels"][:40], f["labels"].attrs["class_names"], dict(f.attrs)
+    with h5py.File(P("d_chunks.h5"), "w") as g:  # one image per chunk, as prepare writes 64x64 images
+        g.attrs.update(attrs)
+        g.attrs["count"] = np.int64(40)
+        g.create_dataset("images", data=imgs, chunks=(1, 8, 8, 3), compression="gzip")
+        g["labels"] = labs
+        g["labels"].attrs["class_names"] = names
+        at = g["images"].id.get_chunk_info(1).byte_offset  # image 1: not among the fingerprint's 16
+    with open(P("d_chunks.h5"), "r+b") as h:
+        h.seek(at + 2)
+        h.write(b"\x00\xff\x00\xff\x13")
+    for stream in ("1", "0"):
+        run = P("damaged" + stream)
+        r = unet("train", P("d_chunks.h5"), "--init", P("i.h5"), "-o", run, "--steps", "3", "--batch-size", "40", *CPU,
+                 env={"UNET_STREAM_DATA": stream})
+        lines = r.stderr.splitlines()
+        check(r.returncode == 1 and len(lines) == 1 and "d_chunks.h5" in lines[0] and
+              ("corrupt" in lines[0] or "cannot read" in lines[0]) and
+              not (os.path.exists(run) and "latest.h5" in os.listdir(run)),
+              f"a damaged chunk, UNET_STREAM_DATA={stream}: {lines}")
+    shutil.copy(P("d.h5"), P("d_trunc.h5"))
+    os.truncate(P("d_trunc.h5"), os.path.getsize(P("d.h5")) // 3)
+    for args in (["train", P("d_trunc.h5"), "--init", P("i.h5"), "-o", P("truncrun"), *CPU],
+                 ["eval", P("i.h5"), P("d_trunc.h5"), *CPU]):
+        refused(args, ["d_trunc.h5"], f"{args[0]} of a truncated dataset", quiet=True)
+
+
 def main():
     t0 = time.time()
     try:
         setup()
-        for part in (disk_full, absurd_sizes, labels, clobber, numbers, concurrent, resume, smaller):
-            t1 = time.time()
+        for part in (disk_full, absurd_sizes, labels, clobber, numbers, concurrent, resume, smaller, objective_flags,
+                     environment, resume_state, classifier, evaluation, profiling, streamed):
+            t1, n = time.time(), cases
             part()
-            print(f"-- {part.__name__}: {time.time() - t1:.1f} s", flush=True)
+            print(f"-- {part.__name__}: {cases - n} bad inputs, {time.time() - t1:.1f} s", flush=True)
     finally:
         shutil.rmtree(TMP, ignore_errors=True)
-    print(f"{len(failures)} failed ({time.time() - t0:.0f} s)")
+    print(f"{cases} bad inputs refused as expected or not; {len(failures)} checks failed ({time.time() - t0:.0f} s)")
     return 1 if failures else 0
 
 

@@ -30,6 +30,7 @@
 
 #include "cuda_engine.cuh"
 #include "cudnn.h"
+#include "env_vars.h"
 #include "reduce.cuh"
 
 namespace unet {
@@ -298,17 +299,9 @@ bool acceptable(const Desc& cfg, DType t, Precision p) {
   return true;
 }
 
-std::string cache_path() {
-  if (const char* e = std::getenv("UNET_CUDNN_CACHE")) return e;
-  std::string base;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"))
-    base = x;
-  else if (const char* h = std::getenv("HOME"))
-    base = std::string(h) + "/.cache";
-  else
-    return "";
-  return base + "/unet/cudnn-plans.txt";
-}
+// UNET_CUDNN_CACHE, else under $XDG_CACHE_HOME or ~/.cache (env_vars.h; the commands check it
+// up front: no special file, none of their inputs).
+std::string cache_path() { return cudnn_cache_path(); }
 
 void load_cache(State& st, const std::string& prefix) {
   if (st.file_loaded) return;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "env_vars.h"
 #include "util.h"
 
 namespace unet {
@@ -93,10 +94,7 @@ std::unique_ptr<Communicator> make_communicator(const DistEnv& e, std::unique_pt
   if (!e.distributed()) return std::make_unique<SingleComm>(e);
   if (!cp) throw std::logic_error("make_communicator: a multi-rank run needs its control plane");
   if (eng.is_cuda()) return make_nccl_communicator(e, std::move(cp), eng, o);
-  const char* force = std::getenv("UNET_CPU_COMM");
-  const std::string want = force ? force : "";
-  if (!want.empty() && want != "tcp" && want != "mpi")
-    throw UserError("UNET_CPU_COMM='" + want + "': expected tcp or mpi");
+  const std::string want = env_cpu_comm();  // "", tcp or mpi
   if (want == "mpi" || (want.empty() && e.launcher == "mpirun")) {
     std::string why;
     if (mpi_available(&why)) return make_mpi_communicator(e, std::move(cp), eng);

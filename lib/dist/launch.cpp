@@ -286,6 +286,8 @@ std::vector<int> expand_tasks_per_node(const std::string& s, const std::string& 
       if (r.empty() || r.size() > 7 || r.find_first_not_of("0123456789") != std::string::npos) bad();
       rep = std::stol(r);
     }
+    if ((long long)out.size() + rep > kMaxRanks)
+      throw UserError(var + "='" + s + "' lists more than " + std::to_string(kMaxRanks) + " nodes");
     for (long i = 0; i < rep; ++i) out.push_back(std::stoi(n));
     start = comma + 1;
   }

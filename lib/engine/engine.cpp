@@ -65,6 +65,11 @@ std::map<std::string, std::string>& overrides() {
   static std::map<std::string, std::string> m;
   return m;
 }
+// Where each override came from ("UNET_KERNELS" or "--kernels"), for messages.
+std::map<std::string, std::string>& override_source() {
+  static std::map<std::string, std::string> m;
+  return m;
+}
 std::once_flag env_once;
 void parse_into(const std::string& spec, std::map<std::string, std::string>& m, const char* what) {
   size_t i = 0;
@@ -77,6 +82,7 @@ void parse_into(const std::string& spec, std::map<std::string, std::string>& m, 
       if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
         throw UserError(std::string(what) + ": '" + item + "' is not family=variant (e.g. conv=im2col)");
       m[item.substr(0, eq)] = item.substr(eq + 1);
+      override_source()[item.substr(0, eq)] = what;
     }
     i = j + 1;
   }
@@ -99,6 +105,36 @@ const std::map<std::string, std::string>& kernel_overrides() {
     if (const char* e = std::getenv("UNET_KERNELS")) parse_into(e, overrides(), "UNET_KERNELS");
   });
   return overrides();
+}
+
+void check_kernel_overrides(Ops& ops) {
+  const auto& ov = kernel_overrides();
+  if (ov.empty()) return;
+  const std::map<std::string, std::vector<std::string>> names = ops.variant_names();
+  if (names.empty()) return;  // not a variant table
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  };
+  for (const auto& [key, variant] : ov) {
+    const auto src = override_source().find(key);
+    const std::string what = src != override_source().end() ? src->second : "UNET_KERNELS";
+    const auto it = names.find(key);
+    if (it == names.end()) {
+      std::set<std::string> fam;
+#define UNET_X(Op) fam.insert(Op::kFamily);
+      UNET_OP_LIST(UNET_X)
+#undef UNET_X
+      const std::vector<std::string> families(fam.begin(), fam.end());
+      throw UserError(what + ": no kernel family or op '" + key + "' (families: " + join(families) + ")");
+    }
+    bool found = false;
+    for (const std::string& n : it->second) found |= n == variant;
+    if (!found)
+      throw UserError(what + ": kernel variant " + key + "=" + variant + " does not exist (" + key +
+                      " has: " + join(it->second) + ")");
+  }
 }
 
 void kernel_notice_once(const std::string& msg) {
@@ -142,13 +178,9 @@ class CpuDevice final : public Device {
   void sync() override {}
   size_t bytes_held() const override { return bytes_; }
   size_t bytes_free() const override {
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    size_t kb = 0;
-    std::string unit;
-    while (f >> key >> kb >> unit)
-      if (key == "MemAvailable:") return kb * 1024;
-    return SIZE_MAX / 4;
+    // What this process can still allocate: MemAvailable, the cgroup limit, ulimit -v / -d.
+    const uint64_t avail = available_memory();
+    return avail ? (size_t)avail : SIZE_MAX / 4;
   }
 
  private:

@@ -47,6 +47,9 @@ class Ops {
 #undef UNET_X
   // After planning: allocate what prepare() asked for (the largest workspace). Never inside a step.
   virtual void finalize() {}
+  // Every op name and family this table knows -> the names of its variants (what UNET_KERNELS /
+  // --kernels may force). Empty: not a variant table (a wrapper), nothing to check against.
+  virtual std::map<std::string, std::vector<std::string>> variant_names() { return {}; }
 };
 
 // Every Ops override forwarded to D::handle(op) (and D::handle_prepare / D::handle_variant).
@@ -75,6 +78,10 @@ struct Variant {
 // set_kernel_overrides replaces the flag's entries (UNET_KERNELS stays underneath; "" = env only).
 void set_kernel_overrides(const std::string& spec);  // throws UserError on a malformed spec
 const std::map<std::string, std::string>& kernel_overrides();
+// Refuses (UserError naming UNET_KERNELS or --kernels) an override whose family/op or variant the
+// table does not have. The commands call it on the engine they made (DeviceFlags::make, profile):
+// before any work, not at the first op it forces.
+void check_kernel_overrides(Ops& ops);
 // Prints (once per message) a line about a forced variant that could not be used.
 void kernel_notice_once(const std::string& msg);
 
@@ -134,6 +141,25 @@ class VariantOps : public Ops {
   }
   UNET_OP_LIST(UNET_X)
 #undef UNET_X
+
+  std::map<std::string, std::vector<std::string>> variant_names() override {
+    std::map<std::string, std::vector<std::string>> m;
+    auto add = [&m](const char* key, const char* name) {
+      auto& v = m[key];
+      for (const std::string& n : v)
+        if (n == name) return;
+      v.push_back(name);
+    };
+#define UNET_X(Op)                          \
+  (void)m[Op::kName], (void)m[Op::kFamily]; \
+  for (const auto& v : variants<Op>()) {    \
+    add(Op::kName, v.name);                 \
+    add(Op::kFamily, v.name);               \
+  }
+    UNET_OP_LIST(UNET_X)
+#undef UNET_X
+    return m;
+  }
 
  protected:
   Ctx& ctx_;

@@ -1,7 +1,7 @@
 // CPU engine, attention family: the fast variants "avx512" and "avx2" (registered ahead of "ref" by
 // register_attention_cpu). The reference's algorithm per (batch, head) — gather q, k, v, small
 // GEMMs, softmax — on the register-tiled GEMM and a vectorised exp (cpu_fast_impl.h), over blocks
-// of 16 query rows so the softmax weights stay in L1; f32 (bf16 through the emulation). Each
+// of 64 query rows so the softmax weights stay in cache; f32 (bf16 through the emulation). Each
 // (batch, head) is one task: results do not depend on the thread count.
 #include <cmath>
 

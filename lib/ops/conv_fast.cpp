@@ -40,25 +40,21 @@ constexpr size_t kSlack = 64;
 
 bool par(double flops) { return flops > 2e5; }
 
-// xpad [B, H + 2p, W + 2p, C] (zeros around x), in thread buffer `slot`; returns x itself when p = 0.
-const float* pad_input(const float* x, int B, int H, int W, int C, int p, int slot) {
-  if (p == 0) return x;
+// One sample x [H, W, C] zero-padded by p rows and columns on every side ([H + 2p, W + 2p, C], then
+// kSlack zeros), in buffer `slot` of the calling thread: each thread pads the samples it works on,
+// so the copy is hot in its cache and the scratch is one sample, not the batch.
+const float* pad_sample(const float* x, int H, int W, int C, int p, int slot) {
   const int Hp = H + 2 * p, Wp = W + 2 * p;
-  float* xp = thread_buffer(slot, (size_t)B * Hp * Wp * C + kSlack);
   const size_t rowp = (size_t)Wp * C, row = (size_t)W * C;
-#pragma omp parallel for schedule(static) if ((size_t)B * Hp * rowp > 65536)
-  for (int r = 0; r < B * Hp; ++r) {
-    const int b = r / Hp, y = r % Hp - p;
-    float* d = xp + (size_t)r * rowp;
-    if (y < 0 || y >= H) {
-      std::memset(d, 0, sizeof(float) * rowp);
-      continue;
-    }
+  float* xp = thread_buffer(slot, (size_t)Hp * rowp + kSlack);
+  std::memset(xp, 0, sizeof(float) * p * rowp);
+  for (int y = 0; y < H; ++y) {
+    float* d = xp + (size_t)(y + p) * rowp;
     std::memset(d, 0, sizeof(float) * p * C);
-    std::memcpy(d + (size_t)p * C, x + ((size_t)b * H + y) * row, sizeof(float) * row);
+    std::memcpy(d + (size_t)p * C, x + (size_t)y * row, sizeof(float) * row);
     std::memset(d + (size_t)(p + W) * C, 0, sizeof(float) * p * C);
   }
-  std::memset(xp + (size_t)B * Hp * rowp, 0, sizeof(float) * kSlack);
+  std::memset(xp + (size_t)(p + H) * rowp, 0, sizeof(float) * (p * rowp + kSlack));
   return xp;
 }
 
@@ -71,31 +67,34 @@ bool bwd_filter_ok(const ConvBwdFilter& o) {
 
 // ---- Winograd F(2x2, 3x3): 3x3 stride-1 convolutions with 2.25x fewer multiplies ----
 
-// U[xi][in][out] (out padded with zeros to ldu) = G g G^T of each 3x3 filter g(out, ky, kx, in),
-// G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]; in buffer `slot` of the calling thread.
-template <class Get>
-float* wino_filters(int nin, int nout, size_t ldu, int slot, Get get) {
+// U[xi][in][out] = G g G^T of each 3x3 filter, G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1], from
+// gt [9][nin][ldu] (gt[ky * 3 + kx][in][out] = g(out, ky, kx, in), zeros for out >= nout, so U's
+// padding is zeros too); in buffer `slot` of the calling thread. The inner loop runs over out
+// (contiguous in gt and U), which the compiler vectorises.
+float* wino_filters(const float* gt, int nin, size_t ldu, int slot) {
   float* U = thread_buffer(slot, 16 * (size_t)nin * ldu);
-#pragma omp parallel for schedule(static) if ((size_t)nin * nout > 4096)
+#pragma omp parallel for schedule(static) if ((size_t)nin * ldu > 1024)
   for (int in = 0; in < nin; ++in) {
-    for (int out = 0; out < nout; ++out) {
-      float g[3][3], t[4][3];
-      for (int ky = 0; ky < 3; ++ky)
-        for (int kx = 0; kx < 3; ++kx) g[ky][kx] = get(out, ky, kx, in);
+    const float* g[9];
+    float* u[16];
+    for (int tap = 0; tap < 9; ++tap) g[tap] = gt + ((size_t)tap * nin + in) * ldu;
+    for (int xi = 0; xi < 16; ++xi) u[xi] = U + ((size_t)xi * nin + in) * ldu;
+    for (size_t o = 0; o < ldu; ++o) {
+      float t[4][3];
       for (int kx = 0; kx < 3; ++kx) {
-        t[0][kx] = g[0][kx];
-        t[1][kx] = 0.5f * (g[0][kx] + g[1][kx] + g[2][kx]);
-        t[2][kx] = 0.5f * (g[0][kx] - g[1][kx] + g[2][kx]);
-        t[3][kx] = g[2][kx];
+        const float g0 = g[kx][o], g1 = g[3 + kx][o], g2 = g[6 + kx][o];
+        t[0][kx] = g0;
+        t[1][kx] = 0.5f * (g0 + g1 + g2);
+        t[2][kx] = 0.5f * (g0 - g1 + g2);
+        t[3][kx] = g2;
       }
       for (int r = 0; r < 4; ++r) {
-        const float u[4] = {t[r][0], 0.5f * (t[r][0] + t[r][1] + t[r][2]),
-                            0.5f * (t[r][0] - t[r][1] + t[r][2]), t[r][2]};
-        for (int c = 0; c < 4; ++c) U[((size_t)(4 * r + c) * nin + in) * ldu + out] = u[c];
+        u[4 * r + 0][o] = t[r][0];
+        u[4 * r + 1][o] = 0.5f * (t[r][0] + t[r][1] + t[r][2]);
+        u[4 * r + 2][o] = 0.5f * (t[r][0] - t[r][1] + t[r][2]);
+        u[4 * r + 3][o] = t[r][2];
       }
     }
-    for (int xi = 0; xi < 16; ++xi)
-      std::fill(U + ((size_t)xi * nin + in) * ldu + nout, U + ((size_t)xi * nin + in + 1) * ldu, 0.0f);
   }
   return U;
 }
@@ -107,17 +106,16 @@ void wino_conv(const Kernels& K, const float* x, int B, int H, int W, int nin, i
                size_t ldu, float* y, const float* bias, const float* emb, const float* res) {
   const int th = (H + 1) / 2, tw = (W + 1) / 2;
   const int rb = std::min(th, std::max(1, 32 / tw)), nblk = (th + rb - 1) / rb;
-  const size_t m_ld = round_up(nout, kPadN), zpad = round_up(nin, kPadN), ntmax = (size_t)rb * tw;
+  const size_t m_ld = round_up(nout, kPadN), ntmax = (size_t)rb * tw;
   const bool parallel = par(2.0 * B * H * W * nin * nout * 4);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int task = 0; task < B * nblk; ++task) {
     const int b = task / nblk, i0 = task % nblk * rb, i1 = std::min(th, i0 + rb), nt = (i1 - i0) * tw;
-    float* vb = thread_buffer(4, zpad + 16 * ntmax * nin);
+    float* vb = thread_buffer(4, 16 * ntmax * nin);
     float* mb = thread_buffer(5, 16 * ntmax * m_ld);
-    std::fill(vb, vb + zpad, 0.0f);
     cpufast::WinoArgs a{};
     a.H = H, a.W = W, a.C = nin, a.Co = nout, a.tw = tw, a.i0 = i0, a.i1 = i1;
-    a.x = x + (size_t)b * H * W * nin, a.zeros = vb, a.v = vb + zpad, a.v_mat = (ptrdiff_t)nt * nin;
+    a.x = x + (size_t)b * H * W * nin, a.v = vb, a.v_mat = (ptrdiff_t)nt * nin;
     a.m = mb, a.m_mat = (ptrdiff_t)(nt * m_ld), a.m_ld = (ptrdiff_t)m_ld;
     a.y = y + (size_t)b * H * W * nout, a.bias = bias, a.bias2 = emb ? emb + (size_t)b * nout : nullptr;
     a.res = res ? res + (size_t)b * H * W * nout : nullptr;
@@ -147,9 +145,14 @@ void wino_fwd(const Kernels& K, const ConvFwd& o) {
   const int Co = (int)o.w.dim[0];
   const float* w = o.w.f32();
   const size_t ldu = round_up(Co, kPadN);
-  const float* U = wino_filters(Ci, Co, ldu, 0, [w, Ci](int co, int ky, int kx, int ci) {
-    return w[(((size_t)co * 3 + ky) * 3 + kx) * Ci + ci];
-  });
+  float* gt = thread_buffer(6, 9 * (size_t)Ci * ldu);  // gt[tap][ci][co] = w[co, tap, ci]
+  for (int tap = 0; tap < 9; ++tap)
+    for (int ci = 0; ci < Ci; ++ci) {
+      float* d = gt + ((size_t)tap * Ci + ci) * ldu;
+      for (int co = 0; co < Co; ++co) d[co] = w[((size_t)co * 9 + tap) * Ci + ci];
+      std::fill(d + Co, d + ldu, 0.0f);
+    }
+  const float* U = wino_filters(gt, Ci, ldu, 0);
   wino_conv(K, o.x.f32(), B, H, W, Ci, Co, U, ldu, o.y.f32(), o.bias.defined() ? o.bias.f32() : nullptr,
             o.emb.defined() ? o.emb.f32() : nullptr, o.res.defined() ? o.res.f32() : nullptr);
 }
@@ -161,9 +164,14 @@ void wino_bwd_data(const Kernels& K, const ConvBwdData& o) {
   const int Co = (int)o.w.dim[0];
   const float* w = o.w.f32();
   const size_t ldu = round_up(Ci, kPadN);
-  const float* U = wino_filters(Co, Ci, ldu, 0, [w, Ci](int ci, int ky, int kx, int co) {
-    return w[(((size_t)co * 3 + (2 - ky)) * 3 + (2 - kx)) * Ci + ci];
-  });
+  float* gt = thread_buffer(6, 9 * (size_t)Co * ldu);  // gt[tap][co][ci] = w[co, 8 - tap, ci]
+  for (int tap = 0; tap < 9; ++tap)
+    for (int co = 0; co < Co; ++co) {
+      float* d = gt + ((size_t)tap * Co + co) * ldu;
+      std::memcpy(d, w + ((size_t)co * 9 + (8 - tap)) * Ci, sizeof(float) * Ci);
+      std::fill(d + Ci, d + ldu, 0.0f);
+    }
+  const float* U = wino_filters(gt, Co, ldu, 0);
   wino_conv(K, o.dy.f32(), B, H, W, Co, Ci, U, ldu, o.dx.f32(), nullptr, nullptr, nullptr);
 }
 
@@ -203,18 +211,27 @@ void conv_fwd(const Kernels& K, const ConvFwd& o) {
     }
     return;
   }
-  const int Hp = H + 2 * p, Wp = W + 2 * p;
-  const float* xp = pad_input(x, B, H, W, Ci, p, 1);
+  const int Wp = W + 2 * p;
   ptrdiff_t off[9];
   for (int t = 0; t < taps; ++t) off[t] = ((ptrdiff_t)(t / k) * Wp + t % k) * Ci;
   g0.ntaps = taps, g0.a_off = off, g0.a_rs = (ptrdiff_t)s * Ci;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int r = 0; r < B * Ho; ++r) {
-    const int b = r / Ho, oy = r % Ho;
-    GemmArgs g = g0;
-    g.M = Wo, g.a = xp + ((size_t)b * Hp + (size_t)oy * s) * Wp * Ci, g.c = y + (size_t)r * Wo * Co;
-    g.bias2 = emb ? emb + (size_t)b * Co : nullptr, g.res = res ? res + (size_t)r * Wo * Co : nullptr;
-    K.gemm(g);
+#pragma omp parallel if (parallel)
+  {
+    int cur = -1;  // the sample padded in this thread's buffer
+    const float* xb = nullptr;
+#pragma omp for schedule(static)
+    for (int r = 0; r < B * Ho; ++r) {
+      const int b = r / Ho, oy = r % Ho;
+      if (b != cur) {
+        const float* xs = x + (size_t)b * H * W * Ci;
+        xb = p ? pad_sample(xs, H, W, Ci, p, 1) : xs;
+        cur = b;
+      }
+      GemmArgs g = g0;
+      g.M = Wo, g.a = xb + (size_t)oy * s * Wp * Ci, g.c = y + (size_t)r * Wo * Co;
+      g.bias2 = emb ? emb + (size_t)b * Co : nullptr, g.res = res ? res + (size_t)r * Wo * Co : nullptr;
+      K.gemm(g);
+    }
   }
 }
 
@@ -225,8 +242,8 @@ void conv_bwd_data(const Kernels& K, const ConvBwdData& o) {
   const float* w = o.w.f32();
   float* dx = o.dx.f32();
   // dy padded by P = 1 (k = 3: taps reach one row/column past either side).
-  const int P = k == 3 ? 1 : 0, Hq = Ho + 2 * P, Wq = Wo + 2 * P;
-  const float* dq = pad_input(o.dy.f32(), B, Ho, Wo, Co, P, 1);
+  const int P = k == 3 ? 1 : 0, Wq = Wo + 2 * P;
+  const float* dy = o.dy.f32();
   const size_t ldb = round_up(Ci, kPadN);
   // Per phase (py, px): the taps reaching it, their dy offsets and B [tap][co][ci] = w[co, tap, ci].
   struct Phase {
@@ -255,27 +272,37 @@ void conv_bwd_data(const Kernels& K, const ConvBwdData& o) {
           used += (size_t)Co * ldb;
         }
     }
-  // Tasks: (phase, b, m) = one row iy = py + s m of one phase.
+  // Tasks: (b, phase, m) = one row iy = py + s m of one phase of sample b.
   const int mrows = (H + s - 1) / s;
   const bool parallel = par(2.0 * B * H * W * Ci * Co * taps / (s * s));
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int task = 0; task < s * s * B * mrows; ++task) {
-    const int phase = task / (B * mrows), b = task / mrows % B, m = task % mrows;
-    const int py = phase / s, px = phase % s, iy = py + s * m;
-    if (iy >= H || px >= W) continue;
-    const int nj = (W - px + s - 1) / s;  // pixels ix = px + s j of this row
-    float* c = dx + (((size_t)b * H + iy) * W + px) * Ci;
-    const Phase& f = ph[phase];
-    if (f.ntaps == 0) {
-      for (int j = 0; j < nj; ++j) std::memset(c + (size_t)j * s * Ci, 0, sizeof(float) * Ci);
-      continue;
+#pragma omp parallel if (parallel)
+  {
+    int cur = -1;  // the sample of dy padded in this thread's buffer
+    const float* dq = nullptr;
+#pragma omp for schedule(static)
+    for (int task = 0; task < s * s * B * mrows; ++task) {
+      const int b = task / (s * s * mrows), phase = task / mrows % (s * s), m = task % mrows;
+      const int py = phase / s, px = phase % s, iy = py + s * m;
+      if (iy >= H || px >= W) continue;
+      const int nj = (W - px + s - 1) / s;  // pixels ix = px + s j of this row
+      float* c = dx + (((size_t)b * H + iy) * W + px) * Ci;
+      const Phase& f = ph[phase];
+      if (f.ntaps == 0) {
+        for (int j = 0; j < nj; ++j) std::memset(c + (size_t)j * s * Ci, 0, sizeof(float) * Ci);
+        continue;
+      }
+      if (b != cur) {
+        const float* ds = dy + (size_t)b * Ho * Wo * Co;
+        dq = P ? pad_sample(ds, Ho, Wo, Co, P, 1) : ds;
+        cur = b;
+      }
+      GemmArgs g = gemm_args();
+      g.M = nj, g.N = Ci, g.K = Co, g.ntaps = f.ntaps, g.a_off = f.off;
+      g.a = dq + ((size_t)(m + P) * Wq + P) * Co, g.a_rs = Co;
+      g.b = f.b, g.ldb = (ptrdiff_t)ldb, g.b_tap = (ptrdiff_t)(Co * ldb);
+      g.c = c, g.c_rs = (ptrdiff_t)s * Ci;
+      K.gemm(g);
     }
-    GemmArgs g = gemm_args();
-    g.M = nj, g.N = Ci, g.K = Co, g.ntaps = f.ntaps, g.a_off = f.off;
-    g.a = dq + (((size_t)b * Hq + m + P) * Wq + P) * Co, g.a_rs = Co;
-    g.b = f.b, g.ldb = (ptrdiff_t)ldb, g.b_tap = (ptrdiff_t)(Co * ldb);
-    g.c = c, g.c_rs = (ptrdiff_t)s * Ci;
-    K.gemm(g);
   }
 }
 
@@ -298,18 +325,11 @@ void conv_bwd_filter(const Kernels& K, const ConvBwdFilter& o) {
   if (!o.dw.defined()) return;
   const int H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3];
   const int k = (int)o.dw.dim[1], s = o.stride, p = k / 2, taps = k * k;
-  const int Hp = H + 2 * p, Wp = W + 2 * p;
+  const int Wp = W + 2 * p;
   float* dw = o.dw.f32();
-  // B rows are pixels of x, read in whole vectors: the padded copy always (with slack at its end).
-  const float* xp = pad_input(o.x.f32(), B, H, W, Ci, p, 1);
-  if (p == 0) {
-    float* c = thread_buffer(1, (size_t)B * H * W * Ci + kSlack);
-    std::memcpy(c, xp, sizeof(float) * B * H * W * Ci);
-    std::memset(c + (size_t)B * H * W * Ci, 0, sizeof(float) * kSlack);
-    xp = c;
-  }
+  const float* x = o.x.f32();
   // "Taps" of the kernel = the output rows of one sample: A(co, (oy, ox)) = dy[b, oy, ox, co],
-  // B((oy, ox), ci) = xp[b, oy s + ky, ox s + kx, ci]; a task = (tap, block of 8 co) owns
+  // B((oy, ox), ci) = xpad[b, oy s + ky, ox s + kx, ci]; a task = (tap, block of 8 co) owns
   // dw[co block, tap, :] and sums it over the samples in order. Each thread takes a fixed range of
   // tasks and runs samples outer, so one sample's dy and x stay in its cache across its tasks.
   std::vector<ptrdiff_t> rows(Ho);
@@ -321,7 +341,10 @@ void conv_bwd_filter(const Kernels& K, const ConvBwdFilter& o) {
   {
     const int nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int t0 = (int)((long)ntask * me / nt), t1 = (int)((long)ntask * (me + 1) / nt);
-    for (int b = 0; b < B; ++b)
+    for (int b = 0; b < B; ++b) {
+      if (t0 == t1) break;
+      // B rows are pixels of x, read in whole vectors: a padded copy always (slack at its end)
+      const float* xb = pad_sample(x + (size_t)b * H * W * Ci, H, W, Ci, p, 1);
       for (int task = t0; task < t1; ++task) {
         const int t = task / ncb, co0 = task % ncb * CO_BLK, ky = t / k, kx = t % k;
         GemmArgs g = gemm_args();
@@ -329,10 +352,11 @@ void conv_bwd_filter(const Kernels& K, const ConvBwdFilter& o) {
         g.a_rs = 1, g.a_cs = Co, g.ldb = (ptrdiff_t)s * Ci, g.b_tap = (ptrdiff_t)s * Wp * Ci;
         g.c = dw + (size_t)co0 * taps * Ci + (size_t)t * Ci, g.c_rs = (ptrdiff_t)taps * Ci;
         g.a = dy + (size_t)b * Ho * Wo * Co + co0;
-        g.b = xp + (((size_t)b * Hp + ky) * Wp + kx) * Ci;
+        g.b = xb + ((size_t)ky * Wp + kx) * Ci;
         g.accumulate = b > 0;
         K.gemm(g);
       }
+    }
   }
 }
 

@@ -41,7 +41,7 @@ const Kernels* avx2_kernels() {
 }
 
 float* thread_buffer(int slot, size_t n) {
-  thread_local std::vector<float> bufs[6];
+  thread_local std::vector<float> bufs[8];
   std::vector<float>& b = bufs[slot];
   if (b.size() < n) b.resize(n);
   return b.data();

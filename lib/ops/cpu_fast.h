@@ -55,13 +55,11 @@ static inline GemmArgs gemm_args() {
 // Winograd F(2x2, 3x3) for a 3x3 stride-1 convolution (padding 1) of one sample, over a block of
 // tile rows [i0, i1) (tw tiles a row; tile (i, j) = outputs rows 2i, 2i+1, columns 2j, 2j+1):
 //  * wino_input: x [H, W, C] -> V, 16 matrices [tiles, C] at v + xi * v_mat (row stride C);
-//    zeros: C floats of 0 (the padding);
 //  * wino_output: M, 16 matrices [tiles, Co] at m + xi * m_mat (row stride m_ld, whole vectors
 //    readable) -> y [H, W, Co], adding bias[co], bias2[co] and res[pixel, co] (each nullable).
 struct WinoArgs {
   int H, W, C, Co, tw, i0, i1;
   const float* x;
-  const float* zeros;
   float* v;
   ptrdiff_t v_mat;
   const float* m;
@@ -127,8 +125,9 @@ struct Kernels {
 // (static: these are compiled into the instruction-set files too, and must not be shared with them)
 static inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 // Row stride of the [T, *] matrices in the attention scratch, and the scratch's size.
-// Query rows per block of the attention kernels (their softmax weights stay in L1).
-constexpr int kAttnRB = 16;
+// Query rows per block of the attention kernels: the block's softmax weights stay in cache (64 KB
+// at T = 256), and the gradients summed over query rows (dk, dv) get 64 of them per GEMM.
+constexpr int kAttnRB = 64;
 static inline size_t attn_ld(int T) { return round_up((size_t)T, 16); }
 static inline size_t attn_scratch_floats(int T, int d) {
   const size_t ld = attn_ld(T), dd = round_up((size_t)d, 16);

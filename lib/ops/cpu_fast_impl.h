@@ -253,39 +253,49 @@ void gemm(const GemmArgs& g) {
 // ---- Winograd F(2x2, 3x3) transforms -------------------------------------------------------
 // (the GEMMs between them are gemm() above, one per point of the 4x4 transformed tile)
 
+// B^T of one column x of the patch rows (rowp[r]: row 2i-1+r of the image, nullptr outside it):
+// u = (d0 - d2, d1 + d2, d2 - d1, d1 - d3), zeros outside the image.
+UNET_AI void wino_col(const float* const rowp[4], int x, int width, int C, int c0, Mask k, V u[4]) {
+  V d[4];
+  for (int r = 0; r < 4; ++r)
+    d[r] = (rowp[r] && x >= 0 && x < width) ? vload_m(rowp[r] + (size_t)x * C + c0, k) : vzero();
+  u[0] = vsub(d[0], d[2]);
+  u[1] = vadd(d[1], d[2]);
+  u[2] = vsub(d[2], d[1]);
+  u[3] = vsub(d[1], d[3]);
+}
+
 // V[xi][t][c] = (B^T d B)[xi] for each tile t of the block, d the 4x4 input patch at rows
 // 2i-1.., cols 2j-1.. (zeros outside the image), B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1].
+// Along a row of tiles the patches overlap by two columns: each column's B^T d is computed once.
 void wino_input(const WinoArgs& a) {
   const int C = a.C;
-  int t = 0;
-  for (int i = a.i0; i < a.i1; ++i)
-    for (int j = 0; j < a.tw; ++j, ++t) {
-      const float* p[4][4];
-      for (int r = 0; r < 4; ++r)
-        for (int s = 0; s < 4; ++s) {
-          const int y = 2 * i - 1 + r, x = 2 * j - 1 + s;
-          p[r][s] = (y >= 0 && y < a.H && x >= 0 && x < a.W) ? a.x + ((size_t)y * a.W + x) * C : a.zeros;
-        }
-      float* v = a.v + (size_t)t * C;
-      for (int c0 = 0; c0 < C; c0 += W) {
-        const Mask k = mask_n(C - c0);
-        V d[4][4], u[4][4];
-        for (int r = 0; r < 4; ++r)
-          for (int s = 0; s < 4; ++s) d[r][s] = vload_m(p[r][s] + c0, k);
-        for (int s = 0; s < 4; ++s) {  // B^T d
-          u[0][s] = vsub(d[0][s], d[2][s]);
-          u[1][s] = vadd(d[1][s], d[2][s]);
-          u[2][s] = vsub(d[2][s], d[1][s]);
-          u[3][s] = vsub(d[1][s], d[3][s]);
-        }
+  for (int i = a.i0; i < a.i1; ++i) {
+    const float* rowp[4];
+    for (int r = 0; r < 4; ++r) {
+      const int y = 2 * i - 1 + r;
+      rowp[r] = (y >= 0 && y < a.H) ? a.x + (size_t)y * a.W * C : nullptr;
+    }
+    float* vrow = a.v + (size_t)(i - a.i0) * a.tw * C;
+    for (int c0 = 0; c0 < C; c0 += W) {
+      const Mask k = mask_n(C - c0);
+      V u0[4], u1[4], u2[4], u3[4];  // columns 2j-1, 2j, 2j+1, 2j+2 of tile j
+      wino_col(rowp, -1, a.W, C, c0, k, u0);
+      wino_col(rowp, 0, a.W, C, c0, k, u1);
+      for (int j = 0; j < a.tw; ++j) {
+        wino_col(rowp, 2 * j + 1, a.W, C, c0, k, u2);
+        wino_col(rowp, 2 * j + 2, a.W, C, c0, k, u3);
+        float* v = vrow + (size_t)j * C + c0;
         for (int r = 0; r < 4; ++r) {  // (B^T d) B
-          vstore_m(v + (4 * r + 0) * a.v_mat + c0, vsub(u[r][0], u[r][2]), k);
-          vstore_m(v + (4 * r + 1) * a.v_mat + c0, vadd(u[r][1], u[r][2]), k);
-          vstore_m(v + (4 * r + 2) * a.v_mat + c0, vsub(u[r][2], u[r][1]), k);
-          vstore_m(v + (4 * r + 3) * a.v_mat + c0, vsub(u[r][1], u[r][3]), k);
+          vstore_m(v + (4 * r + 0) * a.v_mat, vsub(u0[r], u2[r]), k);
+          vstore_m(v + (4 * r + 1) * a.v_mat, vadd(u1[r], u2[r]), k);
+          vstore_m(v + (4 * r + 2) * a.v_mat, vsub(u2[r], u1[r]), k);
+          vstore_m(v + (4 * r + 3) * a.v_mat, vsub(u1[r], u3[r]), k);
         }
+        for (int r = 0; r < 4; ++r) u0[r] = u2[r], u1[r] = u3[r];
       }
     }
+  }
 }
 
 // y[2x2 outputs of tile t][co] = (A^T m A) + bias + bias2 + res, A^T = [1 1 1 0; 0 1 -1 -1];
@@ -407,7 +417,7 @@ AttnBufs attn_bufs(int T, int d, float* s) {
   return b;
 }
 
-// Per block of kAttnRB query rows (the block's weights stay in L1): logits = q k^T, softmax
+// Per block of kAttnRB query rows (the block's weights stay in cache): logits = q k^T, softmax
 // (lse kept), out = w v. Every element is computed as without blocks.
 void attn_fwd(const AttnArgs& a, float* scratch) {
   const int T = a.T, d = a.d;

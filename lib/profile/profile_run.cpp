@@ -231,6 +231,7 @@ std::string run_profile(const ProfileRequest& a) {
   std::string why;
   std::unique_ptr<Engine> eng = make_cuda_engine(a.precision, &why);
   if (!eng) throw UserError("profile needs a CUDA GPU (" + why + ")");
+  check_kernel_overrides(eng->base_ops());  // a forced variant the engine lacks: before any work
   std::unique_ptr<prof::GpuProfiler> gp = prof::make_gpu_profiler(&why);
   if (!gp) throw UserError("profile needs a CUDA GPU (" + why + ")");
   const Precision prec = a.precision;

@@ -5,14 +5,15 @@
 #include <cstring>
 #include <utility>
 
+#include "env_vars.h"
 #include "rng.h"
 #include "util.h"
 
 namespace unet {
 
 bool DataLoader::will_stream(const DatasetInfo& info) {
-  const char* force = std::getenv("UNET_STREAM_DATA");
-  if (force && (std::strcmp(force, "0") == 0 || std::strcmp(force, "1") == 0)) return force[0] == '1';
+  const int force = env_stream_data();  // UNET_STREAM_DATA=1|0
+  if (force >= 0) return force == 1;
   return (double)info.count * info.image_size * info.image_size * 3 > kResidentBytes;
 }
 

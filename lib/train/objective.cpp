@@ -113,9 +113,12 @@ void LossSecondMomentResampler::sample(uint64_t seed, int64_t step, int B, const
 
 void LossSecondMomentResampler::load(const std::vector<double>& history, const std::vector<int64_t>& counts,
                                      const std::string& what) {
-  if (history.size() != (size_t)T_ * kHistory || counts.size() != (size_t)T_)
+  if (counts.size() != (size_t)T_)
     throw UserError(what + ": the loss-second-moment history has " + std::to_string(counts.size()) +
                     " timesteps, the model has " + std::to_string(T_));
+  if (history.size() != (size_t)T_ * kHistory)
+    throw UserError(what + ": state/loss_history holds " + std::to_string(history.size() / T_) +
+                    " losses per timestep, the loss-second-moment sampler keeps " + std::to_string(kHistory));
   for (int64_t c : counts)
     if (c < 0 || c > kHistory)
       throw UserError(what + ": state/loss_counts holds " + std::to_string(c) + " (must be 0 to " +

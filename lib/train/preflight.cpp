@@ -1,6 +1,9 @@
 #include "preflight.h"
 
+#include <algorithm>
+
 #include "dataloader.h"
+#include "op_defs.h"
 #include "util.h"
 
 namespace unet {
@@ -70,6 +73,13 @@ double sample_host_bytes(const ModelConfig& cfg, const ParamTable& t, int64_t n,
   if (noise) copies += 2;     // the file's NCHW array and its NHWC copy
   if (h5) copies += 1.25;     // NCHW float copy + 8-bit images
   return (double)t.total * sizeof(float) * 2 + images * copies;
+}
+
+double eval_host_bytes(const ModelConfig& cfg, const ParamTable& t, int64_t n, int batch) {
+  const double b = (double)std::min<int64_t>(n, batch > 0 ? batch : 32);
+  const double numel = (double)cfg.image_size * cfg.image_size * cfg.in_channels;
+  const double terms = (double)cfg.diffusion_steps * b * kLossTerms * sizeof(float);
+  return (double)t.total * sizeof(float) * 2 + terms + b * numel * (1 + 2 * sizeof(float)) + 8.0 * n;
 }
 
 }  // namespace unet

@@ -31,5 +31,8 @@ TrainData check_train_data(const std::string& path, const ClassifierConfig& cfg,
 // sample: the checkpoint's weights, the images in float, and the copies the outputs are made from.
 double train_host_bytes(const ParamTable& t, int ckpt_arenas, int batch, const DatasetInfo& data);
 double sample_host_bytes(const ModelConfig& cfg, const ParamTable& t, int64_t n, bool noise, bool h5);
+// eval of n images at `batch` per model call (0 = min(n, 32)): the checkpoint's weights, the
+// per-timestep terms of a batch, a batch of images and noise, one total per image.
+double eval_host_bytes(const ModelConfig& cfg, const ParamTable& t, int64_t n, int batch);
 
 }  // namespace unet

@@ -1,10 +1,63 @@
 #include "resume.h"
 
+#include <cmath>
 #include <cstdio>
+#include <map>
+#include <stdexcept>
 
+#include "objective.h"
 #include "util.h"
 
 namespace unet {
+
+std::string SettingRange::text() const {
+  auto g = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  if (integer) return "an integer from " + std::to_string(ilo) + " to " + std::to_string(ihi);
+  if (std::isinf(hi)) return "a finite number " + std::string(lo_open ? "> " : ">= ") + g(lo);
+  return "a finite number " + std::string(lo_open ? "in (" : "in [") + g(lo) + ", " + g(hi) + "]";
+}
+
+bool SettingRange::contains(double v) const {
+  return std::isfinite(v) && v >= lo && !(lo_open && v == lo) && v <= hi;
+}
+
+bool SettingRange::contains_int(int64_t v) const { return v >= ilo && v <= ihi; }
+
+SettingRange train_setting_range(const std::string& flag) {
+  auto I = [](int64_t lo, int64_t hi) {
+    SettingRange r;
+    r.integer = true, r.ilo = lo, r.ihi = hi;
+    return r;
+  };
+  auto R = [](double lo, double hi, bool open = false) {
+    SettingRange r;
+    r.integer = false, r.lo = lo, r.hi = hi, r.lo_open = open;
+    return r;
+  };
+  static const std::map<std::string, SettingRange> m = {{"--batch-size", I(1, kMaxTrainBatch)},
+                                                        {"--microbatch", I(0, kMaxTrainBatch)},
+                                                        {"--seed", I(0, INT64_MAX)},
+                                                        {"--lr", R(0, INFINITY, true)},
+                                                        {"--lr-warmup", I(0, INT64_MAX)},
+                                                        {"--ema-rate", R(0, 1)},
+                                                        {"--grad-clip", R(0, INFINITY)},
+                                                        {"--weight-decay", R(0, INFINITY)},
+                                                        {"--steps", I(1, INT64_MAX)},
+                                                        {"--save-every", I(0, INT64_MAX)},
+                                                        {"--log-every", I(0, INT64_MAX)},
+                                                        {"--sample-every", I(0, INT64_MAX)},
+                                                        {"--no-flip", I(0, 1)},
+                                                        // train-classifier
+                                                        {"--noised", I(0, 1)},
+                                                        {"--eval-every", I(1, INT64_MAX)}};
+  const auto it = m.find(flag);
+  if (it == m.end()) throw std::logic_error("train_setting_range: no setting " + flag);
+  return it->second;
+}
 
 namespace {
 std::string num(double v) {
@@ -106,6 +159,7 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
     const bool real = s.kind == Setting::Real;
     bool have = real ? ck.state_f64.count(s.key) > 0 : ck.state.count(s.key) > 0;
     TrainOptions rec = given;  // the recorded value, in an options struct for uniform access
+    std::string where = std::string("state attribute ") + s.key;
     if (have) {
       if (real)
         rec.*s.r = ck.state_f64.at(s.key);
@@ -114,7 +168,18 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
     } else if (ck.has_optimizer && (std::string(s.key) == "lr" || std::string(s.key) == "weight_decay")) {
       // Older checkpoints: the optimizer group has always recorded these two.
       rec.*s.r = std::string(s.key) == "lr" ? ck.opt.lr : ck.opt.weight_decay;
+      where = std::string("optimizer attribute ") + s.key;
       have = true;
+    }
+    // A recorded value the flag could not have given (a damaged or hand-edited checkpoint) is
+    // refused, unless the flag replaces it.
+    if (have && !is_explicit && s.kind != Setting::Flip) {
+      const SettingRange range = train_setting_range(s.flag);
+      const bool ok = real ? range.contains(rec.*s.r) : range.contains_int(ck.state.at(s.key));
+      if (!ok)
+        throw UserError(ckpt_path + ": " + where + " = " +
+                        (real ? num(rec.*s.r) : std::to_string(ck.state.at(s.key))) + " is not " +
+                        range.text() + " (" + s.flag + "'s range); give " + s.flag + " to replace it");
     }
     if (!have) {
       if (s.exact && !is_explicit) missing.push_back(s.flag);
@@ -136,6 +201,8 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
   // The stopping step: a target still ahead of the checkpoint carries over; a reached one does not
   // (a finished run resumed without --steps trains on until interrupted, as before).
   const int64_t at = ck.state.count("step") ? ck.state.at("step") : 0;
+  if (at < 0 || at == INT64_MAX)
+    throw UserError(ckpt_path + ": state attribute step = " + std::to_string(at) + " is not a training step");
   if (!explicit_flags.count("--steps") && ck.state.count("steps") && ck.state.at("steps") > at)
     r.opt.steps = ck.state.at("steps");
   // Not recorded: written when uniform was the only sampler.
@@ -150,6 +217,10 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
     changed.push_back("--schedule-sampler " + given.schedule_sampler + " (checkpoint: " + ss + ")");
   // Not recorded: written before micro-batches, i.e. whole batches.
   const int64_t mb = ck.state.count("microbatch") ? ck.state.at("microbatch") : 0;
+  const SettingRange mb_range = train_setting_range("--microbatch");
+  if (!explicit_flags.count("--microbatch") && !mb_range.contains_int(mb))
+    throw UserError(ckpt_path + ": state attribute microbatch = " + std::to_string(mb) + " is not " +
+                    mb_range.text() + " (--microbatch's range); give --microbatch to replace it");
   if (!explicit_flags.count("--microbatch"))
     r.opt.microbatch = mb;
   else if (given.microbatch != mb)
@@ -162,6 +233,10 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
     r.opt.class_dropout = cd;
   else if (given.class_dropout != cd)
     changed.push_back("--class-dropout " + num(given.class_dropout) + " (checkpoint: " + num(cd) + ")");
+  // The loss-second-moment history the run continues from must fit the model (checked here, before
+  // anything is printed or written, not when the trainer restores it).
+  if (r.opt.schedule_sampler == "loss-second-moment" && !ck.loss_counts.empty())
+    LossSecondMomentResampler(ck.cfg.diffusion_steps).load(ck.loss_history, ck.loss_counts, ckpt_path);
   if (!changed.empty())
     r.warnings.push_back("resuming with " + join(changed) +
                          ": the run will not continue exactly as it would have uninterrupted");

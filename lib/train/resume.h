@@ -19,6 +19,7 @@
 //   eval_every           --eval-every          no   (train-classifier runs only)
 //   dataset_count, dataset_image_size, dataset_fingerprint: the dataset trained on
 #pragma once
+#include <cstdint>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +29,21 @@
 #include "trainer.h"
 
 namespace unet {
+
+// The values a training setting may take, by its flag ("--batch-size"): the flag's validator
+// (cmd/train.cpp) and the check of a value recorded in a resumed checkpoint use this one table, so
+// a hand-edited or corrupt state attribute is refused like the flag would be.
+struct SettingRange {
+  bool integer = true;
+  int64_t ilo = 0, ihi = 0;       // integers: [ilo, ihi]
+  double lo = 0, hi = 0;          // reals: finite, in [lo, hi] (hi may be infinity)
+  bool lo_open = false;           // reals: lo itself excluded
+  std::string text() const;       // "an integer from 1 to 65536", "a finite number > 0"
+  bool contains(double v) const;  // for reals; integers use contains_int
+  bool contains_int(int64_t v) const;
+};
+SettingRange train_setting_range(const std::string& flag);
+constexpr int64_t kMaxTrainBatch = 65536;  // --batch-size (and --microbatch)
 
 // Writes o's settings (and the dataset's identity) into c's state maps; the trainer's save calls
 // it next to the step and the data-order position.
@@ -43,7 +59,9 @@ struct ResumeSettings {
 // checkpoint unless given explicitly; an explicit value that differs from a recorded exact
 // setting gives one warning line naming every such flag. A checkpoint written before settings
 // were recorded falls back to the flags (and the optimizer's lr/weight_decay) with one warning.
-// Throws UserError for a setting this build cannot continue (an unknown schedule sampler).
+// Throws UserError naming the checkpoint and the state attribute for a recorded value outside its
+// setting's range (train_setting_range) and for a setting this build cannot continue (an unknown
+// schedule sampler, a loss-second-moment history that does not fit the model).
 ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path, const TrainOptions& given,
                               const std::set<std::string>& explicit_flags);
 

@@ -294,15 +294,16 @@ class DiffusionTask final : public TrainTask {
 }  // namespace
 
 TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume, const TrainOptions& o,
-                  Communicator* comm) {
+                  Communicator* comm, const std::function<void()>& started) {
   DiffusionTask task(ck.cfg, o);
-  TrainResult r = run_training(eng, dataset, std::move(ck), resume, o, comm, task);
+  TrainResult r = run_training(eng, dataset, std::move(ck), resume, o, comm, task, started);
   r.labels_seen = task.labels_seen, r.labels_dropped = task.labels_dropped;
   return r;
 }
 
 TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
-                         const TrainOptions& o, Communicator* comm, TrainTask& task) {
+                         const TrainOptions& o, Communicator* comm, TrainTask& task,
+                         const std::function<void()>& started) {
   namespace fs = std::filesystem;
   Device& dev = eng.device();
   const int B = o.batch_size;  // global
@@ -340,6 +341,7 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
   task.start(eng, ck, resume, step, multi ? comm->rank() : 0, multi ? comm->size() : 1);
   const int first = multi ? comm->rank() * Bl : 0;  // this rank's slice of the global batch
 
+  if (started) started();
   if (!quiet)
     std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d%s)%s\n",
                 dev.bytes_held() / 1e9, eng.name().c_str(), net.activation_bytes() / 1e9, Bl,

@@ -110,9 +110,10 @@ class TrainTask {
   }
 };
 
-// The loop, for any task (`train` below is it with the diffusion task).
+// The loop, for any task (`train` below is it with the diffusion task); `started` as train's.
 TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
-                         const TrainOptions& opt, Communicator* comm, TrainTask& task);
+                         const TrainOptions& opt, Communicator* comm, TrainTask& task,
+                         const std::function<void()>& started = {});
 
 // `ck` holds the starting point: model (and, on resume, ema/optimizer/state). `resume` says
 // whether ck.state/optimizer continue a previous run.
@@ -122,7 +123,10 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
 // weights (ck) and so stays identical. Rank 0 alone writes metrics, checkpoints and sample grids;
 // logged losses are averaged over the ranks; a stop (Ctrl-C, divergence) happens at the same step
 // on every rank.
+// `started` (optional) is called once everything is allocated, before the first step: the caller's
+// informational lines come after every check, the memory plan's included.
 TrainResult train(Engine& eng, const std::string& dataset, Checkpoint ck, bool resume,
-                  const TrainOptions& opt, Communicator* comm = nullptr);
+                  const TrainOptions& opt, Communicator* comm = nullptr,
+                  const std::function<void()>& started = {});
 
 }  // namespace unet

@@ -1,0 +1,90 @@
+#include "env_vars.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "ops.h"
+#include "util.h"
+
+namespace unet {
+
+namespace {
+// The value of a set, non-empty variable, else nullptr.
+const char* value(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+[[noreturn]] void refuse(const char* name, const std::string& v, const std::string& want) {
+  throw UserError(std::string(name) + "='" + v + "': " + want);
+}
+}  // namespace
+
+size_t env_bucket_bytes(size_t dflt) {
+  const char* v = value("UNET_BUCKET_MB");
+  if (!v) return dflt;
+  char* end = nullptr;
+  errno = 0;
+  const double mb = std::strtod(v, &end);
+  if (*end || errno == ERANGE || std::isspace((unsigned char)v[0]) || !std::isfinite(mb) || mb < 0 ||
+      mb > 1e6)
+    refuse("UNET_BUCKET_MB", v,
+           "must be a number of megabytes from 0 to 1000000 (0: one all-reduce after backward)");
+  return (size_t)(mb * (1 << 20));
+}
+
+int env_stream_data() {
+  const char* v = value("UNET_STREAM_DATA");
+  if (!v) return -1;
+  if (std::strcmp(v, "0") == 0) return 0;
+  if (std::strcmp(v, "1") == 0) return 1;
+  refuse("UNET_STREAM_DATA", v, "must be 1 (stream the dataset from disk) or 0 (hold it in memory)");
+}
+
+std::string env_cpu_comm() {
+  const char* v = value("UNET_CPU_COMM");
+  if (!v) return "";
+  const std::string s = v;
+  if (s != "tcp" && s != "mpi") refuse("UNET_CPU_COMM", s, "must be tcp or mpi");
+  return s;
+}
+
+std::string cudnn_cache_path() {
+  if (const char* e = value("UNET_CUDNN_CACHE")) return e;
+  std::string base;
+  if (const char* x = value("XDG_CACHE_HOME"))
+    base = x;
+  else if (const char* h = value("HOME"))
+    base = std::string(h) + "/.cache";
+  else
+    return "";
+  return base + "/unet/cudnn-plans.txt";
+}
+
+void check_environment(const std::vector<std::pair<std::string, std::string>>& inputs) {
+  kernel_overrides();  // UNET_KERNELS's syntax (its names: when the engine is made)
+  env_bucket_bytes(0);
+  env_stream_data();
+  env_cpu_comm();
+  const std::string cache = cudnn_cache_path();
+  if (cache.empty()) return;
+  const char* name = value("UNET_CUDNN_CACHE") ? "UNET_CUDNN_CACHE" : "the cuDNN plan cache";
+  struct stat st;
+  if (stat(cache.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw UserError(std::string(name) + "=" + cache + ": is " +
+                    (S_ISDIR(st.st_mode)    ? "a directory"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "a device") +
+                    ", not a regular file (the cache is appended to)");
+  for (const auto& [what, path] : inputs)
+    if (same_file(cache, path))
+      throw UserError(std::string(name) + "=" + cache + ": is the same file as the " + what + " " + path +
+                      "; refusing to append to an input");
+}
+
+}  // namespace unet

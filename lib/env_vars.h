@@ -1,0 +1,35 @@
+// The UNET_* environment variables: one parser each, which refuses a malformed value with one line
+// naming the variable and what it accepts (UserError), so a typo is an error before any work, not a
+// value silently ignored or read as 0. check_environment() runs every parser up front; the code
+// that uses a variable calls the same parser again (cheap) instead of reading getenv itself.
+//
+//   UNET_KERNELS       family=variant,...   (syntax here; names when an engine is made, ops.h)
+//   UNET_BUCKET_MB     gradient all-reduce bucket, MB, 0 to 1e6 (0 = one all-reduce after backward)
+//   UNET_STREAM_DATA   1 (stream the dataset from disk) or 0 (hold it in memory); unset = by size
+//   UNET_CPU_COMM      tcp or mpi (CPU ranks' gradient reduction); unset = by launcher
+//   UNET_CUDNN_CACHE   the cuDNN plan cache file (default $XDG_CACHE_HOME or ~/.cache
+//                      /unet/cudnn-plans.txt): a regular file (or none yet), never an input
+#pragma once
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace unet {
+
+// UNET_BUCKET_MB in bytes; `dflt` when unset or empty.
+size_t env_bucket_bytes(size_t dflt);
+// UNET_STREAM_DATA: 1 or 0; -1 when unset or empty.
+int env_stream_data();
+// UNET_CPU_COMM: "tcp", "mpi", or "" when unset.
+std::string env_cpu_comm();
+// Where the cuDNN plan cache lives: UNET_CUDNN_CACHE, else $XDG_CACHE_HOME/unet/cudnn-plans.txt,
+// else $HOME/.cache/unet/cudnn-plans.txt; "" when none of them is set.
+std::string cudnn_cache_path();
+
+// Runs every parser above (and UNET_KERNELS's), and checks that the cuDNN cache file, which runs
+// on the GPU append to, is not a directory, FIFO, device or socket nor the same file as one of
+// `inputs` ({what, path}: {"dataset", "d.h5"}). UserError naming the variable.
+void check_environment(const std::vector<std::pair<std::string, std::string>>& inputs = {});
+
+}  // namespace unet
