@@ -70,8 +70,9 @@ CLASSIFIER_PRESETS = {
     "default": dict(),
     "tiny32": dict(image_size=32, classifier_width=32, classifier_depth=1, classifier_channel_mult=(1, 2, 2),
                    classifier_attention_resolutions=(16, 8), classifier_num_head_channels=32, num_classes=10),
-    # OpenAI's released classifiers (guided-diffusion README): 64x64_classifier.pt has depth 4.
-    "imagenet64": dict(classifier_depth=4),
+    # OpenAI's released classifiers (guided-diffusion README): 64x64_classifier.pt has depth 4 and
+    # guides the cosine-schedule 64x64 model (its README command line has --noise_schedule cosine).
+    "imagenet64": dict(classifier_depth=4, noise_schedule="cosine"),
     "imagenet128": dict(image_size=128),
     "imagenet256": dict(image_size=256),
     "imagenet512": dict(image_size=512),

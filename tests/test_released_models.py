@@ -1,6 +1,7 @@
 """OpenAI's released guided-diffusion models (issue 16, items 1-2):
 - every preset is guided-diffusion's README MODEL_FLAGS on top of its model_and_diffusion_defaults(),
-  in unet (C++) and in scripts/unet_torch.py alike;
+  in unet (C++) and in scripts/unet_torch.py alike; the released classifiers' presets are its
+  CLASSIFIER_FLAGS on top of classifier_defaults(), and their state_dicts create_classifier's;
 - `unet init --preset X --print-params` lists exactly the state_dict names/shapes/order of the
   PyTorch model (built on the meta device: nothing of the 550 M-parameter models is allocated);
 - fractional channel_mult (imagenet512's 0.5) is stored as float64 and read back by unet and h5py;
@@ -32,6 +33,7 @@ except ImportError as e:  # pragma: no cover
 
 SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
 sys.path.insert(0, os.path.join(SRC, "scripts"))
+import classifier_torch as ct  # noqa: E402
 import unet_ckpt  # noqa: E402
 from unet_torch import PRESETS, create_model, normalize_flags, state_dict_shapes  # noqa: E402
 
@@ -61,6 +63,27 @@ README_FLAGS = {
                "--image_size 256 --learn_sigma True --noise_schedule linear --num_channels 256 --num_head_channels 64 "
                "--num_res_blocks 2 --resblock_updown True --use_fp16 True --use_scale_shift_norm True",
 }
+# guided-diffusion README, the released classifiers' CLASSIFIER_FLAGS (the 64x64 one: `--classifier_depth 4`
+# on its sampling command line, whose MODEL_FLAGS give the diffusion: cosine schedule, 1000 steps).
+README_CLASSIFIER_FLAGS = {
+    "imagenet64": "--image_size 64 --classifier_depth 4 --noise_schedule cosine --diffusion_steps 1000",
+    "imagenet128": "--image_size 128 --classifier_attention_resolutions 32,16,8 --classifier_depth 2 "
+                   "--classifier_width 128 --classifier_pool attention --classifier_resblock_updown True "
+                   "--classifier_use_scale_shift_norm True",
+    "imagenet256": "--image_size 256 --classifier_attention_resolutions 32,16,8 --classifier_depth 2 "
+                   "--classifier_width 128 --classifier_pool attention --classifier_resblock_updown True "
+                   "--classifier_use_scale_shift_norm True",
+    "imagenet512": "--image_size 512 --classifier_attention_resolutions 32,16,8 --classifier_depth 2 "
+                   "--classifier_width 128 --classifier_pool attention --classifier_resblock_updown True "
+                   "--classifier_use_scale_shift_norm True",
+}
+# guided_diffusion/script_util.py: classifier_defaults(), and what create_classifier fixes
+# (num_head_channels 64, out_channels NUM_CLASSES, channel_mult by image size, in_channels 3).
+GD_CLASSIFIER_DEFAULTS = dict(image_size=64, classifier_width=128, classifier_depth=2,
+                              classifier_attention_resolutions="32,16,8", classifier_use_scale_shift_norm=True,
+                              classifier_resblock_updown=True, classifier_pool="attention",
+                              classifier_num_head_channels=64, num_classes=1000, in_channels=3,
+                              diffusion_steps=1000, noise_schedule="linear")
 # guided_diffusion/script_util.py: model_and_diffusion_defaults() (model and schedule part) and
 # create_model's channel_mult by image size; NUM_CLASSES = 1000.
 GD_DEFAULTS = dict(image_size=64, num_channels=128, num_res_blocks=2, num_heads=4, num_head_channels=-1,
@@ -185,6 +208,51 @@ def test_cpp_presets_match_pytorch():
     want = state_dict_shapes(preset="imagenet512", class_cond=False, channel_mult="0.5,1,2,2,4,4,4")
     rows = [(n, tuple(int(d) for d in s.split("x"))) for n, s in (ln.split() for ln in r.stdout.splitlines()[2:])]
     check(r.returncode == 0 and rows == want, "imagenet512 with overrides")
+    check(not os.listdir(TMP), "--print-params writes nothing")
+
+
+def gd_classifier_flags(line):
+    """README CLASSIFIER_FLAGS -> the classifier's flag dict, as guided-diffusion's scripts resolve them."""
+    f = dict(GD_CLASSIFIER_DEFAULTS)
+    toks = line.split()
+    for k, v in zip(toks[::2], toks[1::2]):
+        f[k[2:]] = v
+    for k in ("classifier_use_scale_shift_norm", "classifier_resblock_updown"):
+        f[k] = f[k] in (True, "True")
+    f["classifier_channel_mult"] = GD_MULT[int(f["image_size"])]
+    return ct.normalize_classifier_flags(f)
+
+
+def test_classifier_presets_are_released_classifiers():
+    """Issue 16 item 1 for the classifiers: each released classifier's preset is its README flags, in
+    unet (C++) and scripts/classifier_torch.py alike, and `unet init --classifier --preset X
+    --print-params` lists exactly create_classifier's state_dict names/shapes/order (built on the
+    meta device)."""
+    check(set(ct.CLASSIFIER_PRESETS) == {"default", "tiny32"} | set(README_CLASSIFIER_FLAGS),
+          f"python classifier presets {sorted(ct.CLASSIFIER_PRESETS)}")
+    for name, line in README_CLASSIFIER_FLAGS.items():
+        want = gd_classifier_flags(line)
+        py = ct.normalize_classifier_flags(preset=name)
+        check(py == want, f"classifier {name}: classifier_torch preset {py} != README {want}")
+        if not os.path.exists(BINARY):
+            check(False, f"no unet binary at {BINARY}")
+            continue
+        r = unet("init", "--classifier", "--preset", name, "--print-params")
+        check(r.returncode == 0, f"classifier {name}: init --print-params failed: {r.stderr.strip()}")
+        if r.returncode:
+            continue
+        lines = r.stdout.splitlines()
+        check(lines[0].startswith("# classifier "), f"classifier {name}: first line {lines[0]!r}")
+        kv = dict(t.split("=", 1) for t in lines[0][len("# classifier "):].split())
+        cpp = ct.normalize_classifier_flags(kv)
+        check(cpp == py, f"classifier {name}: C++ preset {cpp} != python {py}")
+        rows = [(n, tuple(int(d) for d in s.split("x"))) for n, s in (ln.split() for ln in lines[2:])]
+        shapes = ct.classifier_state_dict_shapes(preset=name)
+        diff = next(((i, a, b) for i, (a, b) in enumerate(zip(rows, shapes)) if a != b), None)
+        check(rows == shapes, f"classifier {name}: C++ parameter table differs from create_classifier's state_dict "
+                              f"({len(rows)} vs {len(shapes)} tensors; first difference {diff})")
+        n = sum(int(np.prod(s)) for _, s in shapes)
+        check(f"{len(shapes)} tensors, {n} parameters" in lines[1], f"classifier {name}: count line {lines[1]!r}")
     check(not os.listdir(TMP), "--print-params writes nothing")
 
 

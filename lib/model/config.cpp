@@ -406,8 +406,11 @@ ClassifierConfig classifier_preset(const std::string& name) {
     return c;
   }
   // OpenAI's released classifiers: guided-diffusion README's flags over classifier_defaults().
+  // The 64x64 one guides (and so was trained on the noise of) the cosine-schedule 64x64 model: its
+  // README command line carries --noise_schedule cosine with the model's flags.
   if (name == "imagenet64") {
     c.depth = 4;
+    c.noise_schedule = "cosine";
     return c;
   }
   if (name == "imagenet128" || name == "imagenet256" || name == "imagenet512") {
