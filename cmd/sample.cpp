@@ -89,6 +89,7 @@ void run(SampleArgs& a) {
   const bool guided = !a.classifier.empty();
   if (a.cs_opt->count() && !guided) throw UserError("--classifier-scale needs --classifier CLS.h5");
   Checkpoint cck;
+  std::string noise_warning;
   if (guided) {
     cck = load_classifier_checkpoint(a.classifier);
     const ClassifierConfig& cc = cck.ccfg;
@@ -100,6 +101,12 @@ void run(SampleArgs& a) {
     if (cfg.class_cond && cc.num_classes != cfg.num_classes)
       throw UserError(a.classifier + ": the classifier has " + std::to_string(cc.num_classes) +
                       " classes but " + a.ckpt + " has " + std::to_string(cfg.num_classes));
+    // The classifier reads t as the noise level of the process it was trained under.
+    if (cc.diffusion_steps != cfg.diffusion_steps || cc.noise_schedule != cfg.noise_schedule)
+      noise_warning = a.classifier + ": the classifier was trained on the noise of " +
+                      std::to_string(cc.diffusion_steps) + " " + cc.noise_schedule + " steps, " + a.ckpt +
+                      " samples with " + std::to_string(cfg.diffusion_steps) + " " + cfg.noise_schedule +
+                      " steps: the timesteps it is given stand for other noise levels";
   }
   const bool labelled = cfg.class_cond || guided;
   const int n_classes = cfg.class_cond ? cfg.num_classes : guided ? cck.ccfg.num_classes : 0;
@@ -195,6 +202,7 @@ void run(SampleArgs& a) {
     std::snprintf(gs + std::strlen(gs), sizeof gs - std::strlen(gs),
                   ", classifier guidance scale %g (%s weights)", (double)a.classifier_scale,
                   !a.no_ema && !cck.ema.empty() ? "EMA" : "model");
+  if (!noise_warning.empty()) std::fprintf(stderr, "unet: warning: %s\n", noise_warning.c_str());
   std::printf("unet sample: %d images, %s %d steps, %s weights%s, %s\n", n, a.sampler.c_str(),
               a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", gs, device.c_str());
   std::fflush(stdout);

@@ -221,6 +221,16 @@ def main():
                             "-o", ""] + extra, capture_output=True, text=True)
         check(r.returncode == 1 and "null class" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
               f"--class 5 (the null class) with a classifier {extra}: {r.stderr.strip()}")
+    # A classifier trained under another noise process than the model's: a warning (one line on
+    # stderr, naming both), and the sampling goes on.
+    r = subprocess.run([BINARY, "sample", learned_ck, "--device", DEVICE, "-n", "1", "--steps", "2", "--sampler",
+                        "ddim", "-o", "", "--classifier", clf_ck], capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    check(r.returncode == 0 and len(lines) == 1 and "warning" in lines[0] and "cosine" in lines[0] and
+          "linear" in lines[0] and clf_ck in lines[0], f"cosine model, linear classifier: a warning: {lines}")
+    r = subprocess.run([BINARY, "sample", plain_ck, "--device", DEVICE, "-n", "1", "--steps", "2", "--sampler",
+                        "ddim", "-o", "", "--classifier", clf_ck], capture_output=True, text=True)
+    check(r.returncode == 0 and r.stderr == "", f"the same noise process: nothing on stderr ({r.stderr.strip()})")
     # Random classes of a null-class model guided by a classifier: never the null class.
     got, labels = run_sample(nulled_ck, ["--sampler", "ddim", "--steps", "3", "-n", "12", "--seed", str(s),
                                          "--guidance-scale", "2"] + g, os.path.join(TMP, "nulled_rand.h5"))
