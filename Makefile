@@ -1,6 +1,9 @@
 # The verbs people type. CMake does the build.
 #   make demo   install dependencies, build, run scripts/demo.sh (Fashion-MNIST: prepare, train,
 #               sample the shipped and the fresh model by class, plot the run) into demo/
+#   make classifier-demo  scripts/classifier_demo.sh: a noisy classifier trained on Fashion-MNIST,
+#               its noised-validation accuracy, the shipped model sampled with and without its
+#               guidance, judged by a second (clean-image) classifier, demo/classifier_grid.png
 #   make test   install dependencies, build, run every test
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
@@ -16,7 +19,7 @@ DEB_PKGS := cmake g++ make pkg-config libcli11-dev libhdf5-dev libpng-dev libjpe
 # Only `make demo` needs these (the tests make their own idx files).
 DEMO_PKGS := dataset-fashion-mnist
 
-.PHONY: all deps demo-deps build test demo gpu-test bench clean format
+.PHONY: all deps demo-deps build test demo classifier-demo gpu-test bench clean format
 
 all: build
 
@@ -49,6 +52,10 @@ test: build
 demo: deps demo-deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS) --target unet
 	bash scripts/demo.sh $(BUILD)/bin/unet
+
+classifier-demo: deps demo-deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target unet
+	bash scripts/classifier_demo.sh $(BUILD)/bin/unet
 
 # On the GPU machine: every CUDA test with a summary (they skip without a GPU).
 gpu-test:

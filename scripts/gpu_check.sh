@@ -17,6 +17,9 @@
 #   profile unet profile tables, CSV/JSON and a trace
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
 #   demo    make demo's pipeline on the GPU with more steps
+#   classdemo  issue 13 end to end (scripts/classifier_demo.sh, needs Fashion-MNIST: FASHION_MNIST_DIR):
+#           noisy classifier's noised-validation accuracy vs chance, guided vs unguided samples of the
+#           shipped model judged by a clean classifier, demo/classifier_grid.png
 # Logs and artefacts go to $OUT (default /tmp/gpu-check).
 set -u
 BUILD=${BUILD:-build}
@@ -24,7 +27,7 @@ OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 U="$BUILD/bin/unet"
 export UNET_BINARY=$(readlink -f "$U") UNET_SOURCE_DIR=$(pwd) PYTHONPATH=$(pwd)/scripts PYTHONUNBUFFERED=1
-parts=${*:-tests e2e parity objective classifier cfg bench profile imagenet64 demo}
+parts=${*:-tests e2e parity objective classifier cfg bench profile imagenet64 demo classdemo}
 for p in $parts; do
   echo "=== $p"
   t0=$(date +%s)
@@ -141,6 +144,11 @@ PY
     demo)
       DEMO_STEPS=${DEMO_STEPS:-2000} timeout 300 bash scripts/demo.sh "$U" > "$OUT/demo.txt" 2>&1
       tail -8 "$OUT/demo.txt"; cp demo/samples.png "$OUT/demo_samples.png" 2>/dev/null; cp demo/run/metrics.csv "$OUT/demo_metrics.csv" 2>/dev/null ;;
+    classdemo)
+      timeout 900 bash scripts/classifier_demo.sh "$U" > "$OUT/classdemo.txt" 2>&1
+      grep -E "val top|agreement|done in|error|classifier_demo:" "$OUT/classdemo.txt"
+      cp demo/classifier_grid.png "$OUT/classifier_grid.png" 2>/dev/null
+      cp demo/cls/metrics.csv "$OUT/classdemo_cls_metrics.csv" 2>/dev/null ;;
   esac
   echo "=== $p took $(( $(date +%s) - t0 )) s"
 done

@@ -12,6 +12,10 @@
 #           weights after 50 AdamW steps (the noise floor of the equiv comparison; runs on 1 GPU)
 #   resume  2 GPUs to step 25, then 1 GPU to 50, vs 2 GPUs straight to 50
 #   fail    a rank killed mid-run: the other stops within seconds with one line naming it
+#   classifier  train-classifier (issue 13), the default 64x64 classifier on the labelled bundled
+#           images with --val-data: 2 GPUs x 16 vs 1 GPU x 32 after 50 steps, fp32 (1e-4) and bf16
+#           (1e-2); 2 GPUs to step 25 then 1 GPU to 50 vs 2 GPUs straight (fp32, 1e-4: AdamW turns
+#           the summation order of near-zero gradients into steps; 2 CPU ranks: 4e-5 after 8 steps)
 #   bench   images/s, seed64 at 32 images per GPU (tf32 and bf16): 1 GPU vs `unet train --gpus 2`,
 #           torchrun, mpirun (when installed: PATH or a carried .mpi/ of Debian OpenMPI .debs),
 #           and --gpus 2 without overlapping the all-reduce with backward (UNET_BUCKET_MB=0)
@@ -77,6 +81,8 @@ except OSError as e:
     print(f"  FAIL {what}: {e}"); sys.exit(0)
 res = []
 for g in ("model", "ema", "optimizer/m"):
+    if g not in fa or g not in fb:
+        continue  # a classifier trained without an EMA has none
     A = np.concatenate([fa[g][k][()].ravel() for k in sorted(fa[g])]).astype(np.float64)
     B = np.concatenate([fb[g][k][()].ravel() for k in sorted(fb[g])]).astype(np.float64)
     res.append((g, np.linalg.norm(A - B) / np.linalg.norm(A)))
@@ -110,6 +116,24 @@ for p in $parts; do
       train eqo1 300 -- "$U" train "$W/d.h5" --init "$W/init_ls.h5" --seed 1 "${a[@]}" -o "$W/eqo1" &&
         train eqo2 300 -- "$U" train "$W/d.h5" --init "$W/init_ls.h5" --seed 1 "${a[@]}" --gpus 2 -o "$W/eqo2" &&
         compare "$W/eqo1/latest.h5" "$W/eqo2/latest.h5" 1e-4 "fp32 learned sigma + loss-second-moment + --microbatch 8: 2 GPUs vs 1 GPU" ;;
+    classifier)
+      say "=== classifier: train-classifier 2 GPUs x 16 vs 1 GPU x 32, 50 steps (default 64x64 classifier)"
+      timeout 120 "$U" prepare testdata/images -o "$W/dl.h5" --image-size 64 --labels subdirs > "$W/logs/prepare_l.txt" 2>&1
+      timeout 120 "$U" init --classifier -o "$W/cinit.h5" --num-classes 3 --seed 0 > "$W/logs/cinit.txt" 2>&1
+      C="$U train-classifier $W/dl.h5 --init $W/cinit.h5 --seed 1 --val-data $W/dl.h5 --eval-every 5 --ema-rate 0.99"
+      for pt in fp32:1e-4 bf16:1e-2; do
+        prec=${pt%%:*} tol=${pt##*:}
+        a=(--batch-size 32 --steps 50 --save-every 50 --log-every 10 --precision $prec)
+        train ceq1_$prec 300 -- $C "${a[@]}" -o "$W/ceq1_$prec" &&
+          train ceq2_$prec 300 -- $C "${a[@]}" --gpus 2 -o "$W/ceq2_$prec" &&
+          compare "$W/ceq1_$prec/latest.h5" "$W/ceq2_$prec/latest.h5" "$tol" "classifier $prec: 2 GPUs vs 1 GPU"
+      done
+      a=(--batch-size 32 --save-every 25 --log-every 5 --precision fp32)
+      train crs_2x25 300 -- $C "${a[@]}" --steps 25 --gpus 2 -o "$W/crs_2x25" &&
+        train crs_1to50 300 -- "$U" train-classifier "$W/dl.h5" --resume "$W/crs_2x25/latest.h5" --val-data "$W/dl.h5" --precision fp32 \
+          --steps 50 -o "$W/crs_1to50" &&
+        compare "$W/ceq2_fp32/latest.h5" "$W/crs_1to50/latest.h5" 1e-4 "classifier fp32: resume 2 -> 1 GPU vs 2 GPUs straight"
+      grep -h "val loss" "$W/logs/ceq2_fp32.out" | tail -n 1 | tee -a "$SUM" ;;
     floor)
       say "=== floor: 1 GPU x 32 vs 1 GPU x 32 as 2 micro-batches of 16, 50 steps (seed64, fp32)"
       a=(--batch-size 32 --steps 50 --save-every 50 --log-every 10 --precision fp32)

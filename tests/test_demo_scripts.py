@@ -5,7 +5,9 @@
 - scripts/plot_metrics.py: a PNG from metrics.csv (extra columns, nan cells), one-line errors and
   exit 1 for a missing/empty/malformed file;
 - scripts/demo_grid.py: panels of per-class `unet sample --h5` files side by side;
-- scripts/demo.sh and scripts/train_demo_model.sh parse (bash -n)."""
+- scripts/classifier_eval.py (classifier_demo.sh's judge): agreement of a classifier with the labels
+  of `unet sample --h5` files, one-line errors (needs torch; skipped without);
+- scripts/demo.sh, scripts/train_demo_model.sh and scripts/classifier_demo.sh parse (bash -n)."""
 
 import gzip
 import os
@@ -201,8 +203,52 @@ if have_mpl and have_unet:
     r = script("demo_grid.py", "-o", grid, "--panel", "a", os.path.join(TMP, "no-panel"))
     check(one_line_error(r, "demo_grid:", "no sample files"), "demo_grid: missing panel dir: one line, exit 1")
 
+# ---- scripts/classifier_eval.py (scripts/classifier_demo.sh's judge), with torch ------------------
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is None:
+    print("classifier_eval.py: skipped (no torch)")
+else:
+    sys.path.insert(0, SCRIPTS)
+    import classifier_torch as ct
+    from unet_ckpt import save_classifier_checkpoint
+    cflags = dict(image_size=8, classifier_width=32, classifier_depth=1, classifier_channel_mult="1,1",
+                  classifier_attention_resolutions="", classifier_num_head_channels=32, num_classes=3)
+    torch.manual_seed(5)
+    clf = ct.create_classifier(cflags)
+    with torch.no_grad():
+        for p in clf.parameters():
+            p.copy_(0.3 * torch.randn_like(p))
+    judge = os.path.join(TMP, "judge.h5")
+    save_classifier_checkpoint(clf, cflags, judge)
+    x = np.random.default_rng(5).uniform(-1, 1, (6, 3, 8, 8)).astype(np.float32)
+    with torch.no_grad():
+        pred = clf.double()(torch.from_numpy(x).double(), torch.zeros(6, dtype=torch.float64)).argmax(-1).numpy()
+    sdir = os.path.join(TMP, "samples")
+    os.makedirs(sdir)
+    for name, labels in (("class_00.h5", pred), ("class_01.h5", (pred + 1) % 3)):
+        with h5py.File(os.path.join(sdir, name), "w") as f:
+            f["samples"], f["labels"] = x, labels.astype(np.int64)
+    r = script("classifier_eval.py", judge, sdir, os.path.join(sdir, "class_01.h5"))
+    lines = r.stdout.strip().splitlines()
+    check(r.returncode == 0 and len(lines) == 2 and "6/12 = 50.0%" in lines[0] and "0/6 = 0.0%" in lines[1],
+          f"classifier_eval: agreement of a folder and a file ({lines}, {r.stderr.strip()[-200:]})")
+    with h5py.File(os.path.join(TMP, "nolabels.h5"), "w") as f:
+        f["samples"] = x
+    with h5py.File(os.path.join(TMP, "big.h5"), "w") as f:
+        f["samples"], f["labels"] = np.zeros((2, 3, 16, 16), np.float32), np.zeros(2, np.int64)
+    for args, needle, what in [((judge, os.path.join(TMP, "nope")), "no such file", "a missing input"),
+                               ((judge, os.path.join(TMP, "nolabels.h5")), "labels", "samples without labels"),
+                               ((judge, os.path.join(TMP, "big.h5")), "do not fit", "16x16 samples, 8x8 judge"),
+                               ((os.path.join(TMP, "nolabels.h5"), sdir), "nolabels.h5", "a judge that is not one")]:
+        r = script("classifier_eval.py", *args)
+        check(one_line_error(r, "classifier_eval:", needle), f"classifier_eval: {what}: one line, exit 1 "
+                                                             f"({r.stderr.strip()[-200:]})")
+
 # ---- the shell scripts parse (make demo runs them; too slow for the tests) ------------------------
-for sh in ("demo.sh", "train_demo_model.sh"):
+for sh in ("demo.sh", "train_demo_model.sh", "classifier_demo.sh"):
     r = subprocess.run(["bash", "-n", os.path.join(SCRIPTS, sh)], capture_output=True, text=True)
     check(r.returncode == 0, f"bash -n scripts/{sh} ({r.stderr.strip()})")
 
