@@ -8,13 +8,14 @@
 //    write — one per key block computes dK, dV over all query blocks, one per query block computes
 //    dQ over all key blocks — so no block accumulates into another's output: no atomics, bitwise
 //    reproducible. Both recompute P = exp(S - lse) and dP = dO V^T (seven GEMM-shaped products per
-//    tile pair instead of FA2's five with atomic dQ).
+//    tile pair instead of FA2's five with atomic dQ). Workspace: Dsum, B * heads * T floats.
 // Arithmetic: bf16 tensors use m16n8k16 bf16 mma with f32 accumulation (P and dS rounded to bf16
 // for their product, as FA2 does); f32 tensors use m16n8k8 tf32 mma — in tf32 mode on operands
 // rounded once to tf32 (in shared memory, as each tile lands), in fp32 mode as 3xTF32
 // (a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi with a = a_hi + a_lo), which keeps fp32's accuracy.
 // The softmax runs in base 2 (exp2 of logits pre-multiplied by log2 e / sqrt(d)).
-// Shapes: head width 32, 64 or 128, any T (partial blocks masked); others run "cublas".
+// Shapes: head width 32, 64 or 128 (fp32 mode's backward: 32, 64), any T (partial blocks masked);
+// the rest runs "cublas". Speed and accuracy: README (Speed), tests/test_attention.cpp.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k8 / m16n8k16; g = lane / 4, t = lane % 4): an f32
 // accumulator tile of 16 x 8 holds (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) in c0..c3. For
@@ -102,9 +103,10 @@ template <class T, bool kSplit>
 struct Tile;
 
 // f32 storage, tf32 mma (kSplit: 3xTF32 on raw f32 operands).
-template <bool kSplit>
-struct Tile<float, kSplit> {
+template <bool kSplit_>
+struct Tile<float, kSplit_> {
   static constexpr int KS = 8, kPad = 8, kPadKN = 4;
+  static constexpr bool kSplit = kSplit_;
   static constexpr bool kRoundTiles = !kSplit;  // tf32: tiles rounded once in shared memory
   __device__ static uint32_t op(float x) { return kSplit ? __float_as_uint(x) : to_tf32(x); }
 
@@ -154,10 +156,14 @@ struct Tile<float, kSplit> {
         const float x = __uint_as_float(b[i]);
         bh[i] = to_tf32(x), bl[i] = to_tf32(x - __uint_as_float(bh[i]));
       }
-      // small terms first
-      mma_tf32(c, al[0], al[1], al[2], al[3], bh[0], bh[1]);
-      mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
-      mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+      // Into a fresh accumulator, small terms first, then one IEEE add per element: the tensor
+      // cores' accumulation truncates, and chained along a whole key loop (T / 8 steps) that cost
+      // ~T/16 ulp (8e-6 relative at T = 1024, measured); per step it is a rounding of 8 products.
+      float t[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_tf32(t, al[0], al[1], al[2], al[3], bh[0], bh[1]);
+      mma_tf32(t, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
+      mma_tf32(t, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+      c[0] += t[0], c[1] += t[1], c[2] += t[2], c[3] += t[3];
     }
   }
 };
@@ -237,6 +243,45 @@ __device__ __forceinline__ void st2(bf16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+// acc (16 x 8 ND) += A Y: A from accumulator tiles a (16 x 8 NK: P or dS), Y [8 NK][LD] in shared
+// memory.
+template <class M, int LD, int NK, int ND, class T>
+__device__ __forceinline__ void add_product(float (&acc)[ND][4], const float (&a)[NK][4], const T* Y,
+                                            int lane) {
+#pragma unroll
+  for (int kk = 0; kk < NK * 8 / M::KS; ++kk) {
+    uint32_t pa[4];
+    M::a_from_acc(pa, a, kk);
+#pragma unroll
+    for (int n = 0; n < ND; n += 2) {
+      uint32_t bb[2][2];
+      M::load_b_kn2(bb, Y + kk * M::KS * LD + n * 8, LD, lane);
+      M::mma(acc[n], pa, bb[0]);
+      M::mma(acc[n + 1], pa, bb[1]);
+    }
+  }
+}
+
+// One step of a loop over tiles i = 0 .. n-1 whose tile 0 is already in flight. Two stages: issue
+// tile i + 1 into the other stage, wait for tile i. One stage (where two would not leave room for
+// two blocks per SM): issue tile i (i > 0; the loop's closing barrier freed the stage), wait for it.
+template <int S, class F>
+__device__ __forceinline__ int pipe_step(int i, int n, F&& load) {
+  if constexpr (S == 2) {
+    if (i + 1 < n) {
+      load(i + 1, (i + 1) & 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    return i & 1;
+  } else {
+    if (i > 0) load(i, 0);
+    cp_wait<0>();
+    return 0;
+  }
+}
+
 struct Heads {
   int q, k, v;  // channel offsets of head h's q, k, v inside a qkv row of 3C
 };
@@ -287,13 +332,7 @@ __global__ void __launch_bounds__(kThr)
 
   const int nkb = (T_ + BC - 1) / BC;
   for (int j = 0; j < nkb; ++j) {
-    const int st = j & 1;
-    if (j + 1 < nkb) {
-      load_kv(j + 1, st ^ 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
+    const int st = pipe_step<2>(j, nkb, load_kv);
     if (M::kRoundTiles) {
       round_tile<BC, D, LDK, kThr>(sK + st * BC * LDK, tid);
       round_tile<BC, D, LDV, kThr>(sV + st * BC * LDV, tid);
@@ -347,20 +386,8 @@ __global__ void __launch_bounds__(kThr)
       for (int n = 0; n < D / 8; ++n) o[n][2 * r] *= alpha, o[n][2 * r + 1] *= alpha;
     }
 
-    // O += P V
-#pragma unroll
-    for (int kk = 0; kk < BC / KS; ++kk) {
-      uint32_t pa[4];
-      M::a_from_acc(pa, s, kk);
-#pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        uint32_t bb[2][2];
-        M::load_b_kn2(bb, V + kk * KS * LDV + n * 8, LDV, lane);
-        M::mma(o[n], pa, bb[0]);
-        M::mma(o[n + 1], pa, bb[1]);
-      }
-    }
-    __syncthreads();  // the stage is refilled by the next iteration's prefetch
+    add_product<M, LDV>(o, s, V, lane);  // O += P V
+    __syncthreads();                     // the stage is refilled by the next iteration's prefetch
   }
 
 #pragma unroll
@@ -407,7 +434,7 @@ __global__ void flash_dsum_kernel(const T* __restrict__ dout, const T* __restric
 // dK, dV of 64 keys (4 warps x 16) over every query block of BR rows. The warp's S^T (keys x
 // queries) = K_w Q^T, P^T = exp2(S^T sl2 - lse2[query]), dP^T = V_w dO^T, dV += P^T dO,
 // dS^T = P^T (dP^T - Dsum[query]), dK += dS^T Q (scaled by 1/sqrt(D) at the end).
-template <class T, int D, bool kSplit, int BR>
+template <class T, int D, bool kSplit, int BR, int S>
 __global__ void __launch_bounds__(kThr)
     flash_bwd_dkdv_kernel(const T* __restrict__ qkv, const T* __restrict__ dout,
                           const float* __restrict__ lse, const float* __restrict__ dsum, T* __restrict__ dqkv,
@@ -417,10 +444,10 @@ __global__ void __launch_bounds__(kThr)
   extern __shared__ float4 smem_f4[];
   T* sK = reinterpret_cast<T*>(smem_f4);                   // [BK][LD]
   T* sV = sK + BK * LD;                                    // [BK][LD]
-  T* sQ = sV + BK * LD;                                    // [2][BR][LD]
-  T* sO = sQ + 2 * BR * LD;                                // [2][BR][LD] (dO)
-  float* sL = reinterpret_cast<float*>(sO + 2 * BR * LD);  // [2][BR] lse * log2(e)
-  float* sD = sL + 2 * BR;                                 // [2][BR] Dsum
+  T* sQ = sV + BK * LD;                                    // [S][BR][LD]
+  T* sO = sQ + S * BR * LD;                                // [S][BR][LD] (dO)
+  float* sL = reinterpret_cast<float*>(sO + S * BR * LD);  // [S][BR] lse * log2(e)
+  float* sD = sL + S * BR;                                 // [S][BR] Dsum
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
   const size_t ld = 3 * (size_t)C;
@@ -457,13 +484,7 @@ __global__ void __launch_bounds__(kThr)
 
   const int nqb = (T_ + BR - 1) / BR;
   for (int i = 0; i < nqb; ++i) {
-    const int st = i & 1;
-    if (i + 1 < nqb) {
-      load_q(i + 1, st ^ 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
+    const int st = pipe_step<S>(i, nqb, load_q);
     if (M::kRoundTiles) {
       if (i == 0) {
         round_tile<BK, D, LD, kThr>(sK, tid);
@@ -509,23 +530,8 @@ __global__ void __launch_bounds__(kThr)
         s[n][e] = p;
         dp[n][e] = p * (dp[n][e] - Dq[col]);
       }
-      // dV += P^T dO,  dK += dS^T Q
-#pragma unroll
-    for (int kk = 0; kk < BR / KS; ++kk) {
-      uint32_t pa[4], da[4];
-      M::a_from_acc(pa, s, kk);
-      M::a_from_acc(da, dp, kk);
-#pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        uint32_t bo[2][2], bq[2][2];
-        M::load_b_kn2(bo, dO + kk * KS * LD + n * 8, LD, lane);
-        M::load_b_kn2(bq, Q + kk * KS * LD + n * 8, LD, lane);
-        M::mma(dv[n], pa, bo[0]);
-        M::mma(dv[n + 1], pa, bo[1]);
-        M::mma(dk[n], da, bq[0]);
-        M::mma(dk[n + 1], da, bq[1]);
-      }
-    }
+    add_product<M, LD>(dv, s, dO, lane);  // dV += P^T dO
+    add_product<M, LD>(dk, dp, Q, lane);  // dK += dS^T Q
     __syncthreads();
   }
 
@@ -543,7 +549,7 @@ __global__ void __launch_bounds__(kThr)
 
 // dQ of 64 query rows (4 warps x 16) over every key block of BC keys: S = Q_w K^T,
 // P = exp2(S sl2 - lse2), dP = dO_w V^T, dS = P (dP - Dsum), dQ += dS K (scaled at the end).
-template <class T, int D, bool kSplit, int BC>
+template <class T, int D, bool kSplit, int BC, int S>
 __global__ void __launch_bounds__(kThr)
     flash_bwd_dq_kernel(const T* __restrict__ qkv, const T* __restrict__ dout, const float* __restrict__ lse,
                         const float* __restrict__ dsum, T* __restrict__ dqkv, int T_, int C, int heads,
@@ -553,8 +559,8 @@ __global__ void __launch_bounds__(kThr)
   extern __shared__ float4 smem_f4[];
   T* sQ = reinterpret_cast<T*>(smem_f4);  // [BQ][LD]
   T* sO = sQ + BQ * LD;                   // [BQ][LD] (dO)
-  T* sK = sO + BQ * LD;                   // [2][BC][LD]
-  T* sV = sK + 2 * BC * LD;               // [2][BC][LD]
+  T* sK = sO + BQ * LD;                   // [S][BC][LD]
+  T* sV = sK + S * BC * LD;               // [S][BC][LD]
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
   const size_t ld = 3 * (size_t)C;
@@ -587,13 +593,7 @@ __global__ void __launch_bounds__(kThr)
 
   const int nkb = (T_ + BC - 1) / BC;
   for (int j = 0; j < nkb; ++j) {
-    const int st = j & 1;
-    if (j + 1 < nkb) {
-      load_kv(j + 1, st ^ 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
+    const int st = pipe_step<S>(j, nkb, load_kv);
     if (M::kRoundTiles) {
       if (j == 0) {
         round_tile<BQ, D, LD, kThr>(sQ, tid);
@@ -636,19 +636,7 @@ __global__ void __launch_bounds__(kThr)
         const float p = n * 8 + 2 * t4 + (e & 1) < kvalid ? exp2f(s[n][e] * sl2 - l2[r]) : 0.f;
         dp[n][e] = p * (dp[n][e] - dq_[r]);
       }
-      // dQ += dS K
-#pragma unroll
-    for (int kk = 0; kk < BC / KS; ++kk) {
-      uint32_t da[4];
-      M::a_from_acc(da, dp, kk);
-#pragma unroll
-      for (int n = 0; n < D / 8; n += 2) {
-        uint32_t bk[2][2];
-        M::load_b_kn2(bk, K + kk * KS * LD + n * 8, LD, lane);
-        M::mma(dq[n], da, bk[0]);
-        M::mma(dq[n + 1], da, bk[1]);
-      }
-    }
+    add_product<M, LD>(dq, dp, K, lane);  // dQ += dS K
     __syncthreads();
   }
 
@@ -670,21 +658,28 @@ template <class T, int D>
 constexpr int kBlockN = (D == 128 && sizeof(T) == 4) ? 32 : 64;
 template <class T, int D>
 constexpr int kBlockDkdv = D == 128 ? 32 : 64;
+// Pipeline stages of the backward kernels' streamed tiles: 2 for bf16; 1 for f32, whose tiles are
+// twice the bytes: one stage leaves shared memory for 3 blocks per SM at D = 64 (2 with two
+// stages) and 2 at D = 128 (1). Measured on the H100, tf32 backward at T = 1024 (B 8, C 512):
+// D = 64 0.62 ms with one stage vs 0.71 with two, D = 128 0.69 vs 1.03; seed64's d = 32 shapes equal.
+template <class T, int D>
+constexpr int kStagesBwd = sizeof(T) == 4 ? 1 : 2;
 
 template <class T, int D, bool kSplit>
 constexpr size_t fwd_smem() {
   using M = Tile<T, kSplit>;
   return (size_t)2 * kBlockN<T, D> * (2 * D + M::kPad + M::kPadKN) * sizeof(T);
 }
-template <class T, int D, bool kSplit>
+template <class T, int D, bool kSplit, int S>
 constexpr size_t dkdv_smem() {
   constexpr int LD = D + Tile<T, kSplit>::kPad, BR = kBlockDkdv<T, D>;
-  return ((size_t)2 * kRowsPerBlock * LD + (size_t)4 * BR * LD) * sizeof(T) + (size_t)4 * BR * sizeof(float);
+  return ((size_t)2 * kRowsPerBlock * LD + (size_t)2 * S * BR * LD) * sizeof(T) +
+         (size_t)2 * S * BR * sizeof(float);
 }
-template <class T, int D, bool kSplit>
+template <class T, int D, bool kSplit, int S>
 constexpr size_t dq_smem() {
   constexpr int LD = D + Tile<T, kSplit>::kPad, BC = kBlockN<T, D>;
-  return ((size_t)2 * kRowsPerBlock * LD + (size_t)4 * BC * LD) * sizeof(T);
+  return ((size_t)2 * kRowsPerBlock * LD + (size_t)2 * S * BC * LD) * sizeof(T);
 }
 
 struct Geo {
@@ -713,29 +708,36 @@ int smem_optin() {
   return v;
 }
 
-// Opts a kernel into more than 48 KiB of dynamic shared memory (once per kernel and device; at
-// plan time, before any graph capture, and again harmlessly at the first launch).
+// Opts a kernel into more than 48 KiB of dynamic shared memory.
 template <class K>
 void allow_smem(K* kernel, size_t bytes) {
-  static bool done[64] = {};
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 64 && done[dev]) return;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-  if (dev < 64) done[dev] = true;
 }
 
 template <class T, int D, bool kSplit>
 struct Kernels {
-  static constexpr int BN = kBlockN<T, D>, BR = kBlockDkdv<T, D>;
+  static constexpr int BN = kBlockN<T, D>, S = kStagesBwd<T, D>;
+  // fp32 mode (3xTF32, register-starved) at D = 128 runs its backward slower than "cublas"
+  // (measured 2.02 ms vs 1.63 at T = 1024, B 8, C 512): left to it.
+  static constexpr bool kBwd = !(kSplit && D == 128);
+  // Once per device (at plan time, before any graph capture; again harmlessly at the first launch).
   static void prepare() {
+    static bool done[64] = {};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 64 && done[dev]) return;
     allow_smem(flash_fwd_kernel<T, D, kSplit, BN>, fwd_smem<T, D, kSplit>());
-    allow_smem(flash_bwd_dkdv_kernel<T, D, kSplit, BR>, dkdv_smem<T, D, kSplit>());
-    allow_smem(flash_bwd_dq_kernel<T, D, kSplit, BN>, dq_smem<T, D, kSplit>());
+    if constexpr (kBwd) {
+      constexpr int BR = kBlockDkdv<T, D>;
+      allow_smem(flash_bwd_dkdv_kernel<T, D, kSplit, BR, S>, dkdv_smem<T, D, kSplit, S>());
+      allow_smem(flash_bwd_dq_kernel<T, D, kSplit, BN, S>, dq_smem<T, D, kSplit, S>());
+    }
+    if (dev < 64) done[dev] = true;
   }
-  static bool fits() {
+  static bool fits(bool bwd) {
+    if (bwd && !kBwd) return false;
     const size_t m =
-        std::max(fwd_smem<T, D, kSplit>(), std::max(dkdv_smem<T, D, kSplit>(), dq_smem<T, D, kSplit>()));
+        bwd ? std::max(dkdv_smem<T, D, kSplit, S>(), dq_smem<T, D, kSplit, S>()) : fwd_smem<T, D, kSplit>();
     return m <= (size_t)smem_optin();
   }
   static void fwd(const AttentionFwd& o, CudaCtx& ctx, const Geo& g) {
@@ -747,22 +749,27 @@ struct Kernels {
     KERNEL_CHECK();
   }
   static void bwd(const AttentionBwd& o, CudaCtx& ctx, const Geo& g) {
-    prepare();
-    float* dsum = static_cast<float*>(ctx.ws);
-    const int rows = g.B * g.T;
-    flash_dsum_kernel<T><<<grid_for((size_t)rows * 32), kThreads, 0, ctx.stream>>>(
-        dptr<T>(o.dout), dptr<T>(o.out), dsum, rows, g.T, g.C, g.heads, D);
-    KERNEL_CHECK();
-    const float sl2 = (float)(kLog2e / std::sqrt((double)D)), scale = (float)(1.0 / std::sqrt((double)D));
-    const dim3 gk((g.T + kRowsPerBlock - 1) / kRowsPerBlock, g.B * g.heads);
-    flash_bwd_dkdv_kernel<T, D, kSplit, BR><<<gk, kThr, dkdv_smem<T, D, kSplit>(), ctx.stream>>>(
-        dptr<T>(o.qkv), dptr<T>(o.dout), dptr<float>(o.lse), dsum, dptr<T>(o.dqkv), g.T, g.C, g.heads,
-        o.legacy, sl2, scale);
-    KERNEL_CHECK();
-    flash_bwd_dq_kernel<T, D, kSplit, BN><<<gk, kThr, dq_smem<T, D, kSplit>(), ctx.stream>>>(
-        dptr<T>(o.qkv), dptr<T>(o.dout), dptr<float>(o.lse), dsum, dptr<T>(o.dqkv), g.T, g.C, g.heads,
-        o.legacy, sl2, scale);
-    KERNEL_CHECK();
+    if constexpr (!kBwd) {
+      throw std::logic_error("attention flash: no backward for this head width in fp32");
+    } else {
+      constexpr int BR = kBlockDkdv<T, D>;
+      prepare();
+      float* dsum = static_cast<float*>(ctx.ws);
+      const int rows = g.B * g.T;
+      flash_dsum_kernel<T><<<grid_for((size_t)rows * 32), kThreads, 0, ctx.stream>>>(
+          dptr<T>(o.dout), dptr<T>(o.out), dsum, rows, g.T, g.C, g.heads, D);
+      KERNEL_CHECK();
+      const float sl2 = (float)(kLog2e / std::sqrt((double)D)), scale = (float)(1.0 / std::sqrt((double)D));
+      const dim3 grid((g.T + kRowsPerBlock - 1) / kRowsPerBlock, g.B * g.heads);
+      flash_bwd_dkdv_kernel<T, D, kSplit, BR, S><<<grid, kThr, dkdv_smem<T, D, kSplit, S>(), ctx.stream>>>(
+          dptr<T>(o.qkv), dptr<T>(o.dout), dptr<float>(o.lse), dsum, dptr<T>(o.dqkv), g.T, g.C, g.heads,
+          o.legacy, sl2, scale);
+      KERNEL_CHECK();
+      flash_bwd_dq_kernel<T, D, kSplit, BN, S><<<grid, kThr, dq_smem<T, D, kSplit, S>(), ctx.stream>>>(
+          dptr<T>(o.qkv), dptr<T>(o.dout), dptr<float>(o.lse), dsum, dptr<T>(o.dqkv), g.T, g.C, g.heads,
+          o.legacy, sl2, scale);
+      KERNEL_CHECK();
+    }
   }
 };
 
@@ -791,21 +798,21 @@ bool dispatch(const Geo& g, Precision prec, F&& f) {
   return by_d(float{}, std::false_type{});
 }
 
-bool supported(const Geo& g, const CudaCtx& ctx, std::initializer_list<const void*> ptrs) {
+bool supported(const Geo& g, const CudaCtx& ctx, bool bwd, std::initializer_list<const void*> ptrs) {
   if (g.heads < 1 || g.C % g.heads || g.T < 1 || g.B < 1) return false;
   if ((size_t)g.B * g.heads > 65535) return false;  // grid.y
   for (const void* p : ptrs)
     if (!aligned16(p)) return false;  // 16-byte tile copies
   bool fits = false;
-  if (!dispatch(g, ctx.prec, [&](auto k) { fits = decltype(k)::fits(); })) return false;
+  if (!dispatch(g, ctx.prec, [&](auto k) { fits = decltype(k)::fits(bwd); })) return false;
   return fits;
 }
 
 bool fwd_ok(const AttentionFwd& o, const CudaCtx& ctx) {
-  return supported(geo(o.qkv, o.out, o.lse), ctx, {o.qkv.data, o.out.data});
+  return supported(geo(o.qkv, o.out, o.lse), ctx, false, {o.qkv.data, o.out.data});
 }
 bool bwd_ok(const AttentionBwd& o, const CudaCtx& ctx) {
-  return supported(geo(o.qkv, o.out, o.lse), ctx, {o.qkv.data, o.out.data, o.dout.data, o.dqkv.data});
+  return supported(geo(o.qkv, o.out, o.lse), ctx, true, {o.qkv.data, o.out.data, o.dout.data, o.dqkv.data});
 }
 
 void run_fwd(const AttentionFwd& o, CudaCtx& ctx) {
