@@ -1,0 +1,381 @@
+// GroupNorm variant "fused": the statistics of "vec" (per-channel sums of x - K, K the group's
+// first element, added in double where partial sums meet), in fewer and leaner launches. On the
+// H100 (seed64, batch 32, bf16) "vec"'s element kernels ran at a third of memory speed, bound by
+// per-element coefficient loads and 64-bit index arithmetic, and its small kernels between the
+// passes (split sums, statistics, coefficients) cost as much as a pass. Here (rowblock.cuh):
+//  * a thread owns one 16-byte channel vector of one sample for a run of rows, so its
+//    coefficients are computed once into registers from mean/rstd/gamma/beta/ss, and the row
+//    loop is loads, FMAs (and SiLU), stores;
+//  * the last block of each sample to finish its partial sums completes that sample's reduction
+//    (statistics, or the backward's group coefficients and dss), and with dgamma/dbeta the last
+//    of those adds them over the batch:
+//      forward   sums + statistics | apply          2 launches ("vec": 4)
+//      apply     apply                              1 launch   ("vec": 2)
+//      backward  sums + coefficients | dx           2 launches ("vec": 5)
+//  * the normalisation is computed as (x - mean) * coefficient, not x * a + (beta - mean a), so a
+//    large common offset does not cancel in f32.
+// Deterministic: every partial has a fixed slot and is added in a fixed order; the tickets only
+// decide which block adds.
+#include "cuda_engine.cuh"
+#include "rowblock.cuh"
+
+namespace unet {
+
+namespace {
+
+using namespace rowblock;
+
+constexpr double kEps = 1e-5;
+// Rows in flight per thread (their loads issued before their arithmetic): 4 for one input, 2 for
+// two (x and dy), which keeps the backward kernels at two or more blocks per SM.
+constexpr int kU1 = 4, kU2 = 2;
+
+// z = (x - m) a + bb (before SiLU) for channel c of sample b: a = rstd gamma (1 + scale),
+// bb = beta (1 + scale) + shift.
+struct Coef {
+  float m, r, a, bb;
+};
+__device__ __forceinline__ Coef coef_of(const float* gamma, const float* beta, const float* ss, const float* mean,
+                                        const float* rstd, int b, int c, int C, int G) {
+  const int bg = b * G + c / (C / G);
+  Coef k;
+  k.m = mean[bg], k.r = rstd[bg];
+  k.a = k.r * gamma[c], k.bb = beta[c];
+  if (ss) {
+    const float f = 1.f + ss[(size_t)b * 2 * C + c];
+    k.a *= f;
+    k.bb = k.bb * f + ss[(size_t)b * 2 * C + C + c];
+  }
+  return k;
+}
+
+// Forward sums of (x - K, (x - K)^2) per (b, split, c); the last block of sample b writes its
+// mean and rstd.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads)
+    fwd_sums_kernel(const T* __restrict__ x, int R, int C, int G, int Cl, int L, int rps, float2* partial,
+                    double2* sums, unsigned* tickets, float* __restrict__ mean, float* __restrict__ rstd) {
+  __shared__ float2 red[kThreads * V];
+  __shared__ double2 tmp[kThreads];
+  const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
+  const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x, Cv = C / V, Cg = C / G, w = Cl * V;
+  const int r0 = s * rps, r1 = min(R, r0 + rps);
+  const T* xb = x + (size_t)b * R * C;
+  for (int j0 = 0; j0 < Cv; j0 += Cl) {  // trip count uniform over the block (it syncs inside)
+    const int j = j0 + cl;
+    float s1[V], s2[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) s1[k] = 0.f, s2[k] = 0.f;
+    if (j < Cv) {
+      float K[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) K[k] = ldf(xb, (size_t)((j * V + k) / Cg) * Cg);
+      for (int r = r0 + rl; r < r1; r += kU1 * L) {
+        float v[kU1][V];
+#pragma unroll
+        for (int u = 0; u < kU1; ++u)
+          if (r + u * L < r1) Vec<T, V>::load(xb + (size_t)(r + u * L) * C + j * V, v[u]);
+#pragma unroll
+        for (int u = 0; u < kU1; ++u)
+          if (r + u * L < r1)
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+              const float d = v[u][k] - K[k];
+              s1[k] += d;
+              s2[k] = fmaf(d, d, s2[k]);
+            }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) red[rl * w + cl * V + k] = make_float2(s1[k], s2[k]);
+    __syncthreads();
+    fold_rows(red, L, w);
+    for (int e = t; e < w && j0 * V + e < C; e += nt) partial[((size_t)b * S + s) * C + j0 * V + e] = red[e];
+    __syncthreads();  // red is reused
+  }
+  if (!last_block(tickets + 1 + b, S)) return;
+  finish_sample(partial, b, S, C, sums, tmp);
+  const double n = (double)R * Cg;
+  for (int g = t; g < G; g += nt) {
+    double a = 0, q = 0;
+    for (int c = g * Cg; c < (g + 1) * Cg; ++c) a += sums[(size_t)b * C + c].x, q += sums[(size_t)b * C + c].y;
+    const double m1 = a / n, var = fmax(q / n - m1 * m1, 0.0);
+    mean[b * G + g] = (float)(ldf(xb, (size_t)g * Cg) + m1);
+    rstd[b * G + g] = (float)(1.0 / sqrt(var + kEps));
+  }
+  if (t == 0) tickets[1 + b] = 0;
+}
+
+// y = act((x - m) a + bb) from saved statistics.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads)
+    apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ gamma,
+                 const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
+                 const float* __restrict__ rstd, int R, int C, int G, int Cl, int L, int rps, bool silu) {
+  const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
+  const int s = blockIdx.x, b = blockIdx.y, Cv = C / V;
+  const int r1 = min(R, s * rps + rps);
+  const size_t base = (size_t)b * R * C;
+  for (int j = cl; j < Cv; j += Cl) {
+    float m[V], a[V], bb[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const Coef q = coef_of(gamma, beta, ss, mean, rstd, b, j * V + k, C, G);
+      m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
+    }
+    for (int r = s * rps + rl; r < r1; r += kU1 * L) {
+      float v[kU1][V];
+#pragma unroll
+      for (int u = 0; u < kU1; ++u)
+        if (r + u * L < r1) Vec<T, V>::load(x + base + (size_t)(r + u * L) * C + j * V, v[u]);
+#pragma unroll
+      for (int u = 0; u < kU1; ++u)
+        if (r + u * L < r1) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            const float z = fmaf(v[u][k] - m[k], a[k], bb[k]);
+            v[u][k] = silu ? siluf_(z) : z;
+          }
+          Vec<T, V>::store(y + base + (size_t)(r + u * L) * C + j * V, v[u]);
+        }
+    }
+  }
+}
+
+// Backward sums of (dz xhat, dz) per (b, split, c), dz = dy SiLU'(z) (or dy). The last block of
+// sample b: per-(b, c) totals (sums), dss, and the group coefficients coef[b, g] =
+// (mean_g(f gamma dz), mean_g(f gamma dz xhat)); the last of those: dgamma, dbeta over the batch.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads, 2)
+    bwd_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ gamma,
+                    const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
+                    const float* __restrict__ rstd, int R, int C, int G, int Cl, int L, int rps, bool silu,
+                    float2* partial, double2* sums, float2* coef, unsigned* tickets, float* dgamma,
+                    float* dbeta, float* dss) {
+  __shared__ float2 red[kThreads * V];
+  __shared__ double2 tmp[kThreads];
+  const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
+  const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x, B = gridDim.y, Cv = C / V, Cg = C / G, w = Cl * V;
+  const int r0 = s * rps, r1 = min(R, r0 + rps);
+  const size_t base = (size_t)b * R * C;
+  for (int j0 = 0; j0 < Cv; j0 += Cl) {
+    const int j = j0 + cl;
+    float p1[V], p0[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) p1[k] = 0.f, p0[k] = 0.f;
+    if (j < Cv) {
+      float m[V], rs[V], a[V], bb[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const Coef q = coef_of(gamma, beta, ss, mean, rstd, b, j * V + k, C, G);
+        m[k] = q.m, rs[k] = q.r, a[k] = q.a, bb[k] = q.bb;
+      }
+      for (int r = r0 + rl; r < r1; r += kU2 * L) {
+        float xv[kU2][V], gv[kU2][V];
+#pragma unroll
+        for (int u = 0; u < kU2; ++u)
+          if (r + u * L < r1) {
+            const size_t o = base + (size_t)(r + u * L) * C + j * V;
+            Vec<T, V>::load(x + o, xv[u]);
+            Vec<T, V>::load(dy + o, gv[u]);
+          }
+#pragma unroll
+        for (int u = 0; u < kU2; ++u)
+          if (r + u * L < r1)
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+              const float d = xv[u][k] - m[k];
+              float dz = gv[u][k];
+              if (silu) dz *= silu_gradf_(fmaf(d, a[k], bb[k]));
+              p1[k] = fmaf(dz, d * rs[k], p1[k]);
+              p0[k] += dz;
+            }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) red[rl * w + cl * V + k] = make_float2(p1[k], p0[k]);
+    __syncthreads();
+    fold_rows(red, L, w);
+    for (int e = t; e < w && j0 * V + e < C; e += nt) partial[((size_t)b * S + s) * C + j0 * V + e] = red[e];
+    __syncthreads();
+  }
+  if (!last_block(tickets + 1 + b, S)) return;
+  if (t == 0) tickets[1 + b] = 0;
+  finish_sample(partial, b, S, C, sums, tmp);
+  auto f = [&](int bi, int c) { return ss ? 1.0 + (double)ss[(size_t)bi * 2 * C + c] : 1.0; };
+  if (dss)
+    for (int c = t; c < C; c += nt) {
+      const double2 q = sums[(size_t)b * C + c];
+      dss[(size_t)b * 2 * C + c] = (float)(gamma[c] * q.x + beta[c] * q.y);
+      dss[(size_t)b * 2 * C + C + c] = (float)q.y;
+    }
+  const double n = (double)R * Cg;
+  for (int g = t; g < G; g += nt) {
+    double kx = 0, ky = 0;
+    for (int c = g * Cg; c < (g + 1) * Cg; ++c) {
+      const double2 q = sums[(size_t)b * C + c];
+      const double wgt = f(b, c) * gamma[c];
+      kx += wgt * q.y, ky += wgt * q.x;
+    }
+    coef[b * G + g] = make_float2((float)(kx / n), (float)(ky / n));
+  }
+  if (!dgamma && !dbeta) return;
+  if (!last_block(tickets, B)) return;
+  for (int c = t; c < C; c += nt) {
+    double sg = 0, sb = 0;
+    for (int bi = 0; bi < B; ++bi) {
+      const double2 q = __ldcg(sums + (size_t)bi * C + c);
+      const double k = f(bi, c);
+      sg += k * q.x, sb += k * q.y;
+    }
+    if (dgamma) dgamma[c] = (float)sg;
+    if (dbeta) dbeta[c] = (float)sb;
+  }
+  if (t == 0) tickets[0] = 0;
+}
+
+// dx = rstd (f gamma dz - kx - xhat ky) = dz a + (x - m) (-rstd^2 ky) - rstd kx.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads, 2)
+    dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const float* __restrict__ gamma,
+              const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
+              const float* __restrict__ rstd, const float2* __restrict__ coef, int R, int C, int G, int Cl, int L,
+              int rps, bool silu) {
+  const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
+  const int s = blockIdx.x, b = blockIdx.y, Cv = C / V, Cg = C / G;
+  const int r1 = min(R, s * rps + rps);
+  const size_t base = (size_t)b * R * C;
+  for (int j = cl; j < Cv; j += Cl) {
+    float m[V], a[V], bb[V], bq[V], cq[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int c = j * V + k;
+      const Coef q = coef_of(gamma, beta, ss, mean, rstd, b, c, C, G);
+      const float2 kk = coef[b * G + c / Cg];
+      m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
+      bq[k] = -q.r * q.r * kk.y;
+      cq[k] = -q.r * kk.x;
+    }
+    for (int r = s * rps + rl; r < r1; r += kU2 * L) {
+      float xv[kU2][V], gv[kU2][V];
+#pragma unroll
+      for (int u = 0; u < kU2; ++u)
+        if (r + u * L < r1) {
+          const size_t o = base + (size_t)(r + u * L) * C + j * V;
+          Vec<T, V>::load(x + o, xv[u]);
+          Vec<T, V>::load(dy + o, gv[u]);
+        }
+#pragma unroll
+      for (int u = 0; u < kU2; ++u)
+        if (r + u * L < r1) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            const float d = xv[u][k] - m[k];
+            float dz = gv[u][k];
+            if (silu) dz *= silu_gradf_(fmaf(d, a[k], bb[k]));
+            gv[u][k] = fmaf(dz, a[k], fmaf(d, bq[k], cq[k]));
+          }
+          Vec<T, V>::store(dx + base + (size_t)(r + u * L) * C + j * V, gv[u]);
+        }
+    }
+  }
+}
+
+// ---- host side ----
+struct Dims {
+  int B, R, C, G;
+};
+Dims dims(const Tensor& x, const Tensor& mean) {
+  return {(int)x.dim[0], (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)mean.dim[1]};
+}
+
+// Scratch: partials [B, S, C] float2 in ctx.partial(); per-(b, c) double2 sums then coef [B, G]
+// float2 in ctx.aux().
+long long max_splits(const Dims& d) { return (long long)(CudaCtx::kPartialFloats / 2) / ((long long)d.B * d.C); }
+bool fits(const Dims& d) {
+  return d.B >= 1 && d.B < 65536 && (size_t)d.B + 1 <= CudaCtx::kTickets && max_splits(d) >= 1 &&
+         (size_t)d.B * d.C * 16 + (size_t)d.B * d.G * 8 <= CudaCtx::kAuxFloats * 4;
+}
+double2* sums_of(CudaCtx& ctx) { return reinterpret_cast<double2*>(ctx.aux()); }
+float2* coef_buf(CudaCtx& ctx, const Dims& d) {
+  return reinterpret_cast<float2*>(reinterpret_cast<char*>(ctx.aux()) + (size_t)d.B * d.C * 16);
+}
+
+template <class T, int V>
+void apply(CudaCtx& ctx, const Dims& d, const T* x, T* y, const GroupNormApply& o) {
+  const Plan p = plan(d.B, d.R, d.C, V, kU1);
+  apply_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(x, y, dptr<float>(o.gamma), dptr<float>(o.beta),
+                                                        dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd),
+                                                        d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu);
+  KERNEL_CHECK();
+}
+
+void gn_fwd(const GroupNormFwd& o, CudaCtx& ctx) {
+  const Dims d = dims(o.x, o.mean);
+  with_act(o.x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = dptr<T>(o.x);
+    with_width<T>(wide_ok<T>(d.C, {o.x.data, o.y.data}), [&](auto vtag) {
+      constexpr int V = decltype(vtag)::value;
+      const Plan p = plan(d.B, d.R, d.C, V, kU1, max_splits(d));
+      fwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
+          x, d.R, d.C, d.G, p.Cl, p.L, p.rps, reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx),
+          ctx.tickets, dptr<float>(o.mean), dptr<float>(o.rstd));
+      KERNEL_CHECK();
+      apply<T, V>(ctx, d, x, dptr<T>(o.y), GroupNormApply{o.x, o.gamma, o.beta, o.ss, o.mean, o.rstd, o.y, o.silu});
+    });
+  });
+}
+
+void gn_apply(const GroupNormApply& o, CudaCtx& ctx) {
+  const Dims d = dims(o.x, o.mean);
+  with_act(o.x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    with_width<T>(wide_ok<T>(d.C, {o.x.data, o.y.data}), [&](auto vtag) {
+      apply<T, decltype(vtag)::value>(ctx, d, dptr<T>(o.x), dptr<T>(o.y), o);
+    });
+  });
+}
+
+void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
+  const Dims d = dims(o.x, o.mean);
+  with_act(o.x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T *x = dptr<T>(o.x), *dy = dptr<T>(o.dy);
+    with_width<T>(wide_ok<T>(d.C, {o.x.data, o.dy.data, o.dx.data}), [&](auto vtag) {
+      constexpr int V = decltype(vtag)::value;
+      const Plan p = plan(d.B, d.R, d.C, V, kU2, max_splits(d));
+      const float *gamma = dptr<float>(o.gamma), *beta = dptr<float>(o.beta), *ss = dptr<float>(o.ss),
+                  *mean = dptr<float>(o.mean), *rstd = dptr<float>(o.rstd);
+      float2* coef = coef_buf(ctx, d);
+      bwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
+          x, dy, gamma, beta, ss, mean, rstd, d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu,
+          reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), coef, ctx.tickets, dptr<float>(o.dgamma),
+          dptr<float>(o.dbeta), dptr<float>(o.dss));
+      KERNEL_CHECK();
+      if (!o.dx.defined()) return;
+      const Plan q = plan(d.B, d.R, d.C, V, kU2);
+      dx_kernel<T, V><<<q.grid(), q.nt, 0, ctx.stream>>>(x, dy, dptr<T>(o.dx), gamma, beta, ss, mean, rstd, coef,
+                                                         d.R, d.C, d.G, q.Cl, q.L, q.rps, o.silu);
+      KERNEL_CHECK();
+    });
+  });
+}
+
+bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) { return o.y.dtype == o.x.dtype && fits(dims(o.x, o.mean)); }
+bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
+  return o.y.dtype == o.x.dtype && dims(o.x, o.mean).B < 65536;
+}
+bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
+  return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) && fits(dims(o.x, o.mean));
+}
+
+}  // namespace
+
+void register_groupnorm_fused(CudaOps& ops) {
+  ops.variants<GroupNormFwd>().push_back({"fused", fwd_ok, gn_fwd, nullptr});
+  ops.variants<GroupNormApply>().push_back({"fused", apply_ok, gn_apply, nullptr});
+  ops.variants<GroupNormBwd>().push_back({"fused", bwd_ok, gn_bwd, nullptr});
+}
+
+}  // namespace unet
