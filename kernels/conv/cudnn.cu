@@ -617,7 +617,7 @@ __global__ void __launch_bounds__(kThreads)
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V;
   const int r1 = min(R, s * rps + rps);
   const size_t base = (size_t)b * R * C;
-  constexpr int U = 4;
+  constexpr int U = 2;  // two inputs per row (y and res)
   for (int j = cl; j < Cv; j += Cl) {
     float bv[V], ev[V];
 #pragma unroll
@@ -657,7 +657,7 @@ void conv_fwd_fused(const ConvFwd& o, CudaCtx& ctx) {
     using T = decltype(tag);
     rowblock::with_width<T>(rowblock::wide_ok<T>(C, {o.y.data, o.res.data}), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      const rowblock::Plan p = rowblock::plan(B, R, C, V);
+      const rowblock::Plan p = rowblock::plan(epilogue_kernel<T, V>, B, R, C, V, 2);
       epilogue_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(dptr<T>(o.y), dptr<float>(o.bias),
                                                                dptr<float>(o.emb), dptr<T>(o.res), R, C, p.Cl,
                                                                p.L, p.rps);
@@ -675,7 +675,7 @@ void bias_sums(CudaCtx& ctx, const Tensor& dy, const Tensor& db, const Tensor& d
     using T = decltype(tag);
     rowblock::with_width<T>(rowblock::wide_ok<T>(C, {dy.data}), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      const rowblock::Plan p = rowblock::plan(B, R, C, V, 4, max_splits);
+      const rowblock::Plan p = rowblock::plan(rowblock::colsum_kernel<T, V>, B, R, C, V, 4, max_splits);
       rowblock::colsum_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
           dptr<T>(dy), R, C, p.Cl, p.L, p.rps, reinterpret_cast<float2*>(ctx.partial()),
           reinterpret_cast<double2*>(ctx.aux()), ctx.tickets, dptr<float>(demb), dptr<float>(db));

@@ -82,17 +82,35 @@ struct Plan {
   dim3 grid() const { return dim3((unsigned)S, (unsigned)B); }
 };
 
-// rows_per_thread: the rows a thread should at least get (its loop's unroll); max_splits caps S
-// (the partials' room). About four blocks per SM over the whole grid (132 SMs), fewer where
-// rows run out.
-inline Plan plan(int B, int R, int C, int V, int rows_per_thread = 4, long long max_splits = 1 << 20) {
+// SMs the split counts are sized for: the H100's, fixed rather than queried so that the
+// partial sums' order (and so every bit of the results) depends on the shapes and the build only.
+constexpr int kNominalSMs = 132;
+
+// Blocks of nt threads of `kernel` resident at once on kNominalSMs SMs (its registers and
+// shared memory decide how many per SM).
+template <class K>
+int resident_blocks(K* kernel, int nt) {
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, nt, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    occ = 1;
+  }
+  return kNominalSMs * std::max(1, occ);
+}
+
+// The geometry for `kernel`: as many splits per sample as fill one wave of resident blocks (all
+// blocks start together and none waits for a second wave: measured, a 1.4-wave grid cost a third
+// more), at least rows_per_thread rows per thread (its loop's unroll), at most max_splits (the
+// partials' room).
+template <class K>
+Plan plan(K* kernel, int B, int R, int C, int V, int rows_per_thread, long long max_splits = 1 << 20) {
   Plan p;
   p.B = B, p.R = R, p.C = C, p.V = V;
   p.Cv = C / V;
   p.Cl = std::max(1, std::min(p.Cv, kThreads));
   p.L = kThreads / p.Cl;
   p.nt = p.L * p.Cl;
-  const long long want = (528 + B - 1) / std::max(1, B);
+  const long long want = resident_blocks(kernel, p.nt) / std::max(1, B);
   const long long most = std::max(1LL, ((long long)R + (long long)p.L * rows_per_thread - 1) /
                                            ((long long)p.L * rows_per_thread));
   const long long S = std::max(1LL, std::min({want, most, max_splits}));
@@ -127,41 +145,59 @@ __device__ __forceinline__ bool last_block(unsigned* counter, unsigned n) {
   return last;
 }
 
-// Per-(b, c) totals of one sample from its S partials [B, S, C] float2, in double, into
-// sums[b*C + c]: P = threads per channel add every P-th split, then the P parts in order (the
-// order depends on the shapes only). tmp: kThreads double2 of shared memory.
-__device__ __forceinline__ void finish_sample(const float2* partial, int b, int S, int C, double2* sums,
-                                              double2* tmp) {
+// Sum in order of n values at p, p + stride, ... (double), eight loads in flight: the finishing
+// blocks sit on the critical path, and one dependent L2 round trip per value was measured to cost
+// microseconds per launch.
+template <class T2>
+__device__ __forceinline__ double2 sum_run(const T2* p, int n, size_t stride) {
+  double x = 0, y = 0;
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    T2 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = __ldcg(p + (size_t)(i + u) * stride);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) x += v[u].x, y += v[u].y;
+  }
+  for (; i < n; ++i) {
+    const T2 v = __ldcg(p + (size_t)i * stride);
+    x += v.x, y += v.y;
+  }
+  return make_double2(x, y);
+}
+
+// out(c, total) for c < C with total = the n terms term(i, c) ... in order: P = threads per
+// channel take contiguous runs of i, then the P parts are added in order (the order depends on
+// the shapes only). run(c, i0, i1) sums terms [i0, i1) of channel c. tmp: kThreads double2.
+template <class Run, class Out>
+__device__ __forceinline__ void finish_columns(int n, int C, double2* tmp, Run run, Out out) {
   const int t = threadIdx.x, nt = blockDim.x;
-  const float2* pb = partial + (size_t)b * S * C;
-  const int P = C >= nt ? 1 : min(S, nt / C);
+  const int P = C >= nt ? 1 : min(n, nt / C);
   if (P == 1) {
-    for (int c = t; c < C; c += nt) {
-      double x = 0, y = 0;
-      for (int s = 0; s < S; ++s) {
-        const float2 v = __ldcg(pb + (size_t)s * C + c);
-        x += v.x, y += v.y;
-      }
-      sums[(size_t)b * C + c] = make_double2(x, y);
-    }
+    for (int c = t; c < C; c += nt) out(c, run(c, 0, n));
   } else {
     if (t < C * P) {
-      const int c = t % C, p = t / C;
-      double x = 0, y = 0;
-      for (int s = p; s < S; s += P) {
-        const float2 v = __ldcg(pb + (size_t)s * C + c);
-        x += v.x, y += v.y;
-      }
-      tmp[t] = make_double2(x, y);
+      const int c = t % C, q = t / C;
+      tmp[t] = run(c, (int)((long long)n * q / P), (int)((long long)n * (q + 1) / P));
     }
     __syncthreads();
     if (t < C) {
       double2 a = tmp[t];
-      for (int p = 1; p < P; ++p) a.x += tmp[p * C + t].x, a.y += tmp[p * C + t].y;
-      sums[(size_t)b * C + t] = a;
+      for (int q = 1; q < P; ++q) a.x += tmp[q * C + t].x, a.y += tmp[q * C + t].y;
+      out(t, a);
     }
   }
-  __syncthreads();  // sums visible to the whole block
+  __syncthreads();  // what out() wrote is visible to the whole block
+}
+
+// Per-(b, c) totals of one sample from its S partials [B, S, C] float2, in double, into
+// sums[b*C + c].
+__device__ __forceinline__ void finish_sample(const float2* partial, int b, int S, int C, double2* sums,
+                                              double2* tmp) {
+  const float2* pb = partial + (size_t)b * S * C;
+  finish_columns(
+      S, C, tmp, [&](int c, int i0, int i1) { return sum_run(pb + (size_t)i0 * C + c, i1 - i0, (size_t)C); },
+      [&](int c, double2 v) { sums[(size_t)b * C + c] = v; });
 }
 
 // Calls go(std::integral_constant<int, V>{}) with V the 16-byte width of T where it applies, else 1.
@@ -217,11 +253,9 @@ __global__ void __launch_bounds__(kThreads)
   if (per_sample)
     for (int c = t; c < C; c += nt) per_sample[(size_t)b * C + c] = (float)sums[(size_t)b * C + c].x;
   if (!total || !last_block(tickets, B)) return;
-  for (int c = t; c < C; c += nt) {
-    double a = 0;
-    for (int bi = 0; bi < B; ++bi) a += __ldcg(sums + (size_t)bi * C + c).x;
-    total[c] = (float)a;
-  }
+  finish_columns(
+      B, C, tmp, [&](int c, int i0, int i1) { return sum_run(sums + (size_t)i0 * C + c, i1 - i0, (size_t)C); },
+      [&](int c, double2 v) { total[c] = (float)v.x; });
   if (t == 0) tickets[0] = 0;
 }
 
