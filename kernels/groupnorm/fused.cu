@@ -16,6 +16,8 @@
 //    large common offset does not cancel in f32.
 // Deterministic: every partial has a fixed slot and is added in a fixed order; the tickets only
 // decide which block adds.
+#include <cuda_pipeline.h>
+
 #include "cuda_engine.cuh"
 #include "rowblock.cuh"
 
@@ -404,7 +406,8 @@ constexpr size_t kSmemBytes = 48 << 10;  // the default dynamic shared memory li
 __host__ __device__ inline size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
 // Shared memory: ninputs slices [R][Cb] of T, then per channel float4 cf (m, a, bb, r), float2 cq
-// (dx coefficients), double2 csum, then double2 part [max(nt, Cb)], double2 gst [gb].
+// (dx coefficients; the forward keeps the group mean in .x), double2 csum, then double2 part
+// [max(nt, Cb)], double2 gst [gb].
 struct SmemLayout {
   size_t slice, cf, cq, csum, part, gst, bytes;
 };
@@ -447,7 +450,10 @@ __device__ __forceinline__ void channel_sums(int R, int Cb, double2* part, doubl
   __syncthreads();
 }
 
-// Copies the [R][Cb] slice at channel c0 of sample b (rows of C) into shared memory, V at a time.
+// Starts copying the [R][Cb] slice at channel c0 of sample b (rows of C) into shared memory, V at
+// a time: 16-byte asynchronous copies (cp.async), all in flight at once (measured: copies through
+// registers, one round trip per vector, made the load the block's longest phase); slices_ready()
+// waits for this thread's, and a __syncthreads() after it for everyone's.
 template <class T, int V>
 __device__ __forceinline__ void load_slice(const T* __restrict__ g, T* s, int b, int R, int C, int c0, int Cb) {
   const int t = threadIdx.x, nt = blockDim.x, Cbv = Cb / V;
@@ -459,9 +465,12 @@ __device__ __forceinline__ void load_slice(const T* __restrict__ g, T* s, int b,
         if constexpr (V == 1)
           s[r * Cb + j] = gb[(size_t)r * C + j];
         else
-          *reinterpret_cast<uint4*>(s + r * Cb + j * V) =
-              *reinterpret_cast<const uint4*>(gb + (size_t)r * C + j * V);
+          __pipeline_memcpy_async(s + r * Cb + j * V, gb + (size_t)r * C + j * V, 16);
       }
+}
+__device__ __forceinline__ void slices_ready() {
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
 }
 
 // f(r, j) for every V-vector (row r, vector j) of the slice, each once.
@@ -488,7 +497,9 @@ __global__ void __launch_bounds__(kThreads)
   double2* csum = reinterpret_cast<double2*>(smem + lay.csum);
   double2* part = reinterpret_cast<double2*>(smem + lay.part);
   double2* gst = reinterpret_cast<double2*>(smem + lay.gst);  // (mean, rstd) per group
+  float2* cm = reinterpret_cast<float2*>(smem + lay.cq);       // the channel's group mean (.x)
   load_slice<T, V>(x, sx, b, R, C, c0, Cb);
+  slices_ready();
   __syncthreads();
   const double n = (double)R * Cg;
   channel_sums(R, Cb, part, csum, [&](int r, int cl) { return make_float2(ldf(sx, (size_t)r * Cb + cl), 0.f); });
@@ -498,8 +509,10 @@ __global__ void __launch_bounds__(kThreads)
     gst[q].x = s / n;
   }
   __syncthreads();
+  for (int cl = t; cl < Cb; cl += nt) cm[cl].x = (float)gst[cl / Cg].x;
+  __syncthreads();
   channel_sums(R, Cb, part, csum, [&](int r, int cl) {
-    const float d = ldf(sx, (size_t)r * Cb + cl) - (float)gst[cl / Cg].x;
+    const float d = ldf(sx, (size_t)r * Cb + cl) - cm[cl].x;
     return make_float2(d * d, 0.f);
   });
   for (int q = t; q < gb; q += nt) {
@@ -548,10 +561,11 @@ __global__ void __launch_bounds__(kThreads)
   double2* part = reinterpret_cast<double2*>(smem + lay.part);
   load_slice<T, V>(x, sx, b, R, C, c0, Cb);
   load_slice<T, V>(dy, sg, b, R, C, c0, Cb);
-  for (int cl = t; cl < Cb; cl += nt) {
+  for (int cl = t; cl < Cb; cl += nt) {  // while the copies fly
     const Coef k = coef_of(gamma, beta, ss, mean, rstd, b, c0 + cl, C, G);
     cf[cl] = make_float4(k.m, k.a, k.bb, k.r);
   }
+  slices_ready();
   __syncthreads();
   // (dz xhat, dz) per channel
   channel_sums(R, Cb, part, csum, [&](int r, int cl) {
