@@ -248,6 +248,76 @@ TEST(ConvVariants, EverySeed64ShapeAtBatch32) {
   EXPECT_GT(seen.size(), 8u);
 }
 
+// "cudnn_fused" differs from "cudnn" only around the cuDNN call (the epilogue and db/demb), and
+// that work depends on the output shape alone: at every output shape of seed64 (batch 32), as a
+// 1x1 conv from 8 channels, y must equal cudnn's bit for bit (the same additions in the same
+// order) and db/demb agree to summation order, on the GPU alone (cheap where the full CPU
+// comparison above costs minutes). Odd shapes take the one-channel-per-lane path.
+TEST(ConvVariants, FusedEpilogueAndBiasSumsMatchCudnn) {
+  SKIP_WITHOUT_GPU();
+  std::set<std::pair<int, int>> shapes = {{5, 12}, {3, 6}, {7, 24}};  // (resolution, channels)
+  each_seed64_layer([&](const Layer& l) {
+    const int r = l.kind == Layer::Down ? l.res / 2 : l.kind == Layer::Up ? 2 * l.res : l.res;
+    shapes.insert({r, l.cout});
+    if (l.kind == Layer::Attn) shapes.insert({r, 3 * l.cin});
+  });
+  int checked = 0;
+  for (Precision p : {Precision::FP32, Precision::TF32, Precision::BF16})
+    for (auto [H, C] : shapes) {
+      const int B = H < 8 ? 3 : 32, Ci = 8;
+      SCOPED_TRACE(std::string(precision_name(p)) + " " + std::to_string(H) + "x" + std::to_string(C));
+      Engine* g = gpu_engine(p);
+      ASSERT_TRUE(g);
+      const DType act = g->act_dtype();
+      auto A = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
+      const ConvFwd f{A(act, {B, H, H, Ci}), A(act, {C, 1, 1, Ci}), A(DType::F32, {C}), A(DType::F32, {B, C}),
+                      A(act, {B, H, H, C}),  A(act, {B, H, H, C}),  1};
+      const ConvBwdFilter w{A(act, {B, H, H, Ci}), A(act, {B, H, H, C}), A(DType::F32, {C, 1, 1, Ci}),
+                            A(DType::F32, {C}), A(DType::F32, {B, C}), 1};
+      const auto vs = g->base_ops().variants_for(f);
+      if (std::find(vs.begin(), vs.end(), "cudnn_fused") == vs.end() ||
+          std::find(vs.begin(), vs.end(), "cudnn") == vs.end())
+        GTEST_SKIP() << "no cuDNN";
+      for (const ConvFwd& op :
+           {f, ConvFwd{f.x, f.w, f.bias, {}, f.res, f.y, 1}, ConvFwd{f.x, f.w, f.bias, f.emb, {}, f.y, 1}}) {
+        ConvFwd o = op;
+        randomize(*g, o, test_seed() + 11 * checked + 1);
+        const auto in = inputs_of(*g, o);
+        std::vector<std::vector<float>> got;
+        for (const char* v : {"cudnn", "cudnn_fused"}) {
+          load_inputs(*g, o, in);
+          g->base_ops().run_variant(o, v);
+          got.push_back(to_host(*g, o.y));
+        }
+        EXPECT_TRUE(got[0] == got[1]) << "y differs from cudnn's, emb " << o.emb.defined() << " res "
+                                      << o.res.defined();
+      }
+      for (const ConvBwdFilter& op :
+           {w, ConvBwdFilter{w.x, w.dy, w.dw, w.db, {}, 1}, ConvBwdFilter{w.x, w.dy, w.dw, {}, w.demb, 1}}) {
+        ConvBwdFilter o = op;
+        randomize(*g, o, test_seed() + 11 * checked + 5);
+        const auto in = inputs_of(*g, o);
+        std::vector<std::vector<std::pair<std::string, std::vector<float>>>> got;
+        for (const char* v : {"cudnn", "cudnn_fused"}) {
+          load_inputs(*g, o, in);
+          g->base_ops().run_variant(o, v);
+          g->device().sync();
+          got.push_back(outputs_of(*g, o));
+        }
+        for (size_t i = 0; i < got[0].size(); ++i)
+          EXPECT_LE(rel_l2(got[1][i].second, got[0][i].second), 1e-6) << got[0][i].first;
+        load_inputs(*g, o, in);  // bitwise reproducible
+        g->base_ops().run_variant(o, "cudnn_fused");
+        g->device().sync();
+        const auto again = outputs_of(*g, o);
+        for (size_t i = 0; i < again.size(); ++i)
+          EXPECT_TRUE(again[i].second == got[1][i].second) << again[i].first;
+      }
+      ++checked;
+    }
+  EXPECT_GT(checked, 20);
+}
+
 // ---- fast CPU variants vs the CPU reference ----
 
 // Forward (with the epilogue terms asked for), data gradient and filter gradient (with db, and

@@ -10,8 +10,8 @@
 // Backward recomputes S and P = exp(S - lse), then dV = P^T dO, dP = dO V^T,
 // dS = P (dP - rowsum(P dP)), dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d).
 //
-// Cost: the scores go through memory several times per pass; a fused (flash-style) kernel is the
-// speed step.
+// Cost: the scores go through memory several times per pass. The fused variant "flash" (flash.cu)
+// comes first where it runs the shape; this one covers the rest (head widths other than 32, 64, 128).
 #include <cmath>
 #include <string>
 
@@ -188,7 +188,10 @@ size_t bwd_ws(const AttentionBwd& o, const CudaCtx&) { return ws_for(geo(o.qkv, 
 
 }  // namespace
 
+void register_attention_flash(CudaOps& ops);  // flash.cu
+
 void register_attention_cuda(CudaOps& ops) {
+  register_attention_flash(ops);  // first: the default wherever it supports the op
   ops.variants<AttentionFwd>().push_back({"cublas", nullptr, attn_fwd, fwd_ws});
   ops.variants<AttentionBwd>().push_back({"cublas", nullptr, attn_bwd, bwd_ws});
 }

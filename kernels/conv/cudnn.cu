@@ -32,6 +32,7 @@
 #include "cudnn.h"
 #include "env_vars.h"
 #include "reduce.cuh"
+#include "rowblock.cuh"
 
 namespace unet {
 
@@ -599,11 +600,126 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
              ctx.stream);
 }
 
+// ---- variant "cudnn_fused": the same cuDNN plans, with the work around them as row-block
+// kernels (rowblock.cuh). On the H100 (seed64, bf16) "cudnn"'s epilogue map ran at about half of
+// memory speed (index arithmetic and bias/embedding loads per element) and its bias gradient was
+// a column reduction whose final kernel added 256 splits per channel on one thread each, plus a
+// second read of dy for the embedding gradient. Here the epilogue keeps bias and embedding in
+// registers (same additions in the same order: bitwise the same y), and db and demb come from one
+// read of dy in one launch (per-sample sums, then their sum over the batch).
+
+// y += bias[c] (+ emb[b, c]) (+ res) over [B, R, C].
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads)
+    epilogue_kernel(T* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ emb,
+                    const T* __restrict__ res, int R, int C, int Cl, int L, int rps) {
+  const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
+  const int s = blockIdx.x, b = blockIdx.y, Cv = C / V;
+  const int r1 = min(R, s * rps + rps);
+  const size_t base = (size_t)b * R * C;
+  constexpr int U = 2;  // two inputs per row (y and res)
+  for (int j = cl; j < Cv; j += Cl) {
+    float bv[V], ev[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      bv[k] = bias ? bias[j * V + k] : 0.f;
+      ev[k] = emb ? emb[(size_t)b * C + j * V + k] : 0.f;
+    }
+    for (int r = s * rps + rl; r < r1; r += U * L) {
+      float v[U][V], q[U][V];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (r + u * L < r1) {
+          const size_t o = base + (size_t)(r + u * L) * C + j * V;
+          rowblock::Vec<T, V>::load(y + o, v[u]);
+          if (res) rowblock::Vec<T, V>::load(res + o, q[u]);
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (r + u * L < r1) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            if (bias) v[u][k] += bv[k];
+            if (emb) v[u][k] += ev[k];
+            if (res) v[u][k] += q[u][k];
+          }
+          rowblock::Vec<T, V>::store(y + base + (size_t)(r + u * L) * C + j * V, v[u]);
+        }
+    }
+  }
+}
+
+void conv_fwd_fused(const ConvFwd& o, CudaCtx& ctx) {
+  execute(ctx, *plan_for(ctx, fwd_shape(o)), o.x.data, o.w.data, o.y.data);
+  if (!o.bias.defined() && !o.emb.defined() && !o.res.defined()) return;
+  const int B = (int)o.y.dim[0], R = (int)(o.y.dim[1] * o.y.dim[2]), C = (int)o.y.dim[3];
+  with_act(o.y.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rowblock::with_width<T>(rowblock::wide_ok<T>(C, {o.y.data, o.res.data}), [&](auto vtag) {
+      constexpr int V = decltype(vtag)::value;
+      const rowblock::Plan p = rowblock::plan(epilogue_kernel<T, V>, B, R, C, V, 2);
+      epilogue_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(dptr<T>(o.y), dptr<float>(o.bias),
+                                                               dptr<float>(o.emb), dptr<T>(o.res), R, C, p.Cl,
+                                                               p.L, p.rps);
+      KERNEL_CHECK();
+    });
+  });
+}
+
+// demb[b, c] = sum over the sample's rows of dy, db[c] = sum over all rows (each optional).
+void bias_sums(CudaCtx& ctx, const Tensor& dy, const Tensor& db, const Tensor& demb) {
+  if (!db.defined() && !demb.defined()) return;
+  const int B = (int)dy.dim[0], R = (int)(dy.dim[1] * dy.dim[2]), C = (int)dy.dim[3];
+  const long long max_splits = (long long)(CudaCtx::kPartialFloats / 2) / ((long long)B * C);
+  with_act(dy.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rowblock::with_width<T>(rowblock::wide_ok<T>(C, {dy.data}), [&](auto vtag) {
+      constexpr int V = decltype(vtag)::value;
+      const rowblock::Plan p = rowblock::plan(rowblock::colsum_kernel<T, V>, B, R, C, V, 4, max_splits);
+      rowblock::colsum_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
+          dptr<T>(dy), R, C, p.Cl, p.L, p.rps, reinterpret_cast<float2*>(ctx.partial()),
+          reinterpret_cast<double2*>(ctx.aux()), ctx.tickets, dptr<float>(demb), dptr<float>(db));
+      KERNEL_CHECK();
+    });
+  });
+}
+
+void conv_filter_fused(const ConvBwdFilter& o, CudaCtx& ctx) {
+  bias_sums(ctx, o.dy, o.db, o.demb);
+  const Plan& p = *plan_for(ctx, filter_shape(o));
+  if (o.x.dtype == DType::F32) {
+    execute(ctx, p, o.x.data, o.dw.data, o.dy.data);
+    return;
+  }
+  bf16* tmp = reinterpret_cast<bf16*>(static_cast<char*>(ctx.ws) + round256((size_t)p.ws));
+  execute(ctx, p, o.x.data, tmp, o.dy.data);
+  launch_map(Widen{tmp, dptr<float>(o.dw)}, o.dw.numel(), vec4_ok<bf16>(tmp) && aligned16(o.dw.data),
+             ctx.stream);
+}
+
+// The one-launch reductions' limits: the batch within the tickets and the grid, one split per
+// sample within the partials' room, the per-(b, c) sums within the auxiliary scratch.
+bool sums_fit(const Tensor& dy) {
+  const long long B = dy.dim[0], C = dy.dim[3];
+  return B >= 1 && B < 65536 && (size_t)B + 1 <= CudaCtx::kTickets &&
+         (size_t)(2 * B * C) <= CudaCtx::kPartialFloats && (size_t)(B * C * 16) <= CudaCtx::kAuxFloats * 4;
+}
+bool fwd_fused_ok(const ConvFwd& o, const CudaCtx& c) { return o.y.dim[0] < 65536 && fwd_ok(o, c); }
+bool filter_fused_ok(const ConvBwdFilter& o, const CudaCtx& c) {
+  return (!(o.db.defined() || o.demb.defined()) || sums_fit(o.dy)) && filter_ok(o, c);
+}
+
 }  // namespace
 
 void destroy_cudnn(CudaCtx& ctx) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_states.erase(&ctx);
+}
+
+void register_conv_cudnn_fused(CudaOps& ops) {
+  ops.variants<ConvFwd>().push_back({"cudnn_fused", fwd_fused_ok, conv_fwd_fused, fwd_ws});
+  ops.variants<ConvBwdData>().push_back({"cudnn_fused", data_ok, conv_data, data_ws});
+  ops.variants<ConvBwdFilter>().push_back({"cudnn_fused", filter_fused_ok, conv_filter_fused, filter_ws});
 }
 
 void register_conv_cudnn(CudaOps& ops) {

@@ -1,10 +1,12 @@
 // The conv family's CUDA variants in priority order: cuDNN when it is present and has a
-// deterministic engine for the shape, else unet's own im2col + cuBLAS.
+// deterministic engine for the shape (with unet's row-block epilogue and bias gradients, then
+// with the earlier elementwise ones), else unet's own im2col + cuBLAS.
 #include "cuda_engine.cuh"
 
 namespace unet {
 
 void register_conv_cuda(CudaOps& ops) {
+  register_conv_cudnn_fused(ops);
   register_conv_cudnn(ops);
   register_conv_im2col(ops);
 }

@@ -60,7 +60,10 @@ class CudaDevice final : public Device {
       CUBLAS_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_DEFAULT_MATH));  // TF32 only when asked per call
       CUBLAS_CHECK(cublasSetAtomicsMode(ctx.cublas, CUBLAS_ATOMICS_NOT_ALLOWED));
       CUDA_CHECK(cudaMalloc(&ctx.scratch, (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float)));
-      fixed_ = kCublasWorkspaceBytes + (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float);
+      CUDA_CHECK(cudaMalloc(&ctx.tickets, CudaCtx::kTickets * sizeof(unsigned)));
+      CUDA_CHECK(cudaMemset(ctx.tickets, 0, CudaCtx::kTickets * sizeof(unsigned)));
+      fixed_ = kCublasWorkspaceBytes + (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float) +
+               CudaCtx::kTickets * sizeof(unsigned);
       for (auto& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     } catch (...) {
       release();  // a throwing constructor runs no destructor
@@ -180,6 +183,7 @@ class CudaDevice final : public Device {
     if (cublas_ws_) cudaFree(cublas_ws_), cublas_ws_ = nullptr;
     if (ctx.ws) cudaFree(ctx.ws), ctx.ws = nullptr;
     if (ctx.scratch) cudaFree(ctx.scratch), ctx.scratch = nullptr;
+    if (ctx.tickets) cudaFree(ctx.tickets), ctx.tickets = nullptr;
     if (ctx.stream) cudaStreamDestroy(ctx.stream), ctx.stream = nullptr;
   }
   void* cublas_ws_ = nullptr;

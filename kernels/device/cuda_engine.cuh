@@ -77,6 +77,10 @@ struct CudaCtx {
   float* scratch = nullptr;
   float* partial() const { return scratch; }
   float* aux() const { return scratch + kPartialFloats; }
+  // Integer tickets of the one-launch reductions (rowblock.cuh): zeroed at construction, and
+  // every kernel that takes them puts them back to 0 before it ends.
+  static constexpr size_t kTickets = 65536 + 1;
+  unsigned* tickets = nullptr;
 
   void need_workspace(size_t bytes);  // grows now when not capturing a graph
   void alloc_workspace();             // to ws_need (outside a capture)
@@ -165,11 +169,13 @@ void launch_map(const F& f, size_t n, bool vec_ok, cudaStream_t s) {
 
 // One registration per op family (kernels/<family>/*.cu).
 void register_conv_cuda(CudaOps& ops);  // kernels/conv/family.cu: the variants below, in order
+void register_conv_cudnn_fused(CudaOps& ops);
 void register_conv_cudnn(CudaOps& ops);
 void register_conv_im2col(CudaOps& ops);
 void destroy_cudnn(CudaCtx& ctx);  // the cuDNN handle and plans of an engine (kernels/conv/cudnn.cu)
 void register_linear_cuda(CudaOps& ops);
-void register_groupnorm_cuda(CudaOps& ops);  // kernels/groupnorm/family.cu: vec, threepass
+void register_groupnorm_cuda(CudaOps& ops);  // kernels/groupnorm/family.cu: smem, fused, vec, threepass
+void register_groupnorm_fused(CudaOps& ops);  // smem and fused (kernels/groupnorm/fused.cu)
 void register_groupnorm_vec(CudaOps& ops);
 void register_groupnorm_threepass(CudaOps& ops);
 void register_elementwise_cuda(CudaOps& ops);

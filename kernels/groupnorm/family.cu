@@ -4,6 +4,7 @@
 namespace unet {
 
 void register_groupnorm_cuda(CudaOps& ops) {
+  register_groupnorm_fused(ops);
   register_groupnorm_vec(ops);
   register_groupnorm_threepass(ops);
 }

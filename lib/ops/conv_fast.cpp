@@ -9,9 +9,10 @@
 //    (bias, emb[b], res) applied in registers; a 1x1 stride-1 conv is a plain GEMM over pixels.
 //    Data gradient: per stride phase (iy % s, ix % s) a convolution of the padded dy with the taps
 //    that reach that phase (all k*k for stride 1), written to every s-th pixel of dx. Filter
-//    gradient: dw[co, tap, ci] = sum over samples and pixels (in order) of dy[p, co] x[p + tap, ci],
-//    each (tap, block of 8 co) owned by one thread, which runs samples outer (one sample's data
-//    stays in its cache); db and demb as in the reference.
+//    gradient: dw[co, tap, ci] = sum over samples and pixels (in order) of dy[p, co] x[p + tap, ci]
+//    over the pixels whose tap lies in the image (no padded copy), each (tap, block of 8 co) owned
+//    by one thread, which runs samples outer (one sample's data stays in its cache); db and demb
+//    as in the reference.
 // Every output element is summed by one task in an order fixed by the shapes: the results do not
 // depend on the thread count (tests/test_conv.cpp, tests/test_determinism.cpp).
 #include <omp.h>
@@ -79,6 +80,7 @@ float* wino_filters(const float* gt, int nin, size_t ldu, int slot) {
     float* u[16];
     for (int tap = 0; tap < 9; ++tap) g[tap] = gt + ((size_t)tap * nin + in) * ldu;
     for (int xi = 0; xi < 16; ++xi) u[xi] = U + ((size_t)xi * nin + in) * ldu;
+#pragma omp simd
     for (size_t o = 0; o < ldu; ++o) {
       float t[4][3];
       for (int kx = 0; kx < 3; ++kx) {
@@ -325,11 +327,25 @@ void conv_bwd_filter(const Kernels& K, const ConvBwdFilter& o) {
   if (!o.dw.defined()) return;
   const int H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3];
   const int k = (int)o.dw.dim[1], s = o.stride, p = k / 2, taps = k * k;
-  const int Wp = W + 2 * p;
   float* dw = o.dw.f32();
   const float* x = o.x.f32();
+  // Per tap (ky, kx), the output pixels whose input pixel (oy s + ky - p, ox s + kx - p) lies in
+  // the image: rows [oy0, oy1), columns [ox0, ox1) (the padding's zeros add nothing).
+  struct Range {
+    int oy0, oy1, ox0, ox1;
+  };
+  auto range = [s, p](int kk, int n, int no, int* lo, int* hi) {
+    *lo = std::max(0, (p - kk + s - 1) / s);  // (p - kk < 0: 0)
+    const int last = n - 1 + p - kk;          // oy s <= last
+    *hi = last < 0 ? *lo : std::max(*lo, std::min(no, last / s + 1));
+  };
+  std::vector<Range> rg(taps);
+  for (int t = 0; t < taps; ++t) {
+    range(t / k, H, Ho, &rg[t].oy0, &rg[t].oy1);
+    range(t % k, W, Wo, &rg[t].ox0, &rg[t].ox1);
+  }
   // "Taps" of the kernel = the output rows of one sample: A(co, (oy, ox)) = dy[b, oy, ox, co],
-  // B((oy, ox), ci) = xpad[b, oy s + ky, ox s + kx, ci]; a task = (tap, block of 8 co) owns
+  // B((oy, ox), ci) = x[b, oy s + ky - p, ox s + kx - p, ci]; a task = (tap, block of 8 co) owns
   // dw[co block, tap, :] and sums it over the samples in order. Each thread takes a fixed range of
   // tasks and runs samples outer, so one sample's dy and x stay in its cache across its tasks.
   std::vector<ptrdiff_t> rows(Ho);
@@ -343,16 +359,20 @@ void conv_bwd_filter(const Kernels& K, const ConvBwdFilter& o) {
     const int t0 = (int)((long)ntask * me / nt), t1 = (int)((long)ntask * (me + 1) / nt);
     for (int b = 0; b < B; ++b) {
       if (t0 == t1) break;
-      // B rows are pixels of x, read in whole vectors: a padded copy always (slack at its end)
-      const float* xb = pad_sample(x + (size_t)b * H * W * Ci, H, W, Ci, p, 1);
+      // B rows are pixels of x, read in whole vectors: x itself when its rows are whole vectors,
+      // else a copy with slack at its end
+      const float* xs = x + (size_t)b * H * W * Ci;
+      const float* xb = Ci % kPadN == 0 ? xs : pad_sample(xs, H, W, Ci, 0, 1);
       for (int task = t0; task < t1; ++task) {
         const int t = task / ncb, co0 = task % ncb * CO_BLK, ky = t / k, kx = t % k;
+        const Range& r = rg[t];
         GemmArgs g = gemm_args();
-        g.M = std::min(CO_BLK, Co - co0), g.N = Ci, g.K = Wo, g.ntaps = Ho, g.a_off = rows.data();
-        g.a_rs = 1, g.a_cs = Co, g.ldb = (ptrdiff_t)s * Ci, g.b_tap = (ptrdiff_t)s * Wp * Ci;
+        g.M = std::min(CO_BLK, Co - co0), g.N = Ci, g.K = r.ox1 - r.ox0, g.ntaps = r.oy1 - r.oy0;
+        g.a_off = rows.data() + r.oy0, g.a_rs = 1, g.a_cs = Co;
+        g.a = dy + ((size_t)b * Ho * Wo + r.ox0) * Co + co0;
+        g.b = xb + ((size_t)(r.oy0 * s + ky - p) * W + (r.ox0 * s + kx - p)) * Ci;
+        g.ldb = (ptrdiff_t)s * Ci, g.b_tap = (ptrdiff_t)s * W * Ci;
         g.c = dw + (size_t)co0 * taps * Ci + (size_t)t * Ci, g.c_rs = (ptrdiff_t)taps * Ci;
-        g.a = dy + (size_t)b * Ho * Wo * Co + co0;
-        g.b = xb + ((size_t)ky * Wp + kx) * Ci;
         g.accumulate = b > 0;
         K.gemm(g);
       }

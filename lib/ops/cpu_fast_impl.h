@@ -397,8 +397,12 @@ void softmax_bwd_row(const float* w, float* g, int T, float s) {
   }
 }
 
-void zero(float* p, size_t n) {
-  for (size_t i = 0; i < n; ++i) p[i] = 0;
+// Zeros columns [c0, c1) of `rows` rows of stride ld (the padding a B operand's whole-vector loads
+// read; nothing when the shapes are multiples of 16).
+void zero_cols(float* p, int rows, size_t ld, size_t c0, size_t c1) {
+  if (c0 >= c1) return;
+  for (int r = 0; r < rows; ++r)
+    for (size_t c = c0; c < c1; ++c) p[r * ld + c] = 0;
 }
 
 // Scratch: [T, dd] matrices (A operands, and B operands with N = d), [d, ld] ones (B operands
@@ -423,8 +427,8 @@ void attn_fwd(const AttnArgs& a, float* scratch) {
   const int T = a.T, d = a.d;
   const size_t row = (size_t)3 * a.C;
   AttnBufs s = attn_bufs(T, d, scratch);
-  zero(s.kt, s.dd * s.ld);  // padding columns of the B operands are read (and dropped)
-  zero(s.v, (size_t)T * s.dd);
+  zero_cols(s.kt, d, s.ld, T, s.ld);  // padding columns of the B operands are read (and dropped)
+  zero_cols(s.v, T, s.dd, d, s.dd);
   for (int t = 0; t < T; ++t) {
     const float* r = a.qkv + t * row;
     for (int i = 0; i < d; ++i) {
@@ -454,11 +458,11 @@ void attn_bwd(const AttnArgs& a, float* scratch) {
   const int T = a.T, d = a.d;
   const size_t row = (size_t)3 * a.C;
   AttnBufs s = attn_bufs(T, d, scratch);
-  zero(s.kt, s.dd * s.ld);
-  zero(s.vt, s.dd * s.ld);
-  zero(s.q, (size_t)T * s.dd);
-  zero(s.k, (size_t)T * s.dd);
-  zero(s.go, (size_t)T * s.dd);
+  zero_cols(s.kt, d, s.ld, T, s.ld);
+  zero_cols(s.vt, d, s.ld, T, s.ld);
+  zero_cols(s.q, T, s.dd, d, s.dd);
+  zero_cols(s.k, T, s.dd, d, s.dd);
+  zero_cols(s.go, T, s.dd, d, s.dd);
   for (int t = 0; t < T; ++t) {
     const float* r = a.qkv + t * row;
     const float* gr = a.dout + (size_t)t * a.C + a.o_off;

@@ -1,0 +1,263 @@
+// Row-block kernels over an NHWC tensor viewed as [B, R, C] (R = H*W rows of C channels): the
+// shape the memory-bound kernels of the training step share (GroupNorm, conv epilogues, bias
+// gradients), measured on the H100 to be limited by per-element index and coefficient work
+// rather than by memory when written as flat elementwise maps.
+//
+//  * Block (s, b) covers rows [s*rps, (s+1)*rps) of sample b. Its threads are L row lanes x Cl
+//    channel lanes; a thread owns one channel vector of V channels (16 bytes where C and the
+//    pointers allow, else V = 1) and walks its rows with stride L, so per-channel coefficients
+//    live in registers and the row loop is load, a few FMAs, store.
+//  * Reductions over rows (column sums) write per-(b, split, c) partials to fixed slots; the last
+//    block of a sample to finish (an integer ticket: the only atomic, and it decides who adds,
+//    never the order) adds them in split order in double. A second ticket over the samples lets
+//    the last of those add across the batch. So a reduction and what follows it is one launch,
+//    and the result is bitwise the same whichever block finishes last.
+//  * Tickets live in CudaCtx::tickets (zeroed once); each finishing block puts its ticket back to
+//    0, so graph replays find them zeroed.
+#pragma once
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda_engine.cuh"
+
+namespace unet {
+namespace rowblock {
+
+// ---- V-channel vectors: V = 16 bytes of the type, or 1 ----
+template <class T, int V>
+struct Vec;
+template <class T>
+struct Vec<T, 1> {
+  __device__ static void load(const T* p, float* v) { v[0] = ldf(p, 0); }
+  __device__ static void store(T* p, const float* v) { stf(p, 0, v[0]); }
+};
+template <>
+struct Vec<float, 4> {
+  __device__ static void load(const float* p, float* v) {
+    const float4 u = *reinterpret_cast<const float4*>(p);
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+  }
+  __device__ static void store(float* p, const float* v) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+};
+template <>
+struct Vec<bf16, 8> {
+  __device__ static void load(const bf16* p, float* v) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+      v[2 * k] = f.x, v[2 * k + 1] = f.y;
+    }
+  }
+  __device__ static void store(bf16* p, const float* v) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+      w[k] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+};
+template <class T>
+constexpr int kWide = 16 / (int)sizeof(T);
+
+// Whether the 16-byte path applies: C a multiple of the vector and every pointer 16-byte aligned.
+template <class T>
+bool wide_ok(int C, std::initializer_list<const void*> ptrs) {
+  if (C % kWide<T>) return false;
+  for (const void* p : ptrs)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
+
+// Launch geometry of a row-block kernel.
+struct Plan {
+  int B = 0, R = 0, C = 0, V = 1;
+  int Cv = 0, Cl = 0, L = 0, nt = 0;  // channel vectors, channel lanes, row lanes, threads
+  int S = 0, rps = 0;                 // splits per sample, rows per split
+  dim3 grid() const { return dim3((unsigned)S, (unsigned)B); }
+};
+
+// SMs the split counts are sized for: the H100's, fixed rather than queried so that the
+// partial sums' order (and so every bit of the results) depends on the shapes and the build only.
+constexpr int kNominalSMs = 132;
+
+// Blocks of nt threads of `kernel` resident at once on kNominalSMs SMs (its registers and
+// shared memory decide how many per SM).
+template <class K>
+int resident_blocks(K* kernel, int nt) {
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, nt, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    occ = 1;
+  }
+  return kNominalSMs * std::max(1, occ);
+}
+
+// The geometry for `kernel`: as many splits per sample as fill one wave of resident blocks (all
+// blocks start together and none waits for a second wave: measured, a 1.4-wave grid cost a third
+// more), at least rows_per_thread rows per thread (its loop's unroll), at most max_splits (the
+// partials' room).
+template <class K>
+Plan plan(K* kernel, int B, int R, int C, int V, int rows_per_thread, long long max_splits = 1 << 20) {
+  Plan p;
+  p.B = B, p.R = R, p.C = C, p.V = V;
+  p.Cv = C / V;
+  p.Cl = std::max(1, std::min(p.Cv, kThreads));
+  p.L = kThreads / p.Cl;
+  p.nt = p.L * p.Cl;
+  const long long want = resident_blocks(kernel, p.nt) / std::max(1, B);
+  const long long most = std::max(1LL, ((long long)R + (long long)p.L * rows_per_thread - 1) /
+                                           ((long long)p.L * rows_per_thread));
+  const long long S = std::max(1LL, std::min({want, most, max_splits}));
+  p.rps = std::max(1, (int)((R + S - 1) / S));
+  p.S = std::max(1, (R + p.rps - 1) / p.rps);  // no empty split
+  return p;
+}
+
+// Sums rows 0..n-1 of a [n][w] float2 array in shared memory into row 0, pairwise halving
+// (row i += row i + h): the order depends on (n, w) only. Callers sync before; it syncs after.
+__device__ __forceinline__ void fold_rows(float2* a, int n, int w) {
+  while (n > 1) {
+    const int h = (n + 1) / 2;
+    for (int e = threadIdx.x; e < (n - h) * w; e += blockDim.x) {
+      const float2 u = a[e + h * w];
+      a[e].x += u.x, a[e].y += u.y;
+    }
+    __syncthreads();
+    n = h;
+  }
+}
+
+// Takes a ticket on *counter after the block's global writes; true in the block that took the
+// last of n (that block may then read what every other block wrote, through L2: __ldcg).
+__device__ __forceinline__ bool last_block(unsigned* counter, unsigned n) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == n - 1;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+// Sum in order of n values at p, p + stride, ... (double), eight loads in flight: the finishing
+// blocks sit on the critical path, and one dependent L2 round trip per value was measured to cost
+// microseconds per launch.
+template <class T2>
+__device__ __forceinline__ double2 sum_run(const T2* p, int n, size_t stride) {
+  double x = 0, y = 0;
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    T2 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = __ldcg(p + (size_t)(i + u) * stride);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) x += v[u].x, y += v[u].y;
+  }
+  for (; i < n; ++i) {
+    const T2 v = __ldcg(p + (size_t)i * stride);
+    x += v.x, y += v.y;
+  }
+  return make_double2(x, y);
+}
+
+// out(c, total) for c < C with total = the n terms term(i, c) ... in order: P = threads per
+// channel take contiguous runs of i, then the P parts are added in order (the order depends on
+// the shapes only). run(c, i0, i1) sums terms [i0, i1) of channel c. tmp: kThreads double2.
+template <class Run, class Out>
+__device__ __forceinline__ void finish_columns(int n, int C, double2* tmp, Run run, Out out) {
+  const int t = threadIdx.x, nt = blockDim.x;
+  const int P = C >= nt ? 1 : min(n, nt / C);
+  if (P == 1) {
+    for (int c = t; c < C; c += nt) out(c, run(c, 0, n));
+  } else {
+    if (t < C * P) {
+      const int c = t % C, q = t / C;
+      tmp[t] = run(c, (int)((long long)n * q / P), (int)((long long)n * (q + 1) / P));
+    }
+    __syncthreads();
+    if (t < C) {
+      double2 a = tmp[t];
+      for (int q = 1; q < P; ++q) a.x += tmp[q * C + t].x, a.y += tmp[q * C + t].y;
+      out(t, a);
+    }
+  }
+  __syncthreads();  // what out() wrote is visible to the whole block
+}
+
+// Per-(b, c) totals of one sample from its S partials [B, S, C] float2, in double, into
+// sums[b*C + c].
+__device__ __forceinline__ void finish_sample(const float2* partial, int b, int S, int C, double2* sums,
+                                              double2* tmp) {
+  const float2* pb = partial + (size_t)b * S * C;
+  finish_columns(
+      S, C, tmp, [&](int c, int i0, int i1) { return sum_run(pb + (size_t)i0 * C + c, i1 - i0, (size_t)C); },
+      [&](int c, double2 v) { sums[(size_t)b * C + c] = v; });
+}
+
+// Calls go(std::integral_constant<int, V>{}) with V the 16-byte width of T where it applies, else 1.
+template <class T, class F>
+void with_width(bool wide, F&& go) {
+  if (wide)
+    go(std::integral_constant<int, kWide<T>>{});
+  else
+    go(std::integral_constant<int, 1>{});
+}
+
+// Column sums of y [B, R, C]: per_sample[b*C + c] = sum_r y[b, r, c] and total[c] = sum_b of
+// those (each optional), in one launch: f32 within a block, double from the partials on.
+// partial: [B, S, C] float2 (.y unused), sums: [B, C] double2.
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads)
+    colsum_kernel(const T* __restrict__ y, int R, int C, int Cl, int L, int rps, float2* partial, double2* sums,
+                  unsigned* tickets, float* per_sample, float* total) {
+  __shared__ float2 red[kThreads * V];
+  __shared__ double2 tmp[kThreads];
+  const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
+  const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x, B = gridDim.y, Cv = C / V, w = Cl * V;
+  const int r0 = s * rps, r1 = min(R, r0 + rps);
+  constexpr int U = 4;
+  const T* yb = y + (size_t)b * R * C;
+  for (int j0 = 0; j0 < Cv; j0 += Cl) {  // trip count uniform over the block (it syncs inside)
+    const int j = j0 + cl;
+    float acc[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] = 0.f;
+    if (j < Cv)
+      for (int r = r0 + rl; r < r1; r += U * L) {
+        float v[U][V];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (r + u * L < r1) Vec<T, V>::load(yb + (size_t)(r + u * L) * C + j * V, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (r + u * L < r1)
+#pragma unroll
+            for (int k = 0; k < V; ++k) acc[k] += v[u][k];
+      }
+#pragma unroll
+    for (int k = 0; k < V; ++k) red[rl * w + cl * V + k] = make_float2(acc[k], 0.f);
+    __syncthreads();
+    fold_rows(red, L, w);
+    for (int e = t; e < w && j0 * V + e < C; e += nt) partial[((size_t)b * S + s) * C + j0 * V + e] = red[e];
+    __syncthreads();
+  }
+  if (!last_block(tickets + 1 + b, S)) return;
+  if (t == 0) tickets[1 + b] = 0;
+  finish_sample(partial, b, S, C, sums, tmp);
+  if (per_sample)
+    for (int c = t; c < C; c += nt) per_sample[(size_t)b * C + c] = (float)sums[(size_t)b * C + c].x;
+  if (!total || !last_block(tickets, B)) return;
+  finish_columns(
+      B, C, tmp, [&](int c, int i0, int i1) { return sum_run(sums + (size_t)i0 * C + c, i1 - i0, (size_t)C); },
+      [&](int c, double2 v) { total[c] = (float)v.x; });
+  if (t == 0) tickets[0] = 0;
+}
+
+}  // namespace rowblock
+}  // namespace unet
