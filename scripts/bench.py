@@ -10,8 +10,8 @@ Training step (forward + MSE + backward + AdamW, batch 32):
                             includes the host's launch gaps) and summed GPU kernel time
                             (torch.profiler), peak memory
 Sampling (64 images, one DDPM step = one forward + the posterior update):
-  unet tf32 / bf16          wall ms per step of `unet sample --sampler ddpm` (the difference of two
-                            runs, so start-up and PNG writing cancel) and `unet profile --pass forward`
+  unet tf32 / bf16          wall ms per step of `unet sample --sampler ddpm`'s sampling loop (its own
+                            timing line, after a warm-up run) and `unet profile --pass forward`
   torch eager / compile     guided-diffusion's p_sample on the same model (scripts/diffusion_torch.py),
                             CUDA-event ms per step
 
@@ -77,15 +77,19 @@ def unet_train_wall(unet, data, precision, steps, batch, workdir):
     return float(rows[-1]["ms_per_step"])  # last window: warm (the first includes start-up)
 
 
-def unet_sample_wall(unet, ckpt, precision, n, steps=(10, 60)):
-    """ms per DDPM step for n images: (wall(long) - wall(short)) / (long - short) steps."""
-    times = []
+def unet_sample_wall(unet, ckpt, precision, n, steps=(2, 60)):
+    """ms per DDPM step for n images, as `unet sample` reports its sampling loop (no loading,
+    planning or PNG writing), from a run of steps[1] steps after a warm-up run of steps[0]."""
+    ms = None
     for s in steps:
-        t0 = time.time()
-        run([unet, "sample", ckpt, "-n", str(n), "--batch-size", str(n), "--sampler", "ddpm", "--steps", str(s),
-             "--precision", precision, "-o", ckpt + f".{s}.png"])
-        times.append(time.time() - t0)
-    return 1000 * (times[1] - times[0]) / (steps[1] - steps[0])
+        out = run([unet, "sample", ckpt, "-n", str(n), "--batch-size", str(n), "--sampler", "ddpm", "--steps", str(s),
+                   "--precision", precision, "-o", ckpt + f".{s}.png"])
+        m = re.search(r"([0-9.]+) ms per step of a batch", out)
+        if not m:
+            print(out[-2000:])
+            raise SystemExit("unet sample: no timing line")
+        ms = float(m.group(1))
+    return ms
 
 
 def kernel_sum_ms(prof, iters):

@@ -3,9 +3,9 @@
 
 Per preset (imagenet64, imagenet256, ...; random weights, classes drawn at random):
   sampling   images/s for 250 respaced DDPM steps at one batch size:
-             unet: `unet sample --sampler ddpm` wall time per step (the difference of two runs of
-             S1 and S2 steps, so start-up, loading and PNG writing cancel) and `unet profile --pass
-             forward` (kernel sum of the forward, device memory held);
+             unet: `unet sample --sampler ddpm`'s own time per step of its sampling loop (a run of
+             S2 steps after a warm-up of S1) and `unet profile --pass forward` (kernel sum of the
+             forward; device memory held, planned as for training);
              PyTorch: guided-diffusion's p_sample (scripts/diffusion_torch.py) on its module tree
              (scripts/unet_torch.py, channels-last), eager and torch.compile, tf32 and bf16
              autocast: CUDA-event ms per step and summed GPU kernel time (torch.profiler).
@@ -44,15 +44,19 @@ def unet_profile(unet, preset, precision, batch, pass_):
 
 
 def unet_sample_ms(unet, ckpt, precision, batch, steps):
-    """Wall ms per DDPM step: (wall(S2) - wall(S1)) / (S2 - S1), after one warm-up run (its cuDNN
-    engine choices are timed and cached: the timed runs reuse them)."""
-    times = []
-    for s in (1,) + tuple(steps):
-        t0 = time.time()
-        run([unet, "sample", ckpt, "-n", str(batch), "--batch-size", str(batch), "--sampler", "ddpm",
-             "--steps", str(s), "--precision", precision, "-o", ckpt + f".{s}.png"])
-        times.append(time.time() - t0)
-    return 1000 * (times[2] - times[1]) / (steps[1] - steps[0])
+    """ms per DDPM step of the batch, as `unet sample` reports it for its sampling loop (no loading,
+    planning or writing), from a run of S2 steps after a warm-up run of S1 (its cuDNN engine
+    choices are timed and cached: the timed run reuses them)."""
+    ms = None
+    for s in steps:
+        out = run([unet, "sample", ckpt, "-n", str(batch), "--batch-size", str(batch), "--sampler", "ddpm",
+                   "--steps", str(s), "--precision", precision, "-o", ckpt + f".{s}.png"])
+        m = re.search(r"([0-9.]+) ms per step of a batch", out)
+        if not m:
+            print(out[-2000:])
+            raise SystemExit("unet sample: no timing line")
+        ms = float(m.group(1))
+    return ms
 
 
 def torch_model(preset):
@@ -148,7 +152,7 @@ def main():
     ap.add_argument("--unet", default="build/bin/unet")
     ap.add_argument("--preset", default="imagenet64")
     ap.add_argument("--batch", type=int, default=64, help="sampling batch (unet and PyTorch)")
-    ap.add_argument("--sample-steps", default="3,13", help="the two unet sample runs' step counts")
+    ap.add_argument("--sample-steps", default="2,20", help="unet sample: warm-up steps, timed steps")
     ap.add_argument("--train-batch", type=int, default=0, help="also time a training step at this batch")
     ap.add_argument("--precisions", default="tf32,bf16")
     ap.add_argument("--torch-modes", default="eager tf32,eager bf16,compile tf32,compile bf16")
