@@ -57,10 +57,10 @@ def run(cmd):
     return p.stdout + p.stderr
 
 
-def unet_profile(unet, precision, batch, pass_="step"):
+def unet_profile(unet, precision, batch, pass_="step", preset="seed64"):
     """(kernel sum ms, CUDA events ms, device memory GB) of CUDA-graph replays."""
-    out = run([unet, "profile", "--layer", "model", "--batch-size", str(batch), "--precision", precision,
-               "--pass", pass_, "--no-plain-timing"])
+    out = run([unet, "profile", "--preset", preset, "--layer", "model", "--batch-size", str(batch), "--precision",
+               precision, "--pass", pass_, "--no-plain-timing"])
     m = re.search(r"CUDA-graph replays: kernel sum ([0-9.]+) ms/iter.*CUDA events ([0-9.]+) ms/iter", out)
     mem = re.search(r"Device memory held: ([0-9.]+) GB", out)
     if not m:
@@ -132,19 +132,34 @@ def profiled(fn, iters):
 TORCH_TRAIN = ("eager fp32", "eager tf32", "compile tf32", "compile bf16")
 
 
-def bench_torch_train(mode, batch, iters=20, warmup=5):
+def torch_model(preset):
+    """guided-diffusion's module tree for a preset, channels-last on the GPU, and its flags."""
+    import torch
+    from unet_torch import create_model, normalize_flags
+    torch.manual_seed(0)
+    model = create_model(preset=preset).cuda().to(memory_format=torch.channels_last)
+    return model, normalize_flags(None, preset=preset)
+
+
+def random_labels(f, n):
+    import torch
+    return torch.randint(0, f["num_classes"], (n,), device="cuda") if f["class_cond"] else None
+
+
+def bench_torch_train(mode, batch, preset="seed64", iters=20, warmup=5, prof_iters=10):
+    """One training step (fwd + MSE + bwd + AdamW): CUDA-event ms, kernel sum ms, peak GB."""
     import torch
     import torch.nn.functional as F
-    from unet_torch import create_model
-    torch.manual_seed(0)
+    model, f = torch_model(preset)
     tf32 = mode != "eager fp32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    model = create_model(preset="seed64").cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
-    x = (torch.rand(batch, 3, 64, 64, device="cuda") * 2 - 1).to(memory_format=torch.channels_last)
+    R = f["image_size"]
+    x = (torch.rand(batch, 3, R, R, device="cuda") * 2 - 1).to(memory_format=torch.channels_last)
     noise = torch.randn_like(x)
     t = torch.randint(0, 1000, (batch,), device="cuda")
+    y = random_labels(f, batch)
     ab = torch.linspace(0.9999, 0.01, 1000, device="cuda")[t].view(-1, 1, 1, 1)
     xt = ab.sqrt() * x + (1 - ab).sqrt() * noise
     bf16 = mode.endswith("bf16")
@@ -152,8 +167,9 @@ def bench_torch_train(mode, batch, iters=20, warmup=5):
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            out = model(xt, t.float())
-        loss = F.mse_loss(out.float(), noise)
+            out = model(xt, t.float(), y=y)
+        # eps channels only (learned sigma's get no MSE): the same network passes as the hybrid loss
+        loss = F.mse_loss(out[:, :3].float(), noise)
         loss.backward()
         opt.step()
         return loss
@@ -165,23 +181,27 @@ def bench_torch_train(mode, batch, iters=20, warmup=5):
     torch.cuda.reset_peak_memory_stats()
     wall = timed(fn, iters)
     mem = torch.cuda.max_memory_allocated() / 1e9
-    ks = profiled(fn, 10)
+    ks = profiled(fn, prof_iters)
     del model, opt
     torch.cuda.empty_cache()
     return wall, ks, mem
 
 
-def bench_torch_sample(mode, n, iters=20, warmup=3):
-    """One guided-diffusion p_sample step (DDPM, 1000-step schedule) for n images."""
+def bench_torch_sample(mode, n, preset="seed64", respacing=None, iters=20, warmup=3, prof_iters=10):
+    """One guided-diffusion p_sample step (DDPM; the preset's schedule, respaced to `respacing`
+    steps if given) for n images: CUDA-event ms, kernel sum ms, peak GB."""
     import torch
-    from diffusion_torch import Diffusion
-    from unet_torch import create_model
-    torch.manual_seed(0)
+    from diffusion_torch import Diffusion, space_timesteps
+    model, f = torch_model(preset)
+    model.eval()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    model = create_model(preset="seed64").cuda().eval().to(memory_format=torch.channels_last)
-    d = Diffusion(1000, "linear")
-    x = torch.randn(n, 3, 64, 64, device="cuda").to(memory_format=torch.channels_last)
+    T = f["diffusion_steps"]
+    d = Diffusion(T, f["noise_schedule"], learn_sigma=f["learn_sigma"],
+                  use_timesteps=space_timesteps(T, [respacing]) if respacing else None)
+    R = f["image_size"]
+    x = torch.randn(n, 3, R, R, device="cuda").to(memory_format=torch.channels_last)
+    y = random_labels(f, n)
     bf16 = mode.endswith("bf16")
     net = torch.compile(model) if mode.startswith("compile") else model
 
@@ -189,20 +209,22 @@ def bench_torch_sample(mode, n, iters=20, warmup=3):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             return net(xx, tt, **kw).float()
 
-    t = torch.full((n,), 500, device="cuda", dtype=torch.long)
+    t = torch.full((n,), (respacing or T) // 2, device="cuda", dtype=torch.long)
 
     def step():
         with torch.no_grad():
-            return d.p_sample(call, x, t, torch.randn_like(x), clip=True)
+            return d.p_sample(call, x, t, torch.randn_like(x), clip=True, labels=y)
 
     for _ in range(warmup + (5 if mode.startswith("compile") else 0)):
         step()
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     wall = timed(step, iters)
-    ks = profiled(step, 10)
+    mem = torch.cuda.max_memory_allocated() / 1e9
+    ks = profiled(step, prof_iters)
     del model, net
     torch.cuda.empty_cache()
-    return wall, ks
+    return wall, ks, mem
 
 
 def main():
@@ -242,7 +264,7 @@ def main():
             train.append((f"torch {mode}", wall, ks, float("nan"), mem))
             print(f"torch {mode}: {wall:.2f} ms/step (events), kernel sum {ks:.2f}, peak {mem:.2f} GB", flush=True)
         for mode in ("eager tf32", "eager bf16") + (() if a.skip_compile else ("compile tf32", "compile bf16")):
-            wall, ks = bench_torch_sample(mode, a.sample_n)
+            wall, ks, _ = bench_torch_sample(mode, a.sample_n)
             samp.append((f"torch {mode}", wall, ks))
             print(f"torch sample {mode}: {wall:.2f} ms/step, kernel sum {ks:.2f}", flush=True)
 

@@ -20,131 +20,14 @@ Run on the GPU machine:
 """
 import argparse
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import profiled, run, timed  # noqa: E402
+from bench import bench_torch_sample, bench_torch_train, run, unet_profile, unet_sample_wall  # noqa: E402
 
 STEPS = 250  # guided-diffusion's released samplers: --timestep_respacing 250
-
-
-def unet_profile(unet, preset, precision, batch, pass_):
-    out = run([unet, "profile", "--preset", preset, "--layer", "model", "--batch-size", str(batch),
-               "--precision", precision, "--pass", pass_, "--no-plain-timing"])
-    m = re.search(r"CUDA-graph replays: kernel sum ([0-9.]+) ms/iter.*CUDA events ([0-9.]+) ms/iter", out)
-    mem = re.search(r"Device memory held: ([0-9.]+) GB", out)
-    if not m:
-        print(out[-2000:])
-        raise SystemExit("unet profile: no CUDA-graph line")
-    return float(m.group(1)), float(m.group(2)), float(mem.group(1)) if mem else float("nan")
-
-
-def unet_sample_ms(unet, ckpt, precision, batch, steps):
-    """ms per DDPM step of the batch, as `unet sample` reports it for its sampling loop (no loading,
-    planning or writing), from a run of S2 steps after a warm-up run of S1 (its cuDNN engine
-    choices are timed and cached: the timed run reuses them)."""
-    ms = None
-    for s in steps:
-        out = run([unet, "sample", ckpt, "-n", str(batch), "--batch-size", str(batch), "--sampler", "ddpm",
-                   "--steps", str(s), "--precision", precision, "-o", ckpt + f".{s}.png"])
-        m = re.search(r"([0-9.]+) ms per step of a batch", out)
-        if not m:
-            print(out[-2000:])
-            raise SystemExit("unet sample: no timing line")
-        ms = float(m.group(1))
-    return ms
-
-
-def torch_model(preset):
-    import torch
-    from unet_torch import PRESETS, create_model
-    torch.manual_seed(0)
-    f = PRESETS[preset]
-    model = create_model(preset=preset).cuda().to(memory_format=torch.channels_last)
-    return model, f
-
-
-def bench_torch_sample(preset, mode, batch, iters=10, warmup=3):
-    """ms per p_sample step (CUDA events) and kernel sum ms, guided-diffusion's sampler."""
-    import torch
-    from diffusion_torch import Diffusion, space_timesteps
-    model, f = torch_model(preset)
-    model.eval()
-    tf32 = True
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    d = Diffusion(f["diffusion_steps"], f["noise_schedule"], learn_sigma=f["learn_sigma"],
-                  use_timesteps=space_timesteps(f["diffusion_steps"], [STEPS]))
-    R = f["image_size"]
-    x = torch.randn(batch, 3, R, R, device="cuda").to(memory_format=torch.channels_last)
-    y = torch.randint(0, f["num_classes"], (batch,), device="cuda") if f["class_cond"] else None
-    bf16 = mode.endswith("bf16")
-    net = torch.compile(model) if mode.startswith("compile") else model
-
-    def call(xx, tt, **kw):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            return net(xx, tt, **kw).float()
-
-    t = torch.full((batch,), STEPS // 2, device="cuda", dtype=torch.long)
-
-    def step():
-        with torch.no_grad():
-            return d.p_sample(call, x, t, torch.randn_like(x), clip=True, labels=y)
-
-    for _ in range(warmup + (5 if mode.startswith("compile") else 0)):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    wall = timed(step, iters)
-    mem = torch.cuda.max_memory_allocated() / 1e9
-    ks = profiled(step, 3)
-    del model, net
-    torch.cuda.empty_cache()
-    return wall, ks, mem
-
-
-def bench_torch_train(preset, mode, batch, iters=10, warmup=3):
-    import torch
-    import torch.nn.functional as F
-    model, f = torch_model(preset)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
-    R = f["image_size"]
-    x = (torch.rand(batch, 3, R, R, device="cuda") * 2 - 1).to(memory_format=torch.channels_last)
-    noise = torch.randn_like(x)
-    t = torch.randint(0, 1000, (batch,), device="cuda")
-    y = torch.randint(0, f["num_classes"], (batch,), device="cuda") if f["class_cond"] else None
-    ab = torch.linspace(0.9999, 0.01, 1000, device="cuda")[t].view(-1, 1, 1, 1)
-    xt = ab.sqrt() * x + (1 - ab).sqrt() * noise
-    bf16 = mode.endswith("bf16")
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            out = model(xt, t.float(), y=y)
-        # eps part only (the learned-sigma channels get no MSE): the same work as the hybrid loss's
-        # network passes, which dominate the step
-        loss = F.mse_loss(out[:, :3].float(), noise)
-        loss.backward()
-        opt.step()
-        return loss
-
-    fn = torch.compile(step) if mode.startswith("compile") else step
-    for _ in range(warmup + (5 if mode.startswith("compile") else 0)):
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    wall = timed(fn, iters)
-    mem = torch.cuda.max_memory_allocated() / 1e9
-    ks = profiled(fn, 3)
-    del model, opt
-    torch.cuda.empty_cache()
-    return wall, ks, mem
 
 
 def main():
@@ -172,13 +55,13 @@ def main():
              "|---|---:|---:|---:|---:|---:|"]
     rows = []
     for p in precs:
-        ms = unet_sample_ms(a.unet, ckpt, p, a.batch, s12)
-        ks, _, mem = unet_profile(a.unet, a.preset, p, a.batch, "forward")
+        ms = unet_sample_wall(a.unet, ckpt, p, a.batch, s12)
+        ks, _, mem = unet_profile(a.unet, p, a.batch, "forward", preset=a.preset)
         rows.append((f"unet {p}", ms, ks, mem))
         print(rows[-1], flush=True)
     for m in modes:
         try:
-            w, ks, mem = bench_torch_sample(a.preset, m, a.batch)
+            w, ks, mem = bench_torch_sample(m, a.batch, preset=a.preset, respacing=STEPS, iters=10, prof_iters=3)
             rows.append((f"torch {m}", w, ks, mem))
         except Exception as e:  # e.g. out of memory at this batch: say so, go on
             print(f"torch {m}: {type(e).__name__}: {str(e)[:200]}", flush=True)
@@ -193,12 +76,12 @@ def main():
                   "| implementation | ms/step (unet: CUDA events; torch: wall) | GPU kernel sum ms | memory GB |",
                   "|---|---:|---:|---:|"]
         for p in precs:
-            ks, ev, mem = unet_profile(a.unet, a.preset, p, a.train_batch, "step")
+            ks, ev, mem = unet_profile(a.unet, p, a.train_batch, "step", preset=a.preset)
             lines.append(f"| unet {p} | {ev:.2f} | {ks:.2f} | {mem:.2f} |")
             print(lines[-1], flush=True)
         for m in modes:
             try:
-                w, ks, mem = bench_torch_train(a.preset, m, a.train_batch)
+                w, ks, mem = bench_torch_train(m, a.train_batch, preset=a.preset, iters=10, prof_iters=3)
                 lines.append(f"| torch {m} | {w:.2f} | {ks:.2f} | {mem:.2f} |")
             except Exception as e:
                 print(f"torch train {m}: {type(e).__name__}: {str(e)[:200]}", flush=True)
