@@ -87,7 +87,7 @@ void register_profile(CLI::App& app) {
       ->check(CLI::IsMember({"model", "resblock", "attention", "conv3x3", "conv1x1", "groupnorm", "linear",
                              "upsample", "downsample", "adamw"}));
   sub->add_option("--pass", r.pass,
-                  "forward, backward or step (forward+backward, + AdamW for the model; default)")
+                  "forward, backward or step (forward+backward, + AdamW for the model; default); with --layer model, forward is sampling's forward (eval mode, no dropout, memory planned for sampling)")
       ->check(CLI::IsMember({"forward", "backward", "step"}));
   // Every number is bounded at parse time (a layer as large as the largest model's allows).
   const ModelLimits& L = kModelLimits;

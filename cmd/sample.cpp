@@ -1,6 +1,7 @@
 // unet sample CKPT.h5 — thin: load weights, read --noise, call lib/sampler, write PNG/HDF5.
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -176,6 +177,7 @@ void run(SampleArgs& a) {
   so.clip = !a.no_clip;
   so.seed = a.seed;
   so.batch_size = a.batch_size ? std::min(a.batch_size, n) : std::min(n, 64);
+  so.cuda_graph = !std::getenv("UNET_NO_CUDA_GRAPH");  // as unet train: the forward replayed as one graph
   // Classifier-free guidance runs the conditional and the unconditional half in one forward pass:
   // the model is planned for twice the batch; a --classifier is planned for the batch (backward to
   // the image only). Both before anything is printed: a batch beyond memory is refused first.

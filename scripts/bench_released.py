@@ -4,8 +4,8 @@
 Per preset (imagenet64, imagenet256, ...; random weights, classes drawn at random):
   sampling   images/s for 250 respaced DDPM steps at one batch size:
              unet: `unet sample --sampler ddpm`'s own time per step of its sampling loop (a run of
-             S2 steps after a warm-up of S1) and `unet profile --pass forward` (kernel sum of the
-             forward; device memory held, planned as for training);
+             S2 steps after a warm-up of S1) and `unet profile --pass forward` (kernel sum of
+             sampling's forward; device memory held by the sampling plan);
              PyTorch: guided-diffusion's p_sample (scripts/diffusion_torch.py) on its module tree
              (scripts/unet_torch.py, channels-last), eager and torch.compile, tf32 and bf16
              autocast: CUDA-event ms per step and summed GPU kernel time (torch.profiler).

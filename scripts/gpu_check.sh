@@ -91,7 +91,10 @@ PY
       # B and 2B may take different GEMM/conv kernels on the GPU: W = 0 / 1 are compared with a limit there.
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=fp32 UNET_CFG_BITWISE_TOL=1e-4 timeout 300 \
         python3 tests/test_classifier_free_e2e.py > "$OUT/cfg_fp32.txt" 2>&1
-      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=2e-3 UNET_CFG_BITWISE_TOL=1e-2 timeout 300 \
+      # tf32: 1e-2 vs PyTorch. DDPM with learned sigma at W = 4 reached 6.6e-3 with UNET_TEST_SEED=2273446382
+      # (5.7e-3 with cuDNN's output conv and no graph: not a kernel's error): the learned variance's
+      # tf32 error sets each step's noise scale and W amplifies the eps error, over every step.
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=1e-2 UNET_CFG_BITWISE_TOL=1e-2 timeout 300 \
         python3 tests/test_classifier_free_e2e.py > "$OUT/cfg_tf32.txt" 2>&1
       grep -hE "FAIL|failed|rel L2|max diff|binomial" "$OUT"/cfg_fp32.txt "$OUT"/cfg_tf32.txt
       "$U" init -o "$OUT/cfg64.h5" --class-cond --num-classes 10 --class-dropout 0.1 > /dev/null

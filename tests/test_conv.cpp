@@ -204,6 +204,33 @@ TEST(ConvVariants, SmallOddShapes) {
         return fwd_op(A, act, 2, 8, 32, 3, 3, 1, false, false, DType::F32, false);
       },
       Tol{});
+  // The released models' output layer (192 -> 6 with learned sigma), and "narrow"'s vector path
+  // with every epilogue term and its widest output (8 channels).
+  check_variants<ConvFwd>(
+      "out layer 192->6",
+      [](const Alloc& A, DType act) {
+        return fwd_op(A, act, 3, 9, 192, 6, 3, 1, false, false, DType::F32, false);
+      },
+      Tol{});
+  check_conv("3x3 narrow vec", 2, 8, 64, 8, 3, 1, true, true);
+  check_conv("1x1 narrow", 2, 6, 40, 7, 1, 1, true, false);
+}
+
+// The model's last layer (C -> 3 or 6 channels) runs on "narrow" by default in every precision:
+// cuDNN has no engine for its bf16 input with an f32 output, and im2col + GEMM at N = 3 was 4% of
+// imagenet64's sampling forward. (Its accuracy is checked with every other variant above.)
+TEST(ConvVariants, NarrowRunsTheOutputLayer) {
+  SKIP_WITHOUT_GPU();
+  for (Precision p : {Precision::FP32, Precision::TF32, Precision::BF16}) {
+    SCOPED_TRACE(precision_name(p));
+    Engine* g = gpu_engine(p);
+    ASSERT_TRUE(g);
+    auto A = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
+    const ConvFwd out = fwd_op(A, g->act_dtype(), 2, 8, 64, 6, 3, 1, false, false, DType::F32, false);
+    EXPECT_EQ(g->base_ops().variant(out), "narrow");
+    const ConvFwd wide = fwd_op(A, g->act_dtype(), 2, 8, 64, 16, 3, 1, false, false, DType::F32, false);
+    EXPECT_NE(g->base_ops().variant(wide), "narrow");  // more than 8 outputs: the GEMM engines
+  }
 }
 
 TEST(ConvVariants, EverySeed64ShapeAtBatch32) {

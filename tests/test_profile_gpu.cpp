@@ -405,6 +405,34 @@ TEST(ProfileGpu, EveryLayerKindRuns) {
   }
 }
 
+// --layer model --pass forward profiles what `unet sample` runs per step: eval mode (no dropout
+// kernels although the model has dropout), memory planned for sampling (less than the training
+// step holds), no backward.
+TEST(ProfileGpu, ModelForwardIsSamplingsForward) {
+  NEED_GPU();
+  auto profile = [](const char* pass) {
+    auto r = test::run_unet(std::string("profile --layer model --pass ") + pass +
+                            " --batch-size 4 --image-size 32 --num-channels 32 --channel-mult 1,2 "
+                            "--num-res-blocks 1 --attention-resolutions 16 --dropout 0.1 --iters 2 --warmup 1 "
+                            "--format json --no-plain-timing");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code ? json() : json::parse(r.out);
+  };
+  const json fwd = profile("forward"), step = profile("step");
+  ASSERT_FALSE(fwd.is_null());
+  ASSERT_FALSE(step.is_null());
+  auto has_kernel = [](const json& j, const std::string& part) {
+    for (const auto& k : j["kernels"])
+      if (k["name"].get<std::string>().find(part) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(has_kernel(step, "Dropout"));  // the training step's forward drops
+  EXPECT_FALSE(has_kernel(fwd, "Dropout"));
+  EXPECT_TRUE(find_layer(fwd, "forward"));
+  EXPECT_FALSE(find_layer(fwd, "backward"));
+  EXPECT_LT(fwd["memory_bytes"].get<double>(), step["memory_bytes"].get<double>());
+}
+
 // The switch: UNET_KERNELS / --kernels picks the conv variant, and the profile's layer
 // table says which ran.
 TEST(ProfileGpu, KernelOverrideShowsInTheLayerTable) {

@@ -1,4 +1,5 @@
-// The conv family's CUDA variants in priority order: cuDNN when it is present and has a
+// The conv family's CUDA variants in priority order: a direct kernel for forwards with at most 8
+// output channels (the model's last layer; narrow.cu), then cuDNN when it is present and has a
 // deterministic engine for the shape (with unet's row-block epilogue and bias gradients, then
 // with the earlier elementwise ones), else unet's own im2col + cuBLAS.
 #include "cuda_engine.cuh"
@@ -6,6 +7,7 @@
 namespace unet {
 
 void register_conv_cuda(CudaOps& ops) {
+  register_conv_narrow(ops);
   register_conv_cudnn_fused(ops);
   register_conv_cudnn(ops);
   register_conv_im2col(ops);

@@ -101,6 +101,36 @@ struct ModelWork : Workload {
   void update() override { step.update(); }
 };
 
+// ---- the model's forward as `unet sample` runs it: planned for sampling (no saved activations,
+// no gradients), eval mode (no dropout), weights as given ----
+struct SampleWork : Workload {
+  Engine& eng;
+  Model model;
+  Tensor x, t, labels, out;
+  SampleWork(Engine& e, Filler& f, const ModelConfig& cfg, int B, const std::vector<float>& weights)
+      : eng(e), model(cfg, e) {
+    model.plan(B, Mode::Sample);
+    eng.upload(model.params(), weights.data());
+    const int R = cfg.image_size;
+    x = f.make(DType::F32, {B, R, R, cfg.in_channels}, 1.7f);
+    out = f.empty(DType::F32, {B, R, R, cfg.out_channels()});
+    t = f.empty(DType::F32, {B});
+    std::vector<float> ts(B);
+    for (int i = 0; i < B; ++i) ts[i] = (float)((i * 7919) % cfg.diffusion_steps);
+    eng.upload(t, ts.data());
+    if (cfg.class_cond) {
+      labels = f.empty(DType::I32, {B});
+      std::vector<int32_t> l(B);
+      for (int i = 0; i < B; ++i) l[i] = (i * 31) % cfg.num_classes;
+      eng.upload(labels, l.data());
+    }
+  }
+  void forward() override {
+    ScopedRange r(eng.device(), "forward");
+    model.forward(x, t, labels, out, false);
+  }
+};
+
 // ---- one layer of the UNet, as a one-layer Model ----
 struct LayerWork : Workload {
   Engine& eng;
@@ -282,10 +312,17 @@ std::string run_profile(const ProfileRequest& a) {
   if (a.layer == "model") {
     ParamTable table = build_param_table(cfg);
     std::vector<float> weights = a.weights.empty() ? init_params(table, 0) : a.weights;
-    w = std::make_unique<ModelWork>(*eng, fill, cfg, B, weights);
-    char b[200];
-    std::snprintf(b, sizeof b, "model %s (%.2f M parameters), B=%d %dx%d", a.model_what.c_str(),
-                  table.count / 1e6, B, cfg.image_size, cfg.image_size);
+    // --pass forward profiles sampling's forward (what `unet sample` runs per step); backward
+    // and step profile the training step.
+    const bool sampling = a.pass == "forward";
+    if (sampling)
+      w = std::make_unique<SampleWork>(*eng, fill, cfg, B, weights);
+    else
+      w = std::make_unique<ModelWork>(*eng, fill, cfg, B, weights);
+    char b[240];
+    std::snprintf(b, sizeof b, "model %s (%.2f M parameters), B=%d %dx%d%s", a.model_what.c_str(),
+                  table.count / 1e6, B, cfg.image_size, cfg.image_size,
+                  sampling ? ", sampling's forward (eval mode, planned for sampling)" : "");
     w->describe = b;
   } else if (a.layer == "resblock") {
     need_groups(Ci, "--in-channels");

@@ -40,9 +40,19 @@ Sampler::Sampler(Engine& eng, SamplerNet net, int max_batch)
     grad_ = img(C);
     if (net_.learn_sigma) vgrad_ = img(C);
   }
-  hz_.resize((size_t)Bm * H * H * C);
-  ht_.resize(bmax_);
+  Device& dev = eng_.device();
+  for (float*& h : hz_) h = static_cast<float*>(dev.alloc_host((size_t)Bm * H * H * C * sizeof(float)));
+  ht_ = static_cast<float*>(dev.alloc_host((size_t)Bm * sizeof(float)));
   hy_.resize(bmax_);
+}
+
+void Sampler::upload_noise(uint64_t seed, int t_orig, int64_t first, int B, size_t numel, const Tensor& z) {
+  Device& dev = eng_.device();
+  dev.fence_wait(zfence_[zbuf_]);  // its previous upload has been read
+  step_noise(seed, t_orig, first, B, numel, hz_[zbuf_]);
+  eng_.upload(z, hz_[zbuf_]);
+  zfence_[zbuf_] = dev.fence();
+  zbuf_ ^= 1;
 }
 
 void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, const int32_t* labels,
@@ -81,6 +91,34 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
   const int total = batches * S;
   int done = 0;
   Ops& ops = eng_.ops();
+  // The forward as a CUDA graph: every step reads the same buffers (t is uploaded into t_ before
+  // each replay), so one capture per batch size serves all its steps. The first step at a batch
+  // size runs eagerly (cuDNN plans, lazy kernel loading, workspace growth happen outside the
+  // capture), the second is captured and replayed from then on.
+  Device& dev = eng_.device();
+  const bool graph = opt.cuda_graph && dev.supports_graphs() && !net_.cond_fn;
+  int eager_batch = 0, graph_batch = 0;
+  struct DropGraph {  // also on an exception: the device's one graph slot is left empty
+    Device& d;
+    bool on;
+    ~DropGraph() {
+      if (on) d.graph_drop();
+    }
+  } drop{dev, graph};
+  auto denoise = [&](const Tensor& x, const Tensor& t, const Tensor& y, const Tensor& out, int B) {
+    if (!graph || (eager_batch != B && graph_batch != B)) {
+      net_.denoise(x, t, y, out);
+      eager_batch = B;
+      return;
+    }
+    if (graph_batch != B) {
+      dev.graph_begin();
+      net_.denoise(x, t, y, out);
+      dev.graph_end();
+      graph_batch = B;
+    }
+    dev.graph_launch();
+  };
   for (int first = 0; first < n; first += Bmax) {
     const int B = std::min(Bmax, n - first);
     const size_t m = static_cast<size_t>(B) * numel;
@@ -89,13 +127,16 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
     if (noise_nhwc) {
       eng_.upload(x, noise_nhwc + static_cast<size_t>(first) * numel);
     } else {
-      float* hz = hz_.data();
+      eng_.device().fence_wait(zfence_[zbuf_]);
+      float* hz = hz_[zbuf_];
       const bool big = m > 32768;
 #pragma omp parallel for schedule(static) if (big)
       for (int b = 0; b < B; ++b)
         normal_fill(opt.seed, Stream::SampleInit, static_cast<uint64_t>(first + b) * numel, numel,
                     hz + b * numel);
       eng_.upload(x, hz);
+      zfence_[zbuf_] = eng_.device().fence();
+      zbuf_ ^= 1;
     }
     Tensor y;
     if (labelled) {
@@ -114,9 +155,11 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       const float t_model = net_.rescale_timesteps
                                 ? static_cast<float>(t_orig) * static_cast<float>(1000.0 / T)
                                 : static_cast<float>(t_orig);
-      std::fill(ht_.begin(), ht_.begin() + B, t_model);
-      eng_.upload(t, ht_.data());
-      net_.denoise(x, t, y_model, out);
+      eng_.device().fence_wait(tfence_);
+      std::fill(ht_, ht_ + B, t_model);
+      eng_.upload(t, ht_);
+      tfence_ = eng_.device().fence();
+      denoise(x, t, y_model, out, B);
       // Model output is NHWC with [eps | variance value] along channels when sigma is learned.
       if (net_.learn_sigma) ops.run(ConcatBwd{out, eps, var_.batch(B)});
       // Classifier guidance: s * d log p(y | x_t) / d x_t, at x_t (before the step).
@@ -126,8 +169,7 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       if (ddim) {
         const Diffusion::DdimCoeffs c = d.ddim_coeffs(k, opt.eta);
         if (c.noise) {
-          step_noise(opt.seed, t_orig, first, B, numel, hz_.data());
-          eng_.upload(z, hz_.data());
+          upload_noise(opt.seed, t_orig, first, B, numel, z);
         }
         d.ddim_step(ops, k, opt.eta, x, eps, x0, c.noise ? z : Tensor{}, opt.clip, grad);
       } else {
@@ -135,8 +177,7 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
         float scale = 0.0f;
         Tensor noise;
         if (add_noise) {
-          step_noise(opt.seed, t_orig, first, B, numel, hz_.data());
-          eng_.upload(z, hz_.data());
+          upload_noise(opt.seed, t_orig, first, B, numel, z);
           if (net_.learn_sigma) {
             const Diffusion::LogRange r = d.learned_range_bounds(k);
             noise = noise_.batch(B);

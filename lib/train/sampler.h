@@ -25,6 +25,10 @@ struct SampleOptions {
   bool clip = true;              // clip predicted x0 to [-1, 1]
   uint64_t seed = 0;
   int batch_size = 0;  // 0 = n
+  // Replay the network's forward as a CUDA graph (one launch per step instead of hundreds) where
+  // the engine has graphs and no classifier guides the steps. `unet sample` sets it; a trainer's
+  // previews leave it off (the device holds one graph: the training step's).
+  bool cuda_graph = false;
 };
 
 // What the sampler needs to know about the network, and the network itself as a function:
@@ -70,7 +74,15 @@ class Sampler {
   SamplerNet net_;
   int bmax_;
   Tensor x_, out_, eps_, var_, x0_, z_, noise_, t_, y_, grad_, vgrad_;
-  std::vector<float> hz_, ht_;
+  // Host staging (pinned on CUDA, so uploads run asynchronously): the step noise in two buffers
+  // (the host draws step k+1's while step k's upload may still be in flight) and the timesteps;
+  // fences say when a buffer may be written again.
+  float* hz_[2] = {nullptr, nullptr};
+  float* ht_ = nullptr;
+  uint64_t zfence_[2] = {0, 0}, tfence_ = 0;
+  int zbuf_ = 0;
+  // Draws step noise into the next staging buffer and uploads it to z.
+  void upload_noise(uint64_t seed, int t_orig, int64_t first, int B, size_t numel, const Tensor& z);
   std::vector<int32_t> hy_;
 };
 
