@@ -35,7 +35,7 @@ def main():
     ap.add_argument("--unet", default="build/bin/unet")
     ap.add_argument("--preset", default="imagenet64")
     ap.add_argument("--batch", type=int, default=64, help="sampling batch (unet and PyTorch)")
-    ap.add_argument("--sample-steps", default="2,20", help="unet sample: warm-up steps, timed steps")
+    ap.add_argument("--sample-steps", default="2,100", help="unet sample: warm-up steps, timed steps")
     ap.add_argument("--train-batch", type=int, default=0, help="also time a training step at this batch")
     ap.add_argument("--precisions", default="tf32,bf16")
     ap.add_argument("--torch-modes", default="eager tf32,eager bf16,compile tf32,compile bf16")

@@ -80,14 +80,22 @@ TEST_P(GroupNorm, GradientsMatchFiniteDifferences) {
   Tensor Y = d.poisoned({c.B, c.HW, 1, c.C}), M = d.poisoned({c.B, c.G}), R = d.poisoned({c.B, c.G});
   d.run(GroupNormFwd{X, Ga, Be, {}, Y, M, R, c.silu});
   Tensor DX = d.poisoned({c.B, c.HW, 1, c.C}), DG = d.poisoned({c.C}), DB = d.poisoned({c.C});
-  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, DG, DB, {}, c.silu});
+  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, DG, DB, {}, c.silu, {}});
   EXPECT_LT(rel(d.get(DX), dx), kF32Tol);
   EXPECT_LT(rel(d.get(DG), dg), kF32Tol);
   EXPECT_LT(rel(d.get(DB), dbt), kF32Tol);
   const F fdx = d.get(DX);
   DX = d.poisoned({c.B, c.HW, 1, c.C});
-  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, {}, {}, {}, c.silu});
+  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, {}, {}, {}, c.silu, {}});
   EXPECT_EQ(d.get(DX), fdx);
+  // add: dx + add, the one f32 addition
+  const V av = rnd(n);
+  GroupNormBwd with_add{X, Ga, Be, {}, M, R, DY, d.poisoned({c.B, c.HW, 1, c.C}), {}, {}, {}, c.silu, {}};
+  with_add.add = d.put(av, {c.B, c.HW, 1, c.C});
+  d.run(with_add);
+  F want = fdx;
+  for (size_t i = 0; i < want.size(); ++i) want[i] += (float)av[i];
+  EXPECT_EQ(d.get(with_add.dx), want);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupNorm,
@@ -148,7 +156,8 @@ TEST(GroupNormApply, EqualsTheForwardWithItsStatistics) {
 
 // ---- CUDA variants ----
 
-void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu) {
+// add: the backward also adds a gradient arriving by another path (the residual skip) into dx.
+void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, bool add = false) {
   const int G = 32 <= C && C % 32 == 0 ? 32 : (C % 4 == 0 ? 4 : 1);
   check_variants<GroupNormFwd>(
       what + " fwd",
@@ -161,20 +170,22 @@ void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu) 
       Tol{});
   // Backward from the statistics of a forward pass over the same x.
   check_variants<GroupNormBwd>(
-      what + " bwd",
+      what + (add ? " bwd + add" : " bwd"),
       [&](const Alloc& A, DType act) {
-        return GroupNormBwd{A(act, {B, H, H, C}),
-                            A(DType::F32, {C}),
-                            A(DType::F32, {C}),
-                            ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                            A(DType::F32, {B, G}),
-                            A(DType::F32, {B, G}),
-                            A(act, {B, H, H, C}),
-                            A(act, {B, H, H, C}),
-                            A(DType::F32, {C}),
-                            A(DType::F32, {C}),
-                            ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                            silu};
+        GroupNormBwd o{A(act, {B, H, H, C}),
+                       A(DType::F32, {C}),
+                       A(DType::F32, {C}),
+                       ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                       A(DType::F32, {B, G}),
+                       A(DType::F32, {B, G}),
+                       A(act, {B, H, H, C}),
+                       A(act, {B, H, H, C}),
+                       A(DType::F32, {C}),
+                       A(DType::F32, {C}),
+                       ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                       silu, {}};
+        if (add) o.add = A(act, {B, H, H, C});
+        return o;
       },
       Tol{},
       [&](Engine& e, GroupNormBwd& o) {
@@ -189,6 +200,9 @@ TEST(GroupNormVariants, SmallShapes) {
   check_gn("odd ss", 3, 3, 12, true, true);
   check_gn("no silu", 2, 4, 64, false, false);
   check_gn("ss no silu", 2, 4, 64, true, false);
+  check_gn("odd", 2, 5, 12, false, true, true);
+  check_gn("ss", 2, 4, 64, true, true, true);
+  check_gn("no silu", 2, 4, 64, false, false, true);
 }
 
 TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
@@ -202,13 +216,18 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
                  rc.second, false, true);
   });
   check_gn("seed64 ss", 32, 32, 128, true, true);
+  // The residual blocks' first norms add the skip path's gradient (64x64 and 8x8: fused and smem).
+  check_gn("seed64 + skip 64x64", 32, 64, 64, false, true, true);
+  check_gn("seed64 + skip 8x8", 32, 8, 256, false, true, true);
+  check_gn("seed64 attention + skip", 32, 16, 128, false, false, true);
 }
 
 // ---- fast CPU variants vs the CPU reference ----
 
 // shift: added to x (a mean far from 0 next to a unit spread: the variance's cancellation).
 int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, bool ss, bool silu,
-                 std::vector<Precision> precs = {Precision::FP32, Precision::BF16}, float shift = 0) {
+                 std::vector<Precision> precs = {Precision::FP32, Precision::BF16}, float shift = 0,
+                 bool add = false) {
   auto shift_x = [shift](Engine& e, const Tensor& x) {
     if (shift == 0) return;
     std::vector<float> v = test::to_host(e, x);
@@ -240,20 +259,22 @@ int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, boo
       },
       precs);
   n += check_cpu_variants<GroupNormBwd>(
-      what + " bwd",
+      what + (add ? " bwd + add" : " bwd"),
       [&](const Alloc& A, DType act) {
-        return GroupNormBwd{A(act, {B, H, W, C}),
-                            A(DType::F32, {C}),
-                            A(DType::F32, {C}),
-                            ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                            A(DType::F32, {B, G}),
-                            A(DType::F32, {B, G}),
-                            A(act, {B, H, W, C}),
-                            A(act, {B, H, W, C}),
-                            A(DType::F32, {C}),
-                            A(DType::F32, {C}),
-                            ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                            silu};
+        GroupNormBwd o{A(act, {B, H, W, C}),
+                       A(DType::F32, {C}),
+                       A(DType::F32, {C}),
+                       ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                       A(DType::F32, {B, G}),
+                       A(DType::F32, {B, G}),
+                       A(act, {B, H, W, C}),
+                       A(act, {B, H, W, C}),
+                       A(DType::F32, {C}),
+                       A(DType::F32, {C}),
+                       ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                       silu, {}};
+        if (add) o.add = A(act, {B, H, W, C});
+        return o;
       },
       kCpuTol,
       [&](Engine& e, GroupNormBwd& o) {  // statistics of x from the reference forward
@@ -276,6 +297,8 @@ TEST(GroupNormCpuVariants, SmallOddShapes) {
       n += check_gn_cpu("C48 G16" + k, 1, 6, 5, 48, 16, ss, silu);
       n += check_gn_cpu("shifted C64 G32" + k, 2, 9, 9, 64, 32, ss, silu, {Precision::FP32, Precision::BF16},
                         40.0f);
+      n += check_gn_cpu("C64 G32 + add" + k, 2, 5, 6, 64, 32, ss, silu, {Precision::FP32, Precision::BF16}, 0.f,
+                        true);
     }
   if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";
 }

@@ -257,4 +257,29 @@ TEST(Model, SamplingPlansLessMemoryThanTraining) {
   EXPECT_TRUE(train.grads().defined());
 }
 
+// Training keeps the forward's normalized conv inputs for the filter gradients; UNET_RECOMPUTE=1
+// (what plan() falls back to when the kept buffers do not fit) recomputes them in backward: the
+// same gradients (the same kernels on the same saved statistics: to rounding, here bitwise) for
+// less planned memory, for every block kind (resample, scale-shift, dropout, attention).
+TEST(Model, RecomputingNormalizedInputsGivesTheSameGradientsWithLessMemory) {
+  for (int k : {1, 2}) {
+    Case c = cases()[k];
+    SCOPED_TRACE(c.name);
+    Fixture kept(c.cfg);
+    setenv("UNET_RECOMPUTE", "1", 1);
+    Fixture recomputed(c.cfg);
+    unsetenv("UNET_RECOMPUTE");
+    EXPECT_LT(recomputed.model->activation_bytes(), kept.model->activation_bytes());
+    EXPECT_NE(recomputed.model->plan_report().find("recomputes"), std::string::npos);
+    EXPECT_EQ(kept.model->plan_report().find("recomputes"), std::string::npos);
+    const std::vector<float> ya = kept.out(), yb = recomputed.out();
+    EXPECT_EQ(ya, yb);
+    const std::vector<float> ga = kept.grads(), gb = recomputed.grads();
+    EXPECT_LT(test::rel_l2(gb, ga), 1e-6);
+    double n = 0;
+    for (float v : ga) n += std::fabs(v);
+    EXPECT_GT(n, 0);
+  }
+}
+
 }  // namespace

@@ -260,7 +260,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 // dx = rstd (f gamma dz - kx - xhat ky) = dz a + (x - m) (-rstd^2 ky) - rstd kx.
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads, 2)
-    dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const float* __restrict__ gamma,
+    dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
+              const float* __restrict__ gamma,
               const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
               const float* __restrict__ rstd, const float2* __restrict__ coef, int R, int C, int G, int Cl, int L,
               int rps, bool silu) {
@@ -297,6 +298,11 @@ __global__ void __launch_bounds__(kThreads, 2)
             float dz = gv[u][k];
             if (silu) dz *= silu_grad_fast(fmaf(d, a[k], bb[k]));
             gv[u][k] = fmaf(dz, a[k], fmaf(d, bq[k], cq[k]));
+          }
+          if (add) {
+            Vec<T, V>::load(add + base + (size_t)(r + u * L) * C + j * V, xv[u]);
+#pragma unroll
+            for (int k = 0; k < V; ++k) gv[u][k] += xv[u][k];
           }
           Vec<T, V>::store(dx + base + (size_t)(r + u * L) * C + j * V, gv[u]);
         }
@@ -365,7 +371,7 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
   with_act(o.x.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T *x = dptr<T>(o.x), *dy = dptr<T>(o.dy);
-    with_width<T>(wide_ok<T>(d.C, {o.x.data, o.dy.data, o.dx.data}), [&](auto vtag) {
+    with_width<T>(wide_ok<T>(d.C, {o.x.data, o.dy.data, o.dx.data, o.add.data}), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       const Plan p = plan(bwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU2, max_splits(d));
       const float *gamma = dptr<float>(o.gamma), *beta = dptr<float>(o.beta), *ss = dptr<float>(o.ss),
@@ -378,8 +384,8 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
       KERNEL_CHECK();
       if (!o.dx.defined()) return;
       const Plan q = plan(dx_kernel<T, V>, d.B, d.R, d.C, V, kU2);
-      dx_kernel<T, V><<<q.grid(), q.nt, 0, ctx.stream>>>(x, dy, dptr<T>(o.dx), gamma, beta, ss, mean, rstd, coef,
-                                                         d.R, d.C, d.G, q.Cl, q.L, q.rps, o.silu);
+      dx_kernel<T, V><<<q.grid(), q.nt, 0, ctx.stream>>>(x, dy, dptr<T>(o.dx), dptr<T>(o.add), gamma, beta, ss,
+                                                         mean, rstd, coef, d.R, d.C, d.G, q.Cl, q.L, q.rps, o.silu);
       KERNEL_CHECK();
     });
   });
@@ -390,7 +396,8 @@ bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
   return o.y.dtype == o.x.dtype && dims(o.x, o.mean).B < 65536;
 }
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
-  return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) && fits(dims(o.x, o.mean));
+  return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
+         (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(dims(o.x, o.mean));
 }
 
 
@@ -549,7 +556,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
-    smem_bwd_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+    smem_bwd_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
                     const float* __restrict__ gamma, const float* __restrict__ beta, const float* __restrict__ ss,
                     const float* __restrict__ mean, const float* __restrict__ rstd, int R, int C, int G, int Cb,
                     bool silu, double2* sums, unsigned* tickets, float* dgamma, float* dbeta, float* dss) {
@@ -615,6 +622,11 @@ __global__ void __launch_bounds__(kThreads)
         float dz = gv[k];
         if (silu) dz *= silu_grad_fast(fmaf(d, q.y, q.z));
         gv[k] = fmaf(dz, q.y, fmaf(d, e.x, e.y));
+      }
+      if (add) {
+        Vec<T, V>::load(add + (size_t)b * R * C + c0 + (size_t)r * C + j * V, xv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) gv[k] += xv[k];
       }
       Vec<T, V>::store(db + (size_t)r * C + j * V, gv);
     });
@@ -685,11 +697,11 @@ void smem_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
   const Dims d = dims(o.x, o.mean);
   with_act(o.x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    const SmemPlan sp = smem_plan<T>(d, 2, wide_ok<T>(d.C, {o.x.data, o.dy.data, o.dx.data}));
+    const SmemPlan sp = smem_plan<T>(d, 2, wide_ok<T>(d.C, {o.x.data, o.dy.data, o.dx.data, o.add.data}));
     with_width<T>(sp.V != 1, [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       smem_bwd_kernel<T, V><<<dim3(sp.k, d.B), kThreads, sp.bytes, ctx.stream>>>(
-          dptr<T>(o.x), dptr<T>(o.dy), dptr<T>(o.dx), dptr<float>(o.gamma), dptr<float>(o.beta),
+          dptr<T>(o.x), dptr<T>(o.dy), dptr<T>(o.dx), dptr<T>(o.add), dptr<float>(o.gamma), dptr<float>(o.beta),
           dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd), d.R, d.C, d.G, sp.Cb, o.silu, sums_of(ctx),
           ctx.tickets, dptr<float>(o.dgamma), dptr<float>(o.dbeta), dptr<float>(o.dss));
       KERNEL_CHECK();
@@ -706,7 +718,7 @@ bool smem_fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
 bool smem_bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   const Dims d = dims(o.x, o.mean);
   return o.x.dtype == DType::BF16 && o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
-         fits(d) && smem_fits(d, o.x.dtype, 2);
+         (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(d) && smem_fits(d, o.x.dtype, 2);
 }
 
 }  // namespace

@@ -166,6 +166,7 @@ struct GnDx {
   GnGrad<TX, TD> g;
   const float2* coef;
   TD* dx;
+  const TD* add;
   __device__ float one(size_t i) const {
     const GnParams& p = g.p;
     const int c = (int)(i % p.C);
@@ -173,7 +174,8 @@ struct GnDx {
     const float2 v = g.at(i);
     const float2 k = coef[bg];
     const float f = p.ss ? 1.f + p.ss[b * 2 * p.C + c] : 1.f;
-    return p.rstd[bg] * (v.x * f * p.gamma[c] - k.x - v.y * k.y);
+    const float d = p.rstd[bg] * (v.x * f * p.gamma[c] - k.x - v.y * k.y);
+    return add ? d + ldf(add, i) : d;
   }
   __device__ void vec4(size_t j) const {
     const size_t i = 4 * j;
@@ -243,14 +245,18 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
           B, HW, C, G);
       KERNEL_CHECK();
       if (o.dx.defined())
-        launch_map(GnDx<TX, TD>{gg, coef, dptr<TD>(o.dx)}, o.x.numel(),
-                   vec4_ok<TX>(o.x.data) && vec4_ok<TD>(o.dy.data) && vec4_ok<TD>(o.dx.data), ctx.stream);
+        launch_map(GnDx<TX, TD>{gg, coef, dptr<TD>(o.dx), dptr<TD>(o.add)}, o.x.numel(),
+                   vec4_ok<TX>(o.x.data) && vec4_ok<TD>(o.dy.data) && vec4_ok<TD>(o.dx.data) &&
+                       vec4_ok<TD>(o.add.data),
+                   ctx.stream);
     });
   });
 }
 
 // The dx kernel writes dx as dy's dtype.
-bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) { return !o.dx.defined() || o.dx.dtype == o.dy.dtype; }
+bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
+  return (!o.dx.defined() || o.dx.dtype == o.dy.dtype) && (!o.add.defined() || o.add.dtype == o.dy.dtype);
+}
 
 }  // namespace
 

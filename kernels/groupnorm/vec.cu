@@ -258,8 +258,8 @@ __global__ void apply_kernel(const T* __restrict__ x, T* __restrict__ y, const f
 // dx = dz A + x Bx + Cc with dz = dy SiLU'(x a + bb) (or dy).
 template <class T, int N>
 __global__ void dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
-                          const float2* __restrict__ zc, const float4* __restrict__ dc, size_t rows, int R,
-                          int C, bool silu) {
+                          const T* __restrict__ add, const float2* __restrict__ zc, const float4* __restrict__ dc,
+                          size_t rows, int R, int C, bool silu) {
   constexpr int V = Vec<T, N>::n;
   const int Cv = C / V;
   const size_t n = rows * Cv;
@@ -280,6 +280,11 @@ __global__ void dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* 
       }
       const float4 d = dc[b * C + c + k];
       gv[k] = fmaf(dz, d.x, fmaf(xv[k], d.y, d.z));
+    }
+    if (add) {
+      Vec<T, N>::load(add + row * C + c, xv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) gv[k] += xv[k];
     }
     Vec<T, N>::store(dx + row * C + c, gv);
   }
@@ -401,12 +406,13 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
     if (o.dx.defined()) {
       const size_t rows = (size_t)d.B * d.R;
       T* dx = dptr<T>(o.dx);
-      if (wide_ok(d.C, kWide<T>, {x, dy, dx}))
+      const T* add = dptr<T>(o.add);
+      if (wide_ok(d.C, kWide<T>, {x, dy, dx, add}))
         dx_kernel<T, kWide<T>><<<blocks_for(rows * (d.C / kWide<T>)), kThreads, 0, ctx.stream>>>(
-            x, dy, dx, s.zc, s.dc, rows, d.R, d.C, o.silu);
+            x, dy, dx, add, s.zc, s.dc, rows, d.R, d.C, o.silu);
       else
-        dx_kernel<T, 1><<<blocks_for(rows * d.C), kThreads, 0, ctx.stream>>>(x, dy, dx, s.zc, s.dc, rows, d.R,
-                                                                             d.C, o.silu);
+        dx_kernel<T, 1><<<blocks_for(rows * d.C), kThreads, 0, ctx.stream>>>(x, dy, dx, add, s.zc, s.dc, rows,
+                                                                             d.R, d.C, o.silu);
       KERNEL_CHECK();
     }
   });
@@ -426,7 +432,8 @@ bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
   return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean);
 }
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
-  return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) && shapes_ok(o.x, o.mean);
+  return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
+         (!o.add.defined() || o.add.dtype == o.x.dtype) && shapes_ok(o.x, o.mean);
 }
 
 }  // namespace

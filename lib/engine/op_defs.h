@@ -117,11 +117,14 @@ struct GroupNormBwd {
   UNET_OP("groupnorm_bwd", "groupnorm")
   Tensor x, gamma, beta, ss, mean, rstd, dy, dx, dgamma, dbeta, dss;
   bool silu = false;
+  // Optional, dx's dtype and shape: added to dx before its one rounding (the gradient of a
+  // parallel path into the same input, e.g. a residual block's skip connection).
+  Tensor add;
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.in("mean", s.mean);
     v.in("rstd", s.rstd), v.in("dy", s.dy), v.out("dx", s.dx), v.out("dgamma", s.dgamma);
-    v.out("dbeta", s.dbeta), v.out("dss", s.dss), v.param("silu", s.silu);
+    v.out("dbeta", s.dbeta), v.out("dss", s.dss), v.param("silu", s.silu), v.in("add", s.add);
   }
 };
 

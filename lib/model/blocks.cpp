@@ -306,21 +306,39 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     // out_layers: recompute conv2's input, then back through conv2, dropout, SiLU/scale-shift/norm
     ScopedRange r(d, "out_layers");
     if (wgrad) {
-      res_conv2_input(s, s.b_n2, true);
-      conv_filter_grad(at(s.b_n2), dout, Gc(s.w2, co, 3, co), gvec(s.b2, co), {}, 1);
+      if (!keep) res_conv2_input(s, s.b_n2, true);
+      conv_filter_grad(at(keep ? s.f_n2 : s.b_n2), dout, Gc(s.w2, co, 3, co), gvec(s.b2, co), {}, 1);
     }
     run(ConvBwdData{dout, Wc(s.w2, co, 3, co), at(s.b_dn2), 1});
     if (dropout_p() > 0) run(DropoutBwd{at(s.b_dn2), at(s.b_dn2), dropout_p(), dseed(s)});
     run(GroupNormBwd{at(s.h1), vec(s.n2w, co), vec(s.n2b, co), ss ? at(s.e) : Tensor{}, at(s.mean2),
                      at(s.rstd2), at(s.b_dn2), at(s.b_dh1), gvec(s.n2w, co), gvec(s.n2b, co),
-                     ss && wgrad ? at(s.b_de) : Tensor{}, true});
+                     ss && wgrad ? at(s.b_de) : Tensor{}, true, {}});
+  }
+  // skip_connection first: its gradient (dout through the 1x1 conv and the resampling, or dout
+  // itself) is added to dx by GN1's backward below (no separate add pass).
+  Tensor dxs = dout;
+  {
+    ScopedRange r(d, "skip_connection");
+    if (s.sw != SIZE_MAX) {
+      conv_filter_grad(xs, dout, Gc(s.sw, co, 1, ci), gvec(s.sb, co), {}, 1);
+      run(ConvBwdData{dout, Wc(s.sw, co, 1, ci), at(s.b_dxs), 1});
+      dxs = at(s.b_dxs);
+    }
+    if (l.updown) {
+      resample_bwd(l.updown, dxs, at(s.b_dxs2));
+      dxs = at(s.b_dxs2);
+    }
   }
   {
-    // in_layers: recompute SiLU(GN1(x)) (resampled); conv1's filter gradient also yields the
-    // embedding gradient (per-sample sums of dh1) when the embedding was added, not scale-shifted
+    // in_layers: recompute SiLU(GN1(x)) (resampled) unless kept; conv1's filter gradient also
+    // yields the embedding gradient (per-sample sums of dh1) when the embedding was added, not
+    // scale-shifted
     ScopedRange r(d, "in_layers");
     if (wgrad) {
-      const Tensor c1in = res_conv1_input(s, s.b_n1, s.b_n1r, true);
+      const Tensor c1in = !keep       ? res_conv1_input(s, s.b_n1, s.b_n1r, true)
+                          : l.updown ? at(s.f_n1r)
+                                     : at(s.f_n1);
       conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), gvec(s.b0, co), ss ? Tensor{} : at(s.b_de), 1);
     }
     run(ConvBwdData{at(s.b_dh1), Wc(s.w0, co, 3, ci), at(s.b_dn1r), 1});
@@ -329,18 +347,8 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
       resample_bwd(l.updown, at(s.b_dn1r), at(s.b_dn1));
       dg1 = at(s.b_dn1);
     }
-    run(GroupNormBwd{at(s.in),
-                     vec(s.n1w, ci),
-                     vec(s.n1b, ci),
-                     {},
-                     at(s.mean1),
-                     at(s.rstd1),
-                     dg1,
-                     at(s.dx),
-                     gvec(s.n1w, ci),
-                     gvec(s.n1b, ci),
-                     {},
-                     true});
+    run(GroupNormBwd{at(s.in), vec(s.n1w, ci), vec(s.n1b, ci), {}, at(s.mean1), at(s.rstd1), dg1, at(s.dx),
+                     gvec(s.n1w, ci), gvec(s.n1b, ci), {}, true, dxs});
   }
   if (wgrad) {
     ScopedRange r(d, "emb_layers");
@@ -348,18 +356,6 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     run(LinearBwd{at(semb), P(s.ew, {ec, ed}), at(s.b_de), at(s.b_dpart), G(s.ew, {ec, ed}), gvec(s.eb, ec)});
     run(Add{at(d_semb), at(s.b_dpart), at(d_semb)});
   }
-  ScopedRange r(d, "skip_connection");
-  Tensor dxs = dout;
-  if (s.sw != SIZE_MAX) {
-    conv_filter_grad(xs, dout, Gc(s.sw, co, 1, ci), gvec(s.sb, co), {}, 1);
-    run(ConvBwdData{dout, Wc(s.sw, co, 1, ci), at(s.b_dxs), 1});
-    dxs = at(s.b_dxs);
-  }
-  if (l.updown) {
-    resample_bwd(l.updown, dxs, at(s.b_dxs2));
-    dxs = at(s.b_dxs2);
-  }
-  run(Add{at(s.dx), dxs, at(s.dx)});
 }
 
 void Blocks::attn_bwd(L& s, const Tensor& dout) {
@@ -378,26 +374,16 @@ void Blocks::attn_bwd(L& s, const Tensor& dout) {
   {
     ScopedRange r(d, "qkv");
     if (wgrad) {
-      run(GroupNormApply{
-          at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.mean1), at(s.rstd1), at(s.b_n), false});
-      conv_filter_grad(at(s.b_n), at(s.b_dqkv), Gc(s.w0, 3 * C, 1, C), gvec(s.b0, 3 * C), {}, 1);
+      if (!keep)
+        run(GroupNormApply{
+            at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.mean1), at(s.rstd1), at(s.b_n), false});
+      conv_filter_grad(at(keep ? s.f_n1 : s.b_n), at(s.b_dqkv), Gc(s.w0, 3 * C, 1, C), gvec(s.b0, 3 * C), {}, 1);
     }
     run(ConvBwdData{at(s.b_dqkv), Wc(s.w0, 3 * C, 1, C), at(s.b_dn), 1});
   }
-  ScopedRange r(d, "norm");
-  run(GroupNormBwd{at(s.in),
-                   vec(s.n1w, C),
-                   vec(s.n1b, C),
-                   {},
-                   at(s.mean1),
-                   at(s.rstd1),
-                   at(s.b_dn),
-                   at(s.dx),
-                   gvec(s.n1w, C),
-                   gvec(s.n1b, C),
-                   {},
-                   false});
-  run(Add{dout, at(s.dx), at(s.dx)});
+  ScopedRange r(d, "norm");  // dx = the norm's gradient + dout (the residual), in one pass
+  run(GroupNormBwd{at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.mean1), at(s.rstd1), at(s.b_dn), at(s.dx),
+                   gvec(s.n1w, C), gvec(s.n1b, C), {}, false, dout});
 }
 
 Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {
@@ -413,8 +399,9 @@ Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {
     }
     case Layer::Up:
       if (wgrad) {
-        run(UpsampleFwd{at(s.in), at(s.b_up)});
-        conv_filter_grad(at(s.b_up), dout, Gc(s.w0, l.cout, 3, l.cin), gvec(s.b0, l.cout), {}, 1);
+        if (!keep) run(UpsampleFwd{at(s.in), at(s.b_up)});
+        conv_filter_grad(at(keep ? s.f_up : s.b_up), dout, Gc(s.w0, l.cout, 3, l.cin), gvec(s.b0, l.cout), {},
+                         1);
       }
       run(ConvBwdData{dout, Wc(s.w0, l.cout, 3, l.cin), at(s.b_dup), 1});
       run(UpsampleBwd{at(s.b_dup), at(s.dx)});

@@ -76,6 +76,11 @@ struct Blocks {
   int B = 0;               // batch of the current call (<= planned)
   bool train = false;      // dropout on
   bool wgrad = true;       // backward computes parameter gradients (false: input gradients only)
+  // Training keeps the forward's normalized conv inputs (SiLU(GroupNorm(x)), after dropout; the
+  // upsampled input) for the filter gradients; false recomputes them in backward instead (less
+  // memory, one GroupNorm apply per conv more). Network::plan falls back to false when the kept
+  // buffers do not fit; UNET_RECOMPUTE=1 forces it.
+  bool keep = true;
   uint64_t seed = 0;       // dropout
   Ops* tracing = nullptr;  // the planner's tracer while planning
 

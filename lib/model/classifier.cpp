@@ -133,7 +133,7 @@ struct Classifier::Impl {
                        bk.gvec(on_w, C),
                        bk.gvec(on_b, C),
                        {},
-                       true});
+                       true, {}});
     }
     ready(on_w);
     Tensor g = at(d_h);
@@ -160,6 +160,11 @@ Classifier::Classifier(const ClassifierConfig& cfg, Engine& eng)
 Classifier::~Classifier() = default;
 
 void Classifier::declare(Planner& pl, int B, Mode m) { impl_->declare(pl, B, m); }
+bool Classifier::recompute_to_fit() {
+  if (!impl_->bk.keep) return false;
+  impl_->bk.keep = false;
+  return true;
+}
 
 void Classifier::trace(Ops& tracer, int B, Mode m) {
   Impl& I = *impl_;

@@ -167,9 +167,10 @@ struct Model::Impl {
         dy = at(dout_a);
       }
       if (bk.wgrad) {
-        run(GroupNormApply{
-            h_last, bk.vec(on_w, C), bk.vec(on_b, C), {}, at(o_mean), at(o_rstd), at(b_nout), true});
-        bk.conv_filter_grad(at(b_nout), dy, bk.Gc(oc_w, Co, 3, C), bk.gvec(oc_b, Co), {}, 1);
+        if (!bk.keep)
+          run(GroupNormApply{
+              h_last, bk.vec(on_w, C), bk.vec(on_b, C), {}, at(o_mean), at(o_rstd), at(b_nout), true});
+        bk.conv_filter_grad(at(bk.keep ? n_out : b_nout), dy, bk.Gc(oc_w, Co, 3, C), bk.gvec(oc_b, Co), {}, 1);
       }
       run(ConvBwdData{dy, bk.Wc(oc_w, Co, 3, C), at(b_dnout), 1});
       run(GroupNormBwd{h_last,
@@ -183,7 +184,7 @@ struct Model::Impl {
                        bk.gvec(on_w, C),
                        bk.gvec(on_b, C),
                        {},
-                       true});
+                       true, {}});
       g = at(d_hlast);
     }
     ready(std::min(on_w, oc_w));
@@ -237,6 +238,11 @@ Model::Model(const ModelConfig& cfg, Engine& eng, const Layer& only)
 Model::~Model() = default;
 
 void Model::declare(Planner& pl, int B, Mode m) { impl_->declare(pl, B, m); }
+bool Model::recompute_to_fit() {
+  if (!impl_->bk.keep) return false;
+  impl_->bk.keep = false;
+  return true;
+}
 
 void Model::trace(Ops& tracer, int B, Mode m) {
   Impl& I = *impl_;

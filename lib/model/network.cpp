@@ -1,6 +1,8 @@
 #include "network.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <stdexcept>
 
 #include "planner.h"
@@ -31,27 +33,39 @@ void Network::plan(int B, Mode m) {
     if (B <= planned_ && covered) return;
     throw std::logic_error("Network::plan: already planned for a smaller batch or another mode");
   }
-  Planner pl;
   if (m == Mode::Train && !grads_.defined()) {
     // The gradient arena is planned memory too (its own allocation: the all-reduce of
     // several GPUs and the optimizer read it as one flat tensor).
     grads_ = Tensor(eng_.device().alloc(table_.total * 4), DType::F32, {(int64_t)table_.total});
   }
-  declare(pl, B, m);
-  trace(pl.tracer(eng_.ops()), B, m);
-  pl.pack();
-  const size_t need = pl.arena_bytes();
+  const char* rc = std::getenv("UNET_RECOMPUTE");
+  bool recomputed = m == Mode::Train && rc && *rc && std::string(rc) != "0" && recompute_to_fit();
+  auto plan_pass = [&] {
+    auto pl = std::make_unique<Planner>();
+    declare(*pl, B, m);
+    trace(pl->tracer(eng_.ops()), B, m);
+    pl->pack();
+    return pl;
+  };
+  std::unique_ptr<Planner> pl = plan_pass();
+  size_t need = pl->arena_bytes();
   const size_t free = eng_.device().bytes_free();
+  if (need > free && m == Mode::Train && recompute_to_fit()) {  // the slower plan that needs less
+    recomputed = true;
+    pl = plan_pass();
+    need = pl->arena_bytes();
+  }
   if (need > free)
     throw UserError(std::string(m == Mode::Train ? "training" : "sampling") + " at batch size " +
                     std::to_string(B) + " needs " + gib(need + eng_.device().bytes_held()) + " of " +
                     (eng_.is_cuda() ? "GPU" : "host") + " memory, " + gib(free + eng_.device().bytes_held()) +
                     " available; use a smaller --batch-size");
   void* arena = eng_.device().alloc(need);
-  pl.bind(arena);
-  declare(pl, B, m);
+  pl->bind(arena);
+  declare(*pl, B, m);
   eng_.ops().finalize();
-  report_ = pl.report();
+  report_ = pl->report();
+  if (recomputed) report_ += "backward recomputes the normalized activations (less memory, slower)\n";
   arena_bytes_ = need;
   planned_ = B;
   mode_ = m;

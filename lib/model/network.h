@@ -54,6 +54,9 @@ class Network {
   // One pass of mode m at batch B through `tracer` on absent-data inputs (forward, and backward
   // unless Sample): the planner learns every buffer's lifetime from it.
   virtual void trace(Ops& tracer, int B, Mode m) = 0;
+  // Trades speed for memory when a training plan does not fit (the blocks recompute what they
+  // kept for backward); false when there is nothing left to trade.
+  virtual bool recompute_to_fit() { return false; }
 
   Engine& eng_;
   ParamTable table_;

@@ -24,6 +24,11 @@ void gn_bwd(const GroupNormBwd& o) {
   ref::groupnorm_ss_bwd<float>(x.f32(), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(),
                                o.dy.f32(), opt(o.dx), opt(o.dgamma), opt(o.dbeta), opt(o.dss), (int)x.dim[0],
                                (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)o.mean.dim[1], o.silu);
+  if (o.add.defined() && o.dx.defined()) {
+    float* dx = o.dx.f32();
+    const float* a = o.add.f32();
+    for (size_t i = 0, n = o.dx.numel(); i < n; ++i) dx[i] += a[i];
+  }
 }
 
 }  // namespace
