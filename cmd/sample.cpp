@@ -1,4 +1,5 @@
 // unet sample CKPT.h5 — thin: load weights, read --noise, call lib/sampler, write PNG/HDF5.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -176,7 +177,30 @@ void run(SampleArgs& a) {
   so.eta = a.eta;
   so.clip = !a.no_clip;
   so.seed = a.seed;
-  so.batch_size = a.batch_size ? std::min(a.batch_size, n) : std::min(n, 64);
+  // The classifier first: its planned memory per image counts when the batch is chosen.
+  std::unique_ptr<Classifier> classifier;
+  if (guided) {
+    classifier = std::make_unique<Classifier>(cck.ccfg, *eng);
+    eng->upload(classifier->params(), !a.no_ema && !cck.ema.empty() ? cck.ema.data() : cck.model.data());
+  }
+  // Without --batch-size: on a GPU the largest batch (up to n) whose planned memory fits, from the
+  // plan's bytes per image (every planned buffer scales with the batch) and the sampler's own
+  // buffers, keeping a tenth of the free memory and 512 MB for workspaces; on the CPU 64.
+  bool auto_batch = false;
+  if (a.batch_size) {
+    so.batch_size = std::min(a.batch_size, n);
+  } else if (!eng->is_cuda()) {
+    so.batch_size = std::min(n, 64);
+  } else {
+    const double img = (double)R * R * C * sizeof(float);
+    const double per_image = (double)model.plan_bytes(1, Mode::Sample) * (cf_guided ? 2 : 1) +
+                             (classifier ? (double)classifier->plan_bytes(1, Mode::InputGrad) : 0.0) +
+                             16 * img * (cf_guided ? 2 : 1);
+    const double free = (double)eng->device().bytes_free();
+    const double usable = free - free / 10 - 512.0 * (1 << 20);
+    so.batch_size = (int)std::max(1.0, std::min((double)n, std::floor(usable / per_image)));
+    auto_batch = true;
+  }
   so.cuda_graph = !std::getenv("UNET_NO_CUDA_GRAPH");  // as unet train: the forward replayed as one graph
   // Classifier-free guidance runs the conditional and the unconditional half in one forward pass:
   // the model is planned for twice the batch; a --classifier is planned for the batch (backward to
@@ -191,11 +215,8 @@ void run(SampleArgs& a) {
     net = classifier_free_guidance(*eng, std::move(net), so.batch_size, a.guidance_scale, cfg.num_classes);
   // Classifier guidance on top (guidance.h): the classifier's EMA weights when it has them (as the
   // model's), unless --no-ema.
-  std::unique_ptr<Classifier> classifier;
   std::unique_ptr<ClassifierGuide> guide;
   if (guided) {
-    classifier = std::make_unique<Classifier>(cck.ccfg, *eng);
-    eng->upload(classifier->params(), !a.no_ema && !cck.ema.empty() ? cck.ema.data() : cck.model.data());
     guide = std::make_unique<ClassifierGuide>(*eng, *classifier, a.classifier_scale, so.batch_size);
     guide->attach(net);
   }
@@ -206,21 +227,33 @@ void run(SampleArgs& a) {
                   ", classifier guidance scale %g (%s weights)", (double)a.classifier_scale,
                   !a.no_ema && !cck.ema.empty() ? "EMA" : "model");
   if (!noise_warning.empty()) std::fprintf(stderr, "unet: warning: %s\n", noise_warning.c_str());
-  std::printf("unet sample: %d images, %s %d steps, %s weights%s, %s\n", n, a.sampler.c_str(),
-              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", gs, device.c_str());
+  std::printf("unet sample: %d images, %s %d steps, %s weights%s, batch %d%s, %s\n", n, a.sampler.c_str(),
+              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", gs, so.batch_size,
+              auto_batch && so.batch_size < n ? " (the largest that fits)" : "", device.c_str());
   std::fflush(stdout);
   std::vector<float> out((size_t)n * R * R * C);
   Progress prog("sample", n, "img");
   const auto t0 = std::chrono::steady_clock::now();
+  auto t2 = t0;  // after the second step: the first runs eagerly (lazy kernel loading), the second is captured
+  int total_steps = 0;
   sample(*eng, net, so, n, noise.empty() ? nullptr : noise.data(), labels.empty() ? nullptr : labels.data(),
-         out.data(), [&](int done, int) { prog.update(done); });
+         out.data(), [&](int done, int total) {
+           if (done == 2) t2 = std::chrono::steady_clock::now();
+           total_steps = total;
+           prog.update(done);
+         });
   prog.finish();
   // The sampling loop alone (no loading, planning or writing): what benchmarks compare.
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int steps = a.steps ? a.steps : cfg.diffusion_steps;
   const int batches = (n + so.batch_size - 1) / so.batch_size;
-  std::printf("unet sample: %d images in %.2f s, %.2f ms per step of a batch of %d (%.2f images/s)\n", n, secs,
-              1e3 * secs / ((double)steps * batches), so.batch_size, n / secs);
+  const auto t_end = std::chrono::steady_clock::now();
+  char steady[96] = "";
+  if (total_steps > 4)
+    std::snprintf(steady, sizeof steady, "; %.2f ms per step from the third on",
+                  std::chrono::duration<double, std::milli>(t_end - t2).count() / (total_steps - 2));
+  std::printf("unet sample: %d images in %.2f s, %.2f ms per step of a batch of %d (%.2f images/s)%s\n", n, secs,
+              1e3 * secs / ((double)steps * batches), so.batch_size, n / secs, steady);
   // stdout, like every informational line: stderr carries only warnings and errors.
   std::printf("unet sample: peak %s memory %.2f GB (activations %.2f GB planned for batch %d%s)\n",
               eng->is_cuda() ? "GPU" : "host", eng->device().bytes_held() / 1e9,
@@ -271,7 +304,7 @@ void register_sample(CLI::App& app) {
   sub->add_option("checkpoint", a->ckpt, "checkpoint (HDF5)")->required();
   a->n_opt = sub->add_option("-n,--num-samples", a->n, "number of images (default 16, or N of --noise)")
                  ->check(int_range(1, kMaxSamples));
-  sub->add_option("--batch-size", a->batch_size, "images per model call (default min(n, 64))")
+  sub->add_option("--batch-size", a->batch_size, "images per model call (default: on a GPU the largest batch that fits, up to n; on the CPU min(n, 64))")
       ->check(int_range(1, kMaxBatch));
   sub->add_option("--sampler", a->sampler, "ddpm (ancestral, default) or ddim")
       ->check(CLI::IsMember({"ddpm", "ddim"}));

@@ -257,6 +257,23 @@ TEST(Model, SamplingPlansLessMemoryThanTraining) {
   EXPECT_TRUE(train.grads().defined());
 }
 
+// plan_bytes: the arena plan() allocates, without allocating; every buffer scales with the batch
+// (what `unet sample` relies on to choose its largest batch from plan_bytes(1)).
+TEST(Model, PlanBytesPredictsThePlannedArena) {
+  for (int k : {0, 1}) {
+    const Mode m = Mode::Sample;
+    Case c = cases()[k];
+    auto eng = make_cpu_engine();
+    Model model(c.cfg, *eng);
+    const size_t one = model.plan_bytes(1, m), four = model.plan_bytes(4, m);
+    EXPECT_GT(one, 0u);
+    EXPECT_NEAR((double)four, 4.0 * one, 0.01 * four);
+    model.plan(4, m);
+    EXPECT_EQ(model.activation_bytes(), four);
+    EXPECT_THROW(model.plan_bytes(1, m), std::logic_error);
+  }
+}
+
 // Training keeps the forward's normalized conv inputs for the filter gradients; UNET_RECOMPUTE=1
 // (what plan() falls back to when the kept buffers do not fit) recomputes them in backward: the
 // same gradients (the same kernels on the same saved statistics: to rounding, here bitwise) for

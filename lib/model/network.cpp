@@ -26,6 +26,17 @@ Network::Network(Engine& eng, ParamTable table) : eng_(eng), table_(std::move(ta
 
 Network::~Network() = default;
 
+size_t Network::plan_bytes(int B, Mode m) {
+  if (B < 1) throw UserError("batch size must be >= 1, got " + std::to_string(B));
+  if (planned_) throw std::logic_error("Network::plan_bytes: after plan()");
+  if (m == Mode::Train) throw std::logic_error("Network::plan_bytes: training plans need the gradient arena");
+  Planner pl;
+  declare(pl, B, m);
+  trace(pl.tracer(eng_.ops()), B, m);
+  pl.pack();
+  return pl.arena_bytes();
+}
+
 void Network::plan(int B, Mode m) {
   if (B < 1) throw UserError("batch size must be >= 1, got " + std::to_string(B));
   if (planned_) {

@@ -37,6 +37,11 @@ class Network {
   // after Train). Throws UserError when the device lacks the memory, naming what is needed and
   // what is free.
   void plan(int B, Mode m);
+  // The activation arena a plan(B, m) would need (bytes), from the same planning passes without
+  // allocating or binding anything; every planned buffer scales with B, so plan_bytes(1) is the
+  // memory per sample (`unet sample` picks its largest batch from it). Before plan() only; Sample
+  // and InputGrad modes.
+  size_t plan_bytes(int B, Mode m);
   int planned_batch() const { return planned_; }
   Mode mode() const { return mode_; }
   size_t activation_bytes() const { return arena_bytes_; }  // the planned arena
