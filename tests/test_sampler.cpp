@@ -315,15 +315,8 @@ TEST(Sampler, TinyModelDdim) {
   EXPECT_GT(test::rel_l2(a, zero_eps), 1e-2);
 }
 
-// On the GPU: the same sampler runs through the CUDA engine (split, axpbypcz, clamp and
-// learned-range kernels) and agrees with the CPU run, DDIM and DDPM with learned range, fp32. Skips without a
-// CUDA device.
-TEST(Sampler, CudaMatchesCpu) {
-  std::string why;
-  auto gpu = make_cuda_engine(Precision::FP32, &why);
-  if (!gpu) GTEST_SKIP() << "no CUDA engine: " << why;
-  auto cpu = make_cpu_engine();
-  const uint64_t seed = test::test_seed();
+// The GPU tests' model: 16x16, two levels, attention, learned sigma, 4 classes.
+static ModelConfig gpu_test_config() {
   ModelConfig cfg = preset("tiny32");
   cfg.image_size = 16;
   cfg.num_channels = 32;
@@ -337,6 +330,19 @@ TEST(Sampler, CudaMatchesCpu) {
   cfg.dropout = 0;
   cfg.diffusion_steps = 100;
   cfg.noise_schedule = "linear";
+  return cfg;
+}
+
+// On the GPU: the same sampler runs through the CUDA engine (split, axpbypcz, clamp and
+// learned-range kernels) and agrees with the CPU run, DDIM and DDPM with learned range, fp32. Skips without a
+// CUDA device.
+TEST(Sampler, CudaMatchesCpu) {
+  std::string why;
+  auto gpu = make_cuda_engine(Precision::FP32, &why);
+  if (!gpu) GTEST_SKIP() << "no CUDA engine: " << why;
+  auto cpu = make_cpu_engine();
+  const uint64_t seed = test::test_seed();
+  const ModelConfig cfg = gpu_test_config();
   ASSERT_EQ(cfg.validate(), "");
   Model mc(cfg, *cpu), mg(cfg, *gpu);
   auto w = test::randn(mc.arena_floats(), seed, 0.05f);
@@ -366,18 +372,7 @@ TEST(Sampler, CudaGraphMatchesEager) {
     if (!gpu) GTEST_SKIP() << "no CUDA engine: " << why;
     SCOPED_TRACE(precision_name(p));
     const uint64_t seed = test::test_seed();
-    ModelConfig cfg = preset("tiny32");
-    cfg.image_size = 16;
-    cfg.num_channels = 32;
-    cfg.channel_mult = {1, 2};
-    cfg.num_res_blocks = 1;
-    cfg.attention_resolutions = {8};
-    cfg.num_head_channels = 16;
-    cfg.learn_sigma = true;
-    cfg.class_cond = true;
-    cfg.num_classes = 4;
-    cfg.dropout = 0;
-    cfg.diffusion_steps = 100;
+    const ModelConfig cfg = gpu_test_config();
     ASSERT_EQ(cfg.validate(), "");
     const int n = 5;
     const size_t numel = size_t(16) * 16 * 3;

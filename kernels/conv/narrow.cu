@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "cuda_engine.cuh"
+#include "rowblock.cuh"
 
 namespace unet {
 
@@ -27,32 +28,6 @@ constexpr int kP = 4;            // output pixels per lane group
 constexpr int kMaxCo = 8;        // what the variant takes
 constexpr int kNarrowThreads = 256;
 constexpr size_t kMaxSmem = 160 * 1024;  // f32 weights [k*k][Co][Ci] must fit (Ci <= 740 at 3x3, Co 6)
-
-template <class T, int V>
-struct Load;
-template <>
-struct Load<float, 4> {
-  __device__ static void get(const float* p, float* v) {
-    const float4 u = *reinterpret_cast<const float4*>(p);
-    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-  }
-};
-template <>
-struct Load<bf16, 8> {
-  __device__ static void get(const bf16* p, float* v) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-      v[2 * i] = f.x, v[2 * i + 1] = f.y;
-    }
-  }
-};
-template <class T>
-struct Load<T, 1> {
-  __device__ static void get(const T* p, float* v) { v[0] = ldf(p, 0); }
-};
 
 // Weights of one (tap, output channel) as f32 planes that lane cv reads as float4s without bank
 // conflicts: for V = 8 two planes (channels 0-3 and 4-7 of every chunk), for V = 4 one, each Cv
@@ -116,7 +91,7 @@ __global__ void __launch_bounds__(kNarrowThreads)
         for (int p = 0; p < kP; ++p) {
           const int iy = py[p] * s - pad + ky, ix = px[p] * s - pad + kx;
           if (pb[p] >= 0 && iy >= 0 && iy < H && ix >= 0 && ix < W) {
-            Load<T, V>::get(x + (((size_t)pb[p] * H + iy) * W + ix) * Ci + (size_t)cv * V, xv[p]);
+            rowblock::Vec<T, V>::load(x + (((size_t)pb[p] * H + iy) * W + ix) * Ci + (size_t)cv * V, xv[p]);
           } else {
 #pragma unroll
             for (int v = 0; v < V; ++v) xv[p][v] = 0.f;
