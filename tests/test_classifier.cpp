@@ -435,3 +435,15 @@ TEST(Classifier, CudaMatchesPyTorchFloat64) {
     }
   }
 }
+
+// plan_bytes for guidance's plan (InputGrad): what plan() then allocates, and linear in the batch
+// (`unet sample` sizes its batch with the classifier's bytes per image).
+TEST(Classifier, PlanBytesPredictsTheInputGradArena) {
+  auto eng = make_cpu_engine();
+  Classifier c(small_config(), *eng);
+  const size_t one = c.plan_bytes(1, Mode::InputGrad), three = c.plan_bytes(3, Mode::InputGrad);
+  EXPECT_GT(one, 0u);
+  EXPECT_NEAR((double)three, 3.0 * one, 0.01 * three);
+  c.plan(3, Mode::InputGrad);
+  EXPECT_EQ(c.activation_bytes(), three);
+}
