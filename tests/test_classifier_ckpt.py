@@ -17,26 +17,15 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
-sys.path.insert(0, os.path.join(SRC, "scripts"))
+from e2e_common import BINARY, check, failures, require_binary, SRC  # noqa: E402
 import classifier_torch as ct  # noqa: E402
 from unet_ckpt import load_classifier_checkpoint  # noqa: E402
 
-BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
-if not os.path.exists(BINARY):
-    print(f"skipping: no binary at {BINARY}")
-    sys.exit(77)
+require_binary()
 CKPT_PY = os.path.join(SRC, "scripts", "unet_ckpt.py")
 TMP = tempfile.mkdtemp(prefix="unet-clsckpt-")
 SEED = int(os.environ.get("UNET_TEST_SEED", np.random.SeedSequence().entropy % (1 << 31)))
 print(f"UNET_TEST_SEED={SEED}")
-failures = []
-
-
-def check(cond, msg):
-    print(("ok:   " if cond else "FAIL: ") + msg)
-    if not cond:
-        failures.append(msg)
 
 
 def unet(*args):

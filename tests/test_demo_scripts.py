@@ -24,19 +24,11 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
-BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
+from e2e_common import BINARY, check, failures, SRC  # noqa: E402
 SCRIPTS = os.path.join(SRC, "scripts")
 TMP = tempfile.mkdtemp(prefix="unet-demo-scripts-")
-failures = []
 CLASSES = ["00_tshirt_top", "01_trouser", "02_pullover", "03_dress", "04_coat", "05_sandal", "06_shirt",
            "07_sneaker", "08_bag", "09_ankle_boot"]
-
-
-def check(cond, msg):
-    print(("ok:   " if cond else "FAIL: ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
 
 
 def script(name, *args):

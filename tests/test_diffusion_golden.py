@@ -21,33 +21,22 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
-sys.path.insert(0, os.path.join(SRC, "scripts"))
+from e2e_common import BINARY, check, failures, require_binary, SRC  # noqa: E402
 import diffusion_torch as dt  # noqa: E402
 from unet_ckpt import save_checkpoint  # noqa: E402
 from unet_torch import create_model  # noqa: E402
 
-BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
-if not os.path.exists(BINARY):
-    print(f"skipping: no binary at {BINARY}")
-    sys.exit(77)
+require_binary()
 TMP = tempfile.mkdtemp(prefix="unet-diffusion-")
 SEED = int(os.environ.get("UNET_TEST_SEED", np.random.SeedSequence().entropy % (1 << 31)))
 print(f"UNET_TEST_SEED={SEED}")
 
-failures = []
 # CI runs the CPU engine; on the GPU machine run with UNET_TEST_DEVICE=cuda and
 # UNET_TEST_PRECISION=fp32 (same 1e-4 limit) or tf32 (10x: UNET_PARITY_TOL=1e-3).
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PRECISION = os.environ.get("UNET_TEST_PRECISION", "")
 TOL = float(os.environ.get("UNET_PARITY_TOL", "1e-4"))
 print(f"device={DEVICE} precision={PRECISION or 'default'} tol={TOL}")
-
-
-def check(cond, msg):
-    print(("ok:   " if cond else "FAIL: ") + msg)
-    if not cond:
-        failures.append(msg)
 
 
 def rel_l2(a, b):

@@ -24,10 +24,8 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
-BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
+from e2e_common import BINARY, check, failures, SRC  # noqa: E402
 TMP = tempfile.mkdtemp(prefix="unet-dist-")
-failures = []
 # Launcher variables of an enclosing job must not leak into the runs below.
 ENV = {k: v for k, v in os.environ.items()
        if not k.startswith(("OMPI_", "PMIX_", "SLURM_")) and k not in
@@ -37,12 +35,6 @@ ENV["OMP_NUM_THREADS"] = "1"
 
 def P(*a):
     return os.path.join(TMP, *a)
-
-
-def check(cond, msg):
-    print(("ok:   " if cond else "FAIL: ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
 
 
 def run(args, env=None, timeout=300, prefix=(), fails=False):

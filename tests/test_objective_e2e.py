@@ -27,27 +27,16 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
-sys.path.insert(0, os.path.join(SRC, "scripts"))
+from e2e_common import BINARY, check, failures, require_binary, SRC  # noqa: E402
 import diffusion_torch as dt  # noqa: E402
 from unet_ckpt import save_checkpoint  # noqa: E402
 from unet_torch import create_model  # noqa: E402
 
-BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
-if not os.path.exists(BINARY):
-    print(f"skipping: no binary at {BINARY}")
-    sys.exit(77)
+require_binary()
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
 TOL = float(os.environ.get("UNET_PARITY_TOL", "1e-4"))
 TMP = tempfile.mkdtemp(prefix="unet-objective-")
-failures = []
-
-
-def check(cond, msg):
-    print(("ok:   " if cond else "FAIL: ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
 
 
 # Tiny models: one thread is faster than a team (and far faster on a loaded machine); results do

@@ -36,20 +36,12 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
-BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
+from e2e_common import BINARY, check, failures, SRC  # noqa: E402
 TMP = tempfile.mkdtemp(prefix="unet-rel-")
 MODEL = ["--image-size", "8", "--num-channels", "32", "--channel-mult", "1,1", "--num-res-blocks", "1",
          "--attention-resolutions", "none"]
 CPU = ["--device", "cpu"]
-failures = []
 GPU = bool(shutil.which("nvidia-smi")) and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
-
-
-def check(cond, msg):
-    print(("ok:   " if cond else "FAIL: ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
 
 
 def P(*names):

@@ -23,21 +23,11 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
-BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
-if not os.path.exists(BINARY):
-    print(f"skipping: no binary at {BINARY}")
-    sys.exit(77)
+from e2e_common import BINARY, check, failures, require_binary, SRC  # noqa: E402
+require_binary()
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
 TMP = tempfile.mkdtemp(prefix="unet-clstrain-")
-failures = []
-
-
-def check(cond, msg):
-    print(("ok:   " if cond else "FAIL: ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
 
 
 def unet(*args, ok=True):
@@ -128,8 +118,7 @@ def main():
              "5", "--h5", os.path.join(TMP, "g.h5"), "-o", "", *dev())
     check(r.returncode == 0, f"unet sample --classifier uses it: {r.stderr.strip()}")
     try:
-        sys.path.insert(0, os.path.join(SRC, "scripts"))
-        from unet_ckpt import load_classifier_checkpoint
+        from unet_ckpt import load_classifier_checkpoint  # scripts/ is on the path (e2e_common)
         load_classifier_checkpoint(ck)
         check(True, "PyTorch loads the trained classifier strictly")
     except ImportError:

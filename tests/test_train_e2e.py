@@ -20,20 +20,12 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
-BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
+from e2e_common import BINARY, check, failures, SRC  # noqa: E402
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
 # Dropout > 0 exercises the dropout RNG; 0 lets the GPU trainer use CUDA graphs (both are run there).
 DROPOUT = os.environ.get("UNET_TEST_DROPOUT", "0.1")
 TMP = tempfile.mkdtemp(prefix="unet-e2e-")
-failures = []
-
-
-def check(cond, msg):
-    print(("ok:   " if cond else "FAIL: ") + msg, flush=True)
-    if not cond:
-        failures.append(msg)
 
 
 def unet(*args, ok=True):
