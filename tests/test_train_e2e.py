@@ -93,6 +93,20 @@ def main():
     ra = open(os.path.join(a, "metrics.csv")).read().splitlines()
     rb = open(os.path.join(b, "metrics.csv")).read().splitlines()
     check([l.split(",")[:3] for l in ra] == [l.split(",")[:3] for l in rb], "metrics (loss, grad norm) identical")
+
+    # UNET_RECOMPUTE=1 (what the plan falls back to when the kept activations do not fit): the memory
+    # line says so and the 6 steps give the same weights as run `a`, which kept them (bitwise here:
+    # the same kernels over the same saved statistics).
+    rc_dir = os.path.join(TMP, "recompute")
+    r = subprocess.run([BINARY, "train", data, "--init", init, "-o", rc_dir, "--steps", "6", *common],
+                       capture_output=True, text=True, env=dict(os.environ, UNET_RECOMPUTE="1"))
+    check(r.returncode == 0 and "recomputes the normalized activations" in r.stdout,
+          "UNET_RECOMPUTE=1: the memory line says backward recomputes")
+    check("recomputes" not in unet("train", data, "--init", init, "-o", os.path.join(TMP, "keep1"), "--steps",
+                                   "1", *common).stdout, "by default the normalized activations are kept")
+    tc = tensors(os.path.join(rc_dir, "latest.h5")) if r.returncode == 0 else {}
+    check(tc.keys() == ta.keys() and all(np.array_equal(ta[k], tc[k]) for k in ta if k != "@state"),
+          "recomputed and kept activations train to the same weights, bitwise")
     r = unet("train", data, "--resume", os.path.join(b, "latest.h5"), "--steps", "5", *common, ok=False)
     check(r.returncode == 1 and "--steps" in r.stderr, "resume with --steps not past the checkpoint is refused")
 

@@ -343,9 +343,12 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
 
   if (started) started();
   if (!quiet)
-    std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d%s)%s\n",
+    std::printf("memory: %.2f GB on %s (activations %.2f GB planned for batch %d%s)%s%s\n",
                 dev.bytes_held() / 1e9, eng.name().c_str(), net.activation_bytes() / 1e9, Bl,
-                multi ? " per rank" : "", loader.streaming() ? "; dataset streamed from disk" : "");
+                multi ? " per rank" : "", loader.streaming() ? "; dataset streamed from disk" : "",
+                net.plan_report().find("recomputes") != std::string::npos
+                    ? "; backward recomputes the normalized activations (to fit, or UNET_RECOMPUTE)"
+                    : "");
 
   const std::string metrics = o.rundir + "/metrics.csv";
   // A resumed run on an older metrics.csv keeps that file's columns.
