@@ -422,7 +422,8 @@ def import_classifier_flags(a):
 
 def _check_classifier_flags(fl):
     if fl["classifier_pool"] != "attention":
-        raise CliError(f"classifier_pool {fl['classifier_pool']!r} is not implemented (attention)")
+        raise CliError(f"classifier_pool {fl['classifier_pool']!r}: unet's classifier has the attention pool only "
+                       "(guided-diffusion's default, used by all its released classifiers)")
     levels = len(fl["classifier_channel_mult"])
     if fl["image_size"] % (1 << (levels - 1)):
         raise CliError(f"invalid classifier flags: image_size {fl['image_size']} is not divisible by 2^{levels - 1}")

@@ -156,6 +156,26 @@ TEST(GroupNormApply, EqualsTheForwardWithItsStatistics) {
 
 // ---- CUDA variants ----
 
+// A GroupNormBwd over [B, H, W, C] in `act` (G groups; scale-shift and the added gradient optional).
+GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, int G, bool ss, bool silu,
+                       bool add) {
+  GroupNormBwd o{A(act, {B, H, W, C}),
+                 A(DType::F32, {C}),
+                 A(DType::F32, {C}),
+                 ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                 A(DType::F32, {B, G}),
+                 A(DType::F32, {B, G}),
+                 A(act, {B, H, W, C}),
+                 A(act, {B, H, W, C}),
+                 A(DType::F32, {C}),
+                 A(DType::F32, {C}),
+                 ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                 silu,
+                 {}};
+  if (add) o.add = A(act, {B, H, W, C});
+  return o;
+}
+
 // add: the backward also adds a gradient arriving by another path (the residual skip) into dx.
 void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, bool add = false) {
   const int G = 32 <= C && C % 32 == 0 ? 32 : (C % 4 == 0 ? 4 : 1);
@@ -171,22 +191,7 @@ void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, 
   // Backward from the statistics of a forward pass over the same x.
   check_variants<GroupNormBwd>(
       what + (add ? " bwd + add" : " bwd"),
-      [&](const Alloc& A, DType act) {
-        GroupNormBwd o{A(act, {B, H, H, C}),
-                       A(DType::F32, {C}),
-                       A(DType::F32, {C}),
-                       ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                       A(DType::F32, {B, G}),
-                       A(DType::F32, {B, G}),
-                       A(act, {B, H, H, C}),
-                       A(act, {B, H, H, C}),
-                       A(DType::F32, {C}),
-                       A(DType::F32, {C}),
-                       ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                       silu, {}};
-        if (add) o.add = A(act, {B, H, H, C});
-        return o;
-      },
+      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, H, C, G, ss, silu, add); },
       Tol{},
       [&](Engine& e, GroupNormBwd& o) {
         Tensor y = e.alloc(o.x.dtype, {B, H, H, C});
@@ -260,22 +265,7 @@ int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, boo
       precs);
   n += check_cpu_variants<GroupNormBwd>(
       what + (add ? " bwd + add" : " bwd"),
-      [&](const Alloc& A, DType act) {
-        GroupNormBwd o{A(act, {B, H, W, C}),
-                       A(DType::F32, {C}),
-                       A(DType::F32, {C}),
-                       ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                       A(DType::F32, {B, G}),
-                       A(DType::F32, {B, G}),
-                       A(act, {B, H, W, C}),
-                       A(act, {B, H, W, C}),
-                       A(DType::F32, {C}),
-                       A(DType::F32, {C}),
-                       ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                       silu, {}};
-        if (add) o.add = A(act, {B, H, W, C});
-        return o;
-      },
+      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, W, C, G, ss, silu, add); },
       kCpuTol,
       [&](Engine& e, GroupNormBwd& o) {  // statistics of x from the reference forward
         shift_x(e, o.x);

@@ -160,11 +160,7 @@ Classifier::Classifier(const ClassifierConfig& cfg, Engine& eng)
 Classifier::~Classifier() = default;
 
 void Classifier::declare(Planner& pl, int B, Mode m) { impl_->declare(pl, B, m); }
-bool Classifier::recompute_to_fit() {
-  if (!impl_->bk.keep) return false;
-  impl_->bk.keep = false;
-  return true;
-}
+Blocks* Classifier::blocks() { return &impl_->bk; }
 
 void Classifier::trace(Ops& tracer, int B, Mode m) {
   Impl& I = *impl_;

@@ -40,7 +40,7 @@ class Classifier : public Network {
  protected:
   void declare(Planner& pl, int B, Mode m) override;
   void trace(Ops& tracer, int B, Mode m) override;
-  bool recompute_to_fit() override;
+  Blocks* blocks() override;
 
  private:
   ClassifierConfig cfg_;

@@ -362,7 +362,8 @@ std::string ClassifierConfig::validate(bool attr_names) const {
            nm("--classifier-channel-mult");
   if (pool != "attention")
     return nm("--classifier-pool") + " '" + pool +
-           "' is not implemented (attention: guided-diffusion's default and its released classifiers)";
+           "': unet's classifier has the attention pool only (guided-diffusion's default, used by all its "
+           "released classifiers); adaptive, spatial and spatial_v2 are refused";
   if (num_head_channels < 1) return nm("--classifier-num-head-channels") + " must be positive";
   if (num_classes < 1 || num_classes > kModelLimits.num_classes)
     return nm("--num-classes") + " " + std::to_string(num_classes) + " is out of range (1 to " +

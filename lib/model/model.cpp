@@ -238,11 +238,7 @@ Model::Model(const ModelConfig& cfg, Engine& eng, const Layer& only)
 Model::~Model() = default;
 
 void Model::declare(Planner& pl, int B, Mode m) { impl_->declare(pl, B, m); }
-bool Model::recompute_to_fit() {
-  if (!impl_->bk.keep) return false;
-  impl_->bk.keep = false;
-  return true;
-}
+Blocks* Model::blocks() { return &impl_->bk; }
 
 void Model::trace(Ops& tracer, int B, Mode m) {
   Impl& I = *impl_;

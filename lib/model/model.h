@@ -47,7 +47,7 @@ class Model : public Network {
  protected:
   void declare(Planner& pl, int B, Mode m) override;
   void trace(Ops& tracer, int B, Mode m) override;
-  bool recompute_to_fit() override;
+  Blocks* blocks() override;
 
  private:
   ModelConfig cfg_;

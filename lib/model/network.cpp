@@ -5,6 +5,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "blocks.h"
 #include "planner.h"
 #include "util.h"
 
@@ -30,11 +31,22 @@ size_t Network::plan_bytes(int B, Mode m) {
   if (B < 1) throw UserError("batch size must be >= 1, got " + std::to_string(B));
   if (planned_) throw std::logic_error("Network::plan_bytes: after plan()");
   if (m == Mode::Train) throw std::logic_error("Network::plan_bytes: training plans need the gradient arena");
-  Planner pl;
-  declare(pl, B, m);
-  trace(pl.tracer(eng_.ops()), B, m);
-  pl.pack();
-  return pl.arena_bytes();
+  return plan_pass(B, m)->arena_bytes();
+}
+
+std::unique_ptr<Planner> Network::plan_pass(int B, Mode m) {
+  auto pl = std::make_unique<Planner>();
+  declare(*pl, B, m);
+  trace(pl->tracer(eng_.ops()), B, m);
+  pl->pack();
+  return pl;
+}
+
+bool Network::recompute_to_fit() {
+  Blocks* bk = blocks();
+  if (!bk || !bk->keep) return false;
+  bk->keep = false;
+  return true;
 }
 
 void Network::plan(int B, Mode m) {
@@ -51,19 +63,12 @@ void Network::plan(int B, Mode m) {
   }
   const char* rc = std::getenv("UNET_RECOMPUTE");
   bool recomputed = m == Mode::Train && rc && *rc && std::string(rc) != "0" && recompute_to_fit();
-  auto plan_pass = [&] {
-    auto pl = std::make_unique<Planner>();
-    declare(*pl, B, m);
-    trace(pl->tracer(eng_.ops()), B, m);
-    pl->pack();
-    return pl;
-  };
-  std::unique_ptr<Planner> pl = plan_pass();
+  std::unique_ptr<Planner> pl = plan_pass(B, m);
   size_t need = pl->arena_bytes();
   const size_t free = eng_.device().bytes_free();
   if (need > free && m == Mode::Train && recompute_to_fit()) {  // the slower plan that needs less
     recomputed = true;
-    pl = plan_pass();
+    pl = plan_pass(B, m);
     need = pl->arena_bytes();
   }
   if (need > free)

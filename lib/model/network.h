@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "engine.h"
@@ -13,6 +14,7 @@
 namespace unet {
 
 class Planner;
+struct Blocks;
 
 // What a plan holds: Train = forward saves for backward, backward computes every parameter
 // gradient; Sample = forward only; InputGrad = backward to the network's input only, no parameter
@@ -59,9 +61,13 @@ class Network {
   // One pass of mode m at batch B through `tracer` on absent-data inputs (forward, and backward
   // unless Sample): the planner learns every buffer's lifetime from it.
   virtual void trace(Ops& tracer, int B, Mode m) = 0;
+  // The blocks the network is built of (their `keep` choice), nullptr if none.
+  virtual Blocks* blocks() { return nullptr; }
   // Trades speed for memory when a training plan does not fit (the blocks recompute what they
   // kept for backward); false when there is nothing left to trade.
-  virtual bool recompute_to_fit() { return false; }
+  bool recompute_to_fit();
+  // declare + trace + pack of one plan at batch B in mode m, nothing allocated.
+  std::unique_ptr<Planner> plan_pass(int B, Mode m);
 
   Engine& eng_;
   ParamTable table_;

@@ -70,6 +70,21 @@ struct Workload {
   std::string describe;
 };
 
+// The model workloads' timesteps (spread over the schedule) and classes, uploaded into t and
+// labels (labels only for class-conditional models); returns the timesteps.
+std::vector<float> upload_steps_and_labels(Engine& eng, const ModelConfig& cfg, int B, const Tensor& t,
+                                           const Tensor& labels) {
+  std::vector<float> ts(B);
+  for (int i = 0; i < B; ++i) ts[i] = (float)((i * 7919) % cfg.diffusion_steps);
+  eng.upload(t, ts.data());
+  if (cfg.class_cond) {
+    std::vector<int32_t> l(B);
+    for (int i = 0; i < B; ++i) l[i] = (i * 31) % cfg.num_classes;
+    eng.upload(labels, l.data());
+  }
+  return ts;
+}
+
 // ---- the full training step: the trainer's own TrainStep ----
 struct ModelWork : Workload {
   Model model;
@@ -81,20 +96,14 @@ struct ModelWork : Workload {
     opt.init_ema(model.params());
     f.fill(step.x0, 1.0f);
     f.fill(step.noise, 1.7f);  // roughly unit variance
-    std::vector<float> ts(B), c(2 * B);
+    const std::vector<float> ts = upload_steps_and_labels(eng, cfg, B, step.t, step.labels);
+    std::vector<float> c(2 * B);
     for (int i = 0; i < B; ++i) {
-      ts[i] = (float)((i * 7919) % cfg.diffusion_steps);
       const double ab = std::exp(-5.0 * ts[i] / cfg.diffusion_steps);
       c[i] = (float)std::sqrt(ab);
       c[B + i] = (float)std::sqrt(1 - ab);
     }
-    eng.upload(step.t, ts.data());
     eng.upload(step.coef, c.data());
-    if (cfg.class_cond) {
-      std::vector<int32_t> l(B);
-      for (int i = 0; i < B; ++i) l[i] = (i * 31) % cfg.num_classes;
-      eng.upload(step.labels, l.data());
-    }
   }
   void forward() override { step.forward(1234); }
   void backward() override { step.backward(); }
@@ -115,15 +124,8 @@ struct SampleWork : Workload {
     x = f.make(DType::F32, {B, R, R, cfg.in_channels}, 1.7f);
     out = f.empty(DType::F32, {B, R, R, cfg.out_channels()});
     t = f.empty(DType::F32, {B});
-    std::vector<float> ts(B);
-    for (int i = 0; i < B; ++i) ts[i] = (float)((i * 7919) % cfg.diffusion_steps);
-    eng.upload(t, ts.data());
-    if (cfg.class_cond) {
-      labels = f.empty(DType::I32, {B});
-      std::vector<int32_t> l(B);
-      for (int i = 0; i < B; ++i) l[i] = (i * 31) % cfg.num_classes;
-      eng.upload(labels, l.data());
-    }
+    if (cfg.class_cond) labels = f.empty(DType::I32, {B});
+    upload_steps_and_labels(eng, cfg, B, t, labels);
   }
   void forward() override {
     ScopedRange r(eng.device(), "forward");
