@@ -38,7 +38,7 @@ TEST(Determinism, BitwiseIndependentOfThreadCount) {
            SS = d.put(ss, {B, 2 * Ci});
     Tensor Ga = d.put(gamma), Be = d.put(beta), DYg = d.put(dyg, {B, H, W, Ci});
     d.run(GroupNormFwd{X, Ga, Be, SS, Y, M, R, true});
-    d.run(GroupNormBwd{X, Ga, Be, SS, M, R, DYg, DX, DG, DBt, DSS, true, {}});
+    d.run(GroupNormBwd{X, Ga, Be, SS, M, R, DYg, DX, DG, DBt, DSS, true, {}, {}, {}, {}});
     for (const Tensor& t : {Y, M, R, DX, DG, DBt, DSS}) r.push_back(d.get(t));
     const int N = B * H * W;  // linear over every pixel
     Tensor LX = d.put(x, {N, Ci}), LY = d.poisoned({N, Co}), LDX = d.poisoned({N, Ci}),

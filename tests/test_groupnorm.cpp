@@ -80,22 +80,37 @@ TEST_P(GroupNorm, GradientsMatchFiniteDifferences) {
   Tensor Y = d.poisoned({c.B, c.HW, 1, c.C}), M = d.poisoned({c.B, c.G}), R = d.poisoned({c.B, c.G});
   d.run(GroupNormFwd{X, Ga, Be, {}, Y, M, R, c.silu});
   Tensor DX = d.poisoned({c.B, c.HW, 1, c.C}), DG = d.poisoned({c.C}), DB = d.poisoned({c.C});
-  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, DG, DB, {}, c.silu, {}});
+  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, DG, DB, {}, c.silu, {}, {}, {}, {}});
   EXPECT_LT(rel(d.get(DX), dx), kF32Tol);
   EXPECT_LT(rel(d.get(DG), dg), kF32Tol);
   EXPECT_LT(rel(d.get(DB), dbt), kF32Tol);
   const F fdx = d.get(DX);
   DX = d.poisoned({c.B, c.HW, 1, c.C});
-  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, {}, {}, {}, c.silu, {}});
+  d.run(GroupNormBwd{X, Ga, Be, {}, M, R, DY, DX, {}, {}, {}, c.silu, {}, {}, {}, {}});
   EXPECT_EQ(d.get(DX), fdx);
   // add: dx + add, the one f32 addition
   const V av = rnd(n);
-  GroupNormBwd with_add{X, Ga, Be, {}, M, R, DY, d.poisoned({c.B, c.HW, 1, c.C}), {}, {}, {}, c.silu, {}};
+  GroupNormBwd with_add{X, Ga, Be, {}, M, R, DY, d.poisoned({c.B, c.HW, 1, c.C}), {}, {}, {}, c.silu, {}, {}, {}, {}};
   with_add.add = d.put(av, {c.B, c.HW, 1, c.C});
   d.run(with_add);
   F want = fdx;
   for (size_t i = 0; i < want.size(); ++i) want[i] += (float)av[i];
   EXPECT_EQ(d.get(with_add.dx), want);
+  // the column sums: of dx as written (add included) per sample and over the batch, and of add
+  GroupNormBwd sums = with_add;
+  sums.dx = d.poisoned({c.B, c.HW, 1, c.C}), sums.dx_sums = d.poisoned({c.B, c.C});
+  sums.dx_total = d.poisoned({c.C}), sums.add_total = d.poisoned({c.C});
+  d.run(sums);
+  const F sdx = d.get(sums.dx);
+  EXPECT_EQ(sdx, want);
+  V per(c.B * c.C, 0.0), tot(c.C, 0.0), atot(c.C, 0.0);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const size_t ch = i % c.C, b = i / ((size_t)c.HW * c.C);
+    per[b * c.C + ch] += sdx[i], tot[ch] += sdx[i], atot[ch] += (float)av[i];
+  }
+  EXPECT_LT(rel(d.get(sums.dx_sums), per), 1e-6);
+  EXPECT_LT(rel(d.get(sums.dx_total), tot), 1e-6);
+  EXPECT_LT(rel(d.get(sums.add_total), atot), 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupNorm,
@@ -156,9 +171,10 @@ TEST(GroupNormApply, EqualsTheForwardWithItsStatistics) {
 
 // ---- CUDA variants ----
 
-// A GroupNormBwd over [B, H, W, C] in `act` (G groups; scale-shift and the added gradient optional).
+// A GroupNormBwd over [B, H, W, C] in `act` (G groups; scale-shift, the added gradient and the
+// column sums optional).
 GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, int G, bool ss, bool silu,
-                       bool add) {
+                       bool add, bool sums = false) {
   GroupNormBwd o{A(act, {B, H, W, C}),
                  A(DType::F32, {C}),
                  A(DType::F32, {C}),
@@ -171,13 +187,22 @@ GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, in
                  A(DType::F32, {C}),
                  ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
                  silu,
+                 {},
+                 {},
+                 {},
                  {}};
   if (add) o.add = A(act, {B, H, W, C});
+  if (sums) {
+    o.dx_sums = A(DType::F32, {B, C}), o.dx_total = A(DType::F32, {C});
+    if (add) o.add_total = A(DType::F32, {C});
+  }
   return o;
 }
 
 // add: the backward also adds a gradient arriving by another path (the residual skip) into dx.
-void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, bool add = false) {
+// sums: with the column sums of dx and add (the neighbouring convs' bias gradients).
+void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, bool add = false,
+              bool sums = false) {
   const int G = 32 <= C && C % 32 == 0 ? 32 : (C % 4 == 0 ? 4 : 1);
   check_variants<GroupNormFwd>(
       what + " fwd",
@@ -190,8 +215,8 @@ void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, 
       Tol{});
   // Backward from the statistics of a forward pass over the same x.
   check_variants<GroupNormBwd>(
-      what + (add ? " bwd + add" : " bwd"),
-      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, H, C, G, ss, silu, add); },
+      what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : ""),
+      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, H, C, G, ss, silu, add, sums); },
       Tol{},
       [&](Engine& e, GroupNormBwd& o) {
         Tensor y = e.alloc(o.x.dtype, {B, H, H, C});
@@ -208,6 +233,10 @@ TEST(GroupNormVariants, SmallShapes) {
   check_gn("odd", 2, 5, 12, false, true, true);
   check_gn("ss", 2, 4, 64, true, true, true);
   check_gn("no silu", 2, 4, 64, false, false, true);
+  check_gn("odd", 2, 5, 12, false, true, true, true);
+  check_gn("odd", 3, 7, 20, false, true, false, true);
+  check_gn("ss", 2, 4, 64, true, true, false, true);
+  check_gn("no silu", 2, 4, 64, false, false, true, true);
 }
 
 TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
@@ -225,6 +254,15 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
   check_gn("seed64 + skip 64x64", 32, 64, 64, false, true, true);
   check_gn("seed64 + skip 8x8", 32, 8, 256, false, true, true);
   check_gn("seed64 attention + skip", 32, 16, 128, false, false, true);
+  // The column sums: conv1's bias and embedding gradients from the second norm (dx), conv2's or
+  // proj_out's bias gradient from the first (add), at the sizes of "fused" and "smem".
+  check_gn("seed64 conv1 sums 64x64", 32, 64, 64, false, true, false, true);
+  check_gn("seed64 conv1 sums 32x32 C192", 32, 32, 192, false, true, false, true);
+  check_gn("seed64 conv1 sums 8x8", 32, 8, 256, false, true, false, true);
+  check_gn("seed64 conv1 sums ss", 32, 16, 128, true, true, false, true);
+  check_gn("seed64 + skip sums 64x64", 32, 64, 64, false, true, true, true);
+  check_gn("seed64 + skip sums 8x8", 32, 8, 256, false, true, true, true);
+  check_gn("seed64 attention + skip sums", 32, 16, 128, false, false, true, true);
 }
 
 // ---- fast CPU variants vs the CPU reference ----
@@ -232,7 +270,7 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
 // shift: added to x (a mean far from 0 next to a unit spread: the variance's cancellation).
 int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, bool ss, bool silu,
                  std::vector<Precision> precs = {Precision::FP32, Precision::BF16}, float shift = 0,
-                 bool add = false) {
+                 bool add = false, bool sums = false) {
   auto shift_x = [shift](Engine& e, const Tensor& x) {
     if (shift == 0) return;
     std::vector<float> v = test::to_host(e, x);
@@ -264,8 +302,8 @@ int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, boo
       },
       precs);
   n += check_cpu_variants<GroupNormBwd>(
-      what + (add ? " bwd + add" : " bwd"),
-      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, W, C, G, ss, silu, add); },
+      what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : ""),
+      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, W, C, G, ss, silu, add, sums); },
       kCpuTol,
       [&](Engine& e, GroupNormBwd& o) {  // statistics of x from the reference forward
         shift_x(e, o.x);
@@ -288,6 +326,8 @@ TEST(GroupNormCpuVariants, SmallOddShapes) {
       n += check_gn_cpu("shifted C64 G32" + k, 2, 9, 9, 64, 32, ss, silu, {Precision::FP32, Precision::BF16},
                         40.0f);
       n += check_gn_cpu("C64 G32 + add" + k, 2, 5, 6, 64, 32, ss, silu, {Precision::FP32, Precision::BF16}, 0.f,
+                        true);
+      n += check_gn_cpu("C64 G32 + add + sums" + k, 2, 5, 6, 64, 32, ss, silu, {Precision::FP32}, 0.f, true,
                         true);
     }
   if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";

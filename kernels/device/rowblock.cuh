@@ -259,5 +259,43 @@ __global__ void __launch_bounds__(kThreads)
   if (t == 0) tickets[0] = 0;
 }
 
+// Host side: per_sample [B, C] and total [C] (f32, each optional) of y [B, H, W, C] in one launch
+// of colsum_kernel on ctx's stream (the partials' room decides the splits).
+inline void column_sums(CudaCtx& ctx, const Tensor& y, const Tensor& per_sample, const Tensor& total) {
+  if (!per_sample.defined() && !total.defined()) return;
+  const int B = (int)y.dim[0], R = (int)(y.dim[1] * y.dim[2]), C = (int)y.dim[3];
+  const long long max_splits = (long long)(CudaCtx::kPartialFloats / 2) / ((long long)B * C);
+  with_act(y.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    with_width<T>(wide_ok<T>(C, {y.data}), [&](auto vtag) {
+      constexpr int V = decltype(vtag)::value;
+      const Plan p = plan(colsum_kernel<T, V>, B, R, C, V, 4, max_splits);
+      colsum_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
+          dptr<T>(y), R, C, p.Cl, p.L, p.rps, reinterpret_cast<float2*>(ctx.partial()),
+          reinterpret_cast<double2*>(ctx.aux()), ctx.tickets, dptr<float>(per_sample), dptr<float>(total));
+      KERNEL_CHECK();
+    });
+  });
+}
+
+// Whether column_sums' one-launch reduction fits ctx's scratch for y [B, H, W, C]: the batch
+// within the tickets and the grid, one split per sample within the partials' room, the per-(b, c)
+// sums within the auxiliary scratch.
+inline bool column_sums_fit(const Tensor& y) {
+  const long long B = y.dim[0], C = y.dim[3];
+  return B >= 1 && B < 65536 && (size_t)B + 1 <= CudaCtx::kTickets &&
+         (size_t)(2 * B * C) <= CudaCtx::kPartialFloats && (size_t)(B * C * 16) <= CudaCtx::kAuxFloats * 4;
+}
+
+// GroupNormBwd's optional column sums (dx_sums, dx_total from dx; add_total from add) as separate
+// passes, for the GroupNorm variants that do not fold them into their dx kernel.
+inline void gn_bwd_column_sums(CudaCtx& ctx, const GroupNormBwd& o) {
+  column_sums(ctx, o.dx, o.dx_sums, o.dx_total);
+  column_sums(ctx, o.add, {}, o.add_total);
+}
+inline bool gn_bwd_column_sums_fit(const GroupNormBwd& o) {
+  return (!o.dx_sums.defined() && !o.dx_total.defined() && !o.add_total.defined()) || column_sums_fit(o.x);
+}
+
 }  // namespace rowblock
 }  // namespace unet

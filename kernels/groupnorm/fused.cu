@@ -257,56 +257,108 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (t == 0) tickets[0] = 0;
 }
 
-// dx = rstd (f gamma dz - kx - xhat ky) = dz a + (x - m) (-rstd^2 ky) - rstd kx.
-template <class T, int V>
+// dx = rstd (f gamma dz - kx - xhat ky) = dz a + (x - m) (-rstd^2 ky) - rstd kx (+ add).
+// SUMS: also the column sums of dx as stored and of add (GroupNormBwd's dx_sums, dx_total,
+// add_total), as colsum_kernel's: per-(b, split, c) partials, the last block of a sample adds
+// them, the last sample's adds over the batch. The bias and embedding gradients of the convs on
+// either side of the norm so come out of this pass instead of one more read of each tensor.
+template <class T>
+__device__ __forceinline__ float as_stored(float v) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return __bfloat162float(__float2bfloat16_rn(v));
+  else
+    return v;
+}
+template <class T, int V, bool SUMS>
 __global__ void __launch_bounds__(kThreads, 2)
     dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
               const float* __restrict__ gamma,
               const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
               const float* __restrict__ rstd, const float2* __restrict__ coef, int R, int C, int G, int Cl, int L,
-              int rps, bool silu) {
+              int rps, bool silu, float2* partial, double2* sums, unsigned* tickets, float* dx_sums,
+              float* dx_total, float* add_total) {
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V, Cg = C / G;
   const int r1 = min(R, s * rps + rps);
   const size_t base = (size_t)b * R * C;
-  for (int j = cl; j < Cv; j += Cl) {
-    float m[V], a[V], bb[V], bq[V], cq[V];
+  for (int j0 = 0; j0 < Cv; j0 += Cl) {  // trip count uniform over the block (SUMS syncs inside)
+    const int j = j0 + cl;
+    float sx[V], sa[V];
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int c = j * V + k;
-      const Coef q = coef_of(gamma, beta, ss, mean, rstd, b, c, C, G);
-      const float2 kk = coef[b * G + c / Cg];
-      m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
-      bq[k] = -q.r * q.r * kk.y;
-      cq[k] = -q.r * kk.x;
-    }
-    for (int r = s * rps + rl; r < r1; r += kU2 * L) {
-      float xv[kU2][V], gv[kU2][V];
+    for (int k = 0; k < V; ++k) sx[k] = 0.f, sa[k] = 0.f;
+    if (j < Cv) {
+      float m[V], a[V], bb[V], bq[V], cq[V];
 #pragma unroll
-      for (int u = 0; u < kU2; ++u)
-        if (r + u * L < r1) {
-          const size_t o = base + (size_t)(r + u * L) * C + j * V;
-          Vec<T, V>::load(x + o, xv[u]);
-          Vec<T, V>::load(dy + o, gv[u]);
-        }
+      for (int k = 0; k < V; ++k) {
+        const int c = j * V + k;
+        const Coef q = coef_of(gamma, beta, ss, mean, rstd, b, c, C, G);
+        const float2 kk = coef[b * G + c / Cg];
+        m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
+        bq[k] = -q.r * q.r * kk.y;
+        cq[k] = -q.r * kk.x;
+      }
+      for (int r = s * rps + rl; r < r1; r += kU2 * L) {
+        float xv[kU2][V], gv[kU2][V];
 #pragma unroll
-      for (int u = 0; u < kU2; ++u)
-        if (r + u * L < r1) {
-#pragma unroll
-          for (int k = 0; k < V; ++k) {
-            const float d = xv[u][k] - m[k];
-            float dz = gv[u][k];
-            if (silu) dz *= silu_grad_fast(fmaf(d, a[k], bb[k]));
-            gv[u][k] = fmaf(dz, a[k], fmaf(d, bq[k], cq[k]));
+        for (int u = 0; u < kU2; ++u)
+          if (r + u * L < r1) {
+            const size_t o = base + (size_t)(r + u * L) * C + j * V;
+            Vec<T, V>::load(x + o, xv[u]);
+            Vec<T, V>::load(dy + o, gv[u]);
           }
-          if (add) {
-            Vec<T, V>::load(add + base + (size_t)(r + u * L) * C + j * V, xv[u]);
 #pragma unroll
-            for (int k = 0; k < V; ++k) gv[u][k] += xv[u][k];
+        for (int u = 0; u < kU2; ++u)
+          if (r + u * L < r1) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+              const float d = xv[u][k] - m[k];
+              float dz = gv[u][k];
+              if (silu) dz *= silu_grad_fast(fmaf(d, a[k], bb[k]));
+              gv[u][k] = fmaf(dz, a[k], fmaf(d, bq[k], cq[k]));
+            }
+            if (add) {
+              Vec<T, V>::load(add + base + (size_t)(r + u * L) * C + j * V, xv[u]);
+#pragma unroll
+              for (int k = 0; k < V; ++k) {
+                gv[u][k] += xv[u][k];
+                if (SUMS) sa[k] += xv[u][k];
+              }
+            }
+            Vec<T, V>::store(dx + base + (size_t)(r + u * L) * C + j * V, gv[u]);
+            if (SUMS)
+#pragma unroll
+              for (int k = 0; k < V; ++k) sx[k] += as_stored<T>(gv[u][k]);
           }
-          Vec<T, V>::store(dx + base + (size_t)(r + u * L) * C + j * V, gv[u]);
-        }
+      }
     }
+    if constexpr (SUMS) {
+      __shared__ float2 red[kThreads * V];
+      const int w = Cl * V;
+#pragma unroll
+      for (int k = 0; k < V; ++k) red[rl * w + cl * V + k] = make_float2(sx[k], sa[k]);
+      __syncthreads();
+      fold_rows(red, L, w);
+      for (int e = t; e < w && j0 * V + e < C; e += blockDim.x)
+        partial[((size_t)b * gridDim.x + s) * C + j0 * V + e] = red[e];
+      __syncthreads();
+    }
+  }
+  if constexpr (SUMS) {
+    __shared__ double2 tmp[kThreads];
+    const int S = gridDim.x, B = gridDim.y, nt = blockDim.x;
+    if (!last_block(tickets + 1 + b, S)) return;
+    if (t == 0) tickets[1 + b] = 0;
+    finish_sample(partial, b, S, C, sums, tmp);
+    if (dx_sums)
+      for (int c = t; c < C; c += nt) dx_sums[(size_t)b * C + c] = (float)sums[(size_t)b * C + c].x;
+    if ((!dx_total && !add_total) || !last_block(tickets, B)) return;
+    finish_columns(
+        B, C, tmp, [&](int c, int i0, int i1) { return sum_run(sums + (size_t)i0 * C + c, i1 - i0, (size_t)C); },
+        [&](int c, double2 v) {
+          if (dx_total) dx_total[c] = (float)v.x;
+          if (add_total) add_total[c] = (float)v.y;
+        });
+    if (t == 0) tickets[0] = 0;
   }
 }
 
@@ -383,10 +435,21 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
           dptr<float>(o.dbeta), dptr<float>(o.dss));
       KERNEL_CHECK();
       if (!o.dx.defined()) return;
-      const Plan q = plan(dx_kernel<T, V>, d.B, d.R, d.C, V, kU2);
-      dx_kernel<T, V><<<q.grid(), q.nt, 0, ctx.stream>>>(x, dy, dptr<T>(o.dx), dptr<T>(o.add), gamma, beta, ss,
-                                                         mean, rstd, coef, d.R, d.C, d.G, q.Cl, q.L, q.rps, o.silu);
-      KERNEL_CHECK();
+      const auto dx_pass = [&](auto sums_tag) {
+        constexpr bool SUMS = decltype(sums_tag)::value;
+        // with SUMS the dx kernel's partials reuse bwd_sums's room (those were consumed), its
+        // per-(b, c) sums bwd_sums's (coef lies after them)
+        const Plan q = plan(dx_kernel<T, V, SUMS>, d.B, d.R, d.C, V, kU2, SUMS ? max_splits(d) : 1 << 20);
+        dx_kernel<T, V, SUMS><<<q.grid(), q.nt, 0, ctx.stream>>>(
+            x, dy, dptr<T>(o.dx), dptr<T>(o.add), gamma, beta, ss, mean, rstd, coef, d.R, d.C, d.G, q.Cl, q.L,
+            q.rps, o.silu, reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), ctx.tickets,
+            dptr<float>(o.dx_sums), dptr<float>(o.dx_total), dptr<float>(o.add_total));
+        KERNEL_CHECK();
+      };
+      if (o.dx_sums.defined() || o.dx_total.defined() || o.add_total.defined())
+        dx_pass(std::true_type{});
+      else
+        dx_pass(std::false_type{});
     });
   });
 }
@@ -559,7 +622,8 @@ __global__ void __launch_bounds__(kThreads)
     smem_bwd_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
                     const float* __restrict__ gamma, const float* __restrict__ beta, const float* __restrict__ ss,
                     const float* __restrict__ mean, const float* __restrict__ rstd, int R, int C, int G, int Cb,
-                    bool silu, double2* sums, unsigned* tickets, float* dgamma, float* dbeta, float* dss) {
+                    bool silu, double2* sums, unsigned* tickets, float* dgamma, float* dbeta, float* dss,
+                    double2* col, float* dx_sums, float* dx_total, float* add_total) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int t = threadIdx.x, nt = blockDim.x, b = blockIdx.y, B = gridDim.y, c0 = blockIdx.x * Cb;
   const int Cg = C / G, gb = Cb / Cg;
@@ -629,10 +693,35 @@ __global__ void __launch_bounds__(kThreads)
         for (int k = 0; k < V; ++k) gv[k] += xv[k];
       }
       Vec<T, V>::store(db + (size_t)r * C + j * V, gv);
+      Vec<T, V>::store(sg + r * Cb + j * V, gv);  // dx as stored, for its column sums
     });
   }
-  if (!dgamma && !dbeta) return;
+  const bool totals = dx_total || add_total;
+  if (dx && (dx_sums || totals)) {  // per-channel sums of dx (in sg now) and of add, block-local
+    __syncthreads();
+    const T* ab = add ? add + (size_t)b * R * C + c0 : nullptr;
+    channel_sums(R, Cb, part, csum, [&](int r, int cl) {
+      return make_float2(ldf(sg, (size_t)r * Cb + cl), ab ? ldf(ab, (size_t)r * C + cl) : 0.f);
+    });
+    for (int cl = t; cl < Cb; cl += nt) {
+      const int c = c0 + cl;
+      if (dx_sums) dx_sums[(size_t)b * C + c] = (float)csum[cl].x;
+      col[(size_t)b * C + c] = csum[cl];
+    }
+  }
+  if (!dgamma && !dbeta && !totals) return;
   if (!last_block(tickets, gridDim.x * gridDim.y)) return;
+  if (totals)
+    finish_columns(
+        B, C, part, [&](int c, int i0, int i1) { return sum_run(col + (size_t)i0 * C + c, i1 - i0, (size_t)C); },
+        [&](int c, double2 v) {
+          if (dx_total) dx_total[c] = (float)v.x;
+          if (add_total) add_total[c] = (float)v.y;
+        });
+  if (!dgamma && !dbeta) {
+    if (t == 0) tickets[0] = 0;
+    return;
+  }
   auto run = [&](int c, int i0, int i1) {
     if (!ss) return sum_run(sums + (size_t)i0 * C + c, i1 - i0, (size_t)C);
     double sgm = 0, sbt = 0;
@@ -703,7 +792,9 @@ void smem_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
       smem_bwd_kernel<T, V><<<dim3(sp.k, d.B), kThreads, sp.bytes, ctx.stream>>>(
           dptr<T>(o.x), dptr<T>(o.dy), dptr<T>(o.dx), dptr<T>(o.add), dptr<float>(o.gamma), dptr<float>(o.beta),
           dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd), d.R, d.C, d.G, sp.Cb, o.silu, sums_of(ctx),
-          ctx.tickets, dptr<float>(o.dgamma), dptr<float>(o.dbeta), dptr<float>(o.dss));
+          ctx.tickets, dptr<float>(o.dgamma), dptr<float>(o.dbeta), dptr<float>(o.dss),
+          sums_of(ctx) + (size_t)d.B * d.C, dptr<float>(o.dx_sums), dptr<float>(o.dx_total),
+          dptr<float>(o.add_total));
       KERNEL_CHECK();
     });
   });
@@ -718,7 +809,8 @@ bool smem_fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
 bool smem_bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   const Dims d = dims(o.x, o.mean);
   return o.x.dtype == DType::BF16 && o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
-         (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(d) && smem_fits(d, o.x.dtype, 2);
+         (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(d) && smem_fits(d, o.x.dtype, 2) &&
+         (size_t)d.B * d.C * 32 <= CudaCtx::kAuxFloats * 4;  // sums, then the column sums' col
 }
 
 }  // namespace

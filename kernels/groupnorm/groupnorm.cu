@@ -14,6 +14,7 @@
 // with f = 1 + scale, dn = f dz, so sum dn*xhat = f S1 and sum dn = f S0; dscale = gamma S1 +
 // beta S0, dshift = S0; then the usual per-(b, g) coefficients and dx elementwise.
 #include "cuda_engine.cuh"
+#include "rowblock.cuh"
 #include "reduce.cuh"
 
 namespace unet {
@@ -251,11 +252,13 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
                    ctx.stream);
     });
   });
+  rowblock::gn_bwd_column_sums(ctx, o);
 }
 
 // The dx kernel writes dx as dy's dtype.
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
-  return (!o.dx.defined() || o.dx.dtype == o.dy.dtype) && (!o.add.defined() || o.add.dtype == o.dy.dtype);
+  return (!o.dx.defined() || o.dx.dtype == o.dy.dtype) && (!o.add.defined() || o.add.dtype == o.dy.dtype) &&
+         rowblock::gn_bwd_column_sums_fit(o);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 //  * GroupNormApply (the backward pass's recompute) reuses the saved statistics: one pass.
 // Statistics and coefficients are f32/double; storage f32 or bf16. Deterministic: fixed-order sums.
 #include "cuda_engine.cuh"
+#include "rowblock.cuh"
 
 namespace unet {
 
@@ -416,6 +417,7 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
       KERNEL_CHECK();
     }
   });
+  rowblock::gn_bwd_column_sums(ctx, o);
 }
 
 // Two channels per reduction lane (C even: pairs stay 4/8-byte aligned, as every tensor starts
@@ -433,7 +435,8 @@ bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
 }
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
-         (!o.add.defined() || o.add.dtype == o.x.dtype) && shapes_ok(o.x, o.mean);
+         (!o.add.defined() || o.add.dtype == o.x.dtype) && shapes_ok(o.x, o.mean) &&
+         rowblock::gn_bwd_column_sums_fit(o);
 }
 
 }  // namespace

@@ -74,5 +74,8 @@ void register_optimizer_cpu(CpuOps& ops);
 void register_conv_fast_cpu(CpuOps& ops);
 void register_attention_fast_cpu(CpuOps& ops);
 void register_groupnorm_fast_cpu(CpuOps& ops);
+// GroupNormBwd's optional column sums (dx_sums, dx_total, add_total) from the written dx and add;
+// every CPU variant calls it after dx is complete.
+void gn_bwd_column_sums(const GroupNormBwd& o);
 
 }  // namespace unet

@@ -138,6 +138,15 @@ void GroupNormBwd::check() const {
   req(*this, !dx.defined() || (same_shape(dx, x) && act(dx)), "dx must match x");
   req(*this, f32(dgamma) && f32(dbeta) && f32(dss), "parameter gradients are f32");
   req(*this, !dss.defined() || ss.defined(), "dss needs ss");
+  req(*this, !add.defined() || (same_shape(add, x) && (!dx.defined() || add.dtype == dx.dtype)), "add must match dx");
+  const size_t C = (size_t)x.dim[3];
+  req(*this, (!dx_sums.defined() && !dx_total.defined() && !add_total.defined()) || dx.defined(),
+      "dx_sums, dx_total and add_total need dx");
+  req(*this, !add_total.defined() || add.defined(), "add_total needs add");
+  req(*this, f32(dx_sums) && f32(dx_total) && f32(add_total), "column sums are f32");
+  req(*this, !dx_sums.defined() || dx_sums.numel() == (size_t)x.dim[0] * C, "dx_sums must be [B, C]");
+  req(*this, (!dx_total.defined() || dx_total.numel() == C) && (!add_total.defined() || add_total.numel() == C),
+      "dx_total and add_total must be [C]");
 }
 double GroupNormBwd::flops() const {
   return (double)x.numel() * (8 + (ss.defined() ? 4 : 0) + (silu ? 6 : 0));

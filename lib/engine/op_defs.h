@@ -120,11 +120,17 @@ struct GroupNormBwd {
   // Optional, dx's dtype and shape: added to dx before its one rounding (the gradient of a
   // parallel path into the same input, e.g. a residual block's skip connection).
   Tensor add;
+  // Optional f32 column sums, the bias (and embedding) gradients of the convolutions on either
+  // side, so that no separate pass reads dx or add again: dx_sums [B, C] = dx (as stored, add
+  // included) summed over each sample's positions, dx_total [C] = those summed over the batch;
+  // add_total [C] = add summed over samples and positions.
+  Tensor dx_sums, dx_total, add_total;
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.in("mean", s.mean);
     v.in("rstd", s.rstd), v.in("dy", s.dy), v.out("dx", s.dx), v.out("dgamma", s.dgamma);
     v.out("dbeta", s.dbeta), v.out("dss", s.dss), v.param("silu", s.silu), v.in("add", s.add);
+    v.out("dx_sums", s.dx_sums), v.out("dx_total", s.dx_total), v.out("add_total", s.add_total);
   }
 };
 

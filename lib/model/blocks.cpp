@@ -301,19 +301,25 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
   const int ed = cfg.time_embed_dim(), ci = l.cin, co = l.cout;
   const bool ss = cfg.use_scale_shift_norm;
   const Tensor xs = l.updown ? at(s.xu) : at(s.in);
+  const bool plain_skip = s.sw == SIZE_MAX && !l.updown;  // the skip path's gradient is dout itself
   Device& d = eng.device();
   {
     // out_layers: recompute conv2's input, then back through conv2, dropout, SiLU/scale-shift/norm
     ScopedRange r(d, "out_layers");
     if (wgrad) {
       if (!keep) res_conv2_input(s, s.b_n2, true);
-      conv_filter_grad(at(keep ? s.f_n2 : s.b_n2), dout, Gc(s.w2, co, 3, co), gvec(s.b2, co), {}, 1);
+      // conv2's bias gradient (the column sums of dout) comes from GN1's backward below, which
+      // adds dout into dx anyway, when dout is what it adds (no skip conv, no resampling)
+      conv_filter_grad(at(keep ? s.f_n2 : s.b_n2), dout, Gc(s.w2, co, 3, co), plain_skip ? Tensor{} : gvec(s.b2, co),
+                       {}, 1);
     }
     run(ConvBwdData{dout, Wc(s.w2, co, 3, co), at(s.b_dn2), 1});
     if (dropout_p() > 0) run(DropoutBwd{at(s.b_dn2), at(s.b_dn2), dropout_p(), dseed(s)});
+    // conv1's bias and embedding gradients are the column sums of this dx (dh1): summed as written
     run(GroupNormBwd{at(s.h1), vec(s.n2w, co), vec(s.n2b, co), ss ? at(s.e) : Tensor{}, at(s.mean2),
                      at(s.rstd2), at(s.b_dn2), at(s.b_dh1), gvec(s.n2w, co), gvec(s.n2b, co),
-                     ss && wgrad ? at(s.b_de) : Tensor{}, true, {}});
+                     ss && wgrad ? at(s.b_de) : Tensor{}, true, {}, !ss && wgrad ? at(s.b_de) : Tensor{},
+                     gvec(s.b0, co), {}});
   }
   // skip_connection first: its gradient (dout through the 1x1 conv and the resampling, or dout
   // itself) is added to dx by GN1's backward below (no separate add pass).
@@ -321,7 +327,9 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
   {
     ScopedRange r(d, "skip_connection");
     if (s.sw != SIZE_MAX) {
-      conv_filter_grad(xs, dout, Gc(s.sw, co, 1, ci), gvec(s.sb, co), {}, 1);
+      // the 1x1 conv's bias gradient is conv2's (both are the column sums of dout)
+      conv_filter_grad(xs, dout, Gc(s.sw, co, 1, ci), {}, {}, 1);
+      if (wgrad) run(Copy{gvec(s.b2, co), gvec(s.sb, co)});
       run(ConvBwdData{dout, Wc(s.sw, co, 1, ci), at(s.b_dxs), 1});
       dxs = at(s.b_dxs);
     }
@@ -339,7 +347,7 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
       const Tensor c1in = !keep       ? res_conv1_input(s, s.b_n1, s.b_n1r, true)
                           : l.updown ? at(s.f_n1r)
                                      : at(s.f_n1);
-      conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), gvec(s.b0, co), ss ? Tensor{} : at(s.b_de), 1);
+      conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), {}, {}, 1);
     }
     run(ConvBwdData{at(s.b_dh1), Wc(s.w0, co, 3, ci), at(s.b_dn1r), 1});
     Tensor dg1 = at(s.b_dn1r);
@@ -348,7 +356,8 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
       dg1 = at(s.b_dn1);
     }
     run(GroupNormBwd{at(s.in), vec(s.n1w, ci), vec(s.n1b, ci), {}, at(s.mean1), at(s.rstd1), dg1, at(s.dx),
-                     gvec(s.n1w, ci), gvec(s.n1b, ci), {}, true, dxs});
+                     gvec(s.n1w, ci), gvec(s.n1b, ci), {}, true, dxs, {}, {},
+                     plain_skip ? gvec(s.b2, co) : Tensor{}});
   }
   if (wgrad) {
     ScopedRange r(d, "emb_layers");
@@ -363,7 +372,8 @@ void Blocks::attn_bwd(L& s, const Tensor& dout) {
   Device& d = eng.device();
   {
     ScopedRange r(d, "proj_out");
-    conv_filter_grad(at(s.att), dout, Gc(s.w2, C, 1, C), gvec(s.b2, C), {}, 1);
+    // proj_out's bias gradient (the column sums of dout) comes from the norm's backward below
+    conv_filter_grad(at(s.att), dout, Gc(s.w2, C, 1, C), {}, {}, 1);
     run(ConvBwdData{dout, Wc(s.w2, C, 1, C), at(s.b_datt), 1});
   }
   {
@@ -383,7 +393,7 @@ void Blocks::attn_bwd(L& s, const Tensor& dout) {
   }
   ScopedRange r(d, "norm");  // dx = the norm's gradient + dout (the residual), in one pass
   run(GroupNormBwd{at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.mean1), at(s.rstd1), at(s.b_dn), at(s.dx),
-                   gvec(s.n1w, C), gvec(s.n1b, C), {}, false, dout});
+                   gvec(s.n1w, C), gvec(s.n1b, C), {}, false, dout, {}, {}, gvec(s.b2, C)});
 }
 
 Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {

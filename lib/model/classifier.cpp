@@ -133,7 +133,7 @@ struct Classifier::Impl {
                        bk.gvec(on_w, C),
                        bk.gvec(on_b, C),
                        {},
-                       true, {}});
+                       true, {}, {}, {}, {}});
     }
     ready(on_w);
     Tensor g = at(d_h);

@@ -184,7 +184,7 @@ struct Model::Impl {
                        bk.gvec(on_w, C),
                        bk.gvec(on_b, C),
                        {},
-                       true, {}});
+                       true, {}, {}, {}, {}});
       g = at(d_hlast);
     }
     ready(std::min(on_w, oc_w));

@@ -29,9 +29,16 @@ void gn_bwd(const GroupNormBwd& o) {
     const float* a = o.add.f32();
     for (size_t i = 0, n = o.dx.numel(); i < n; ++i) dx[i] += a[i];
   }
+  gn_bwd_column_sums(o);
 }
 
 }  // namespace
+
+void gn_bwd_column_sums(const GroupNormBwd& o) {
+  const int B = (int)o.x.dim[0], HW = (int)(o.x.dim[1] * o.x.dim[2]), C = (int)o.x.dim[3];
+  if (o.dx.defined()) ref::column_sums<float>(o.dx.f32(), B, HW, C, opt(o.dx_sums), opt(o.dx_total));
+  if (o.add.defined()) ref::column_sums<float>(o.add.f32(), B, HW, C, nullptr, opt(o.add_total));
+}
 
 void register_groupnorm_cpu(CpuOps& ops) {
   ops.variants<GroupNormFwd>().push_back(cpu_ref<GroupNormFwd, gn_fwd>());

@@ -181,4 +181,29 @@ void groupnorm_ss_bwd(const T* x, const T* gamma, const T* beta, const T* ss, co
   groupnorm_bwd(x, gamma, beta, mean, rstd, dn.data(), dx, dgamma, dbeta, B, HW, C, G, false);
 }
 
+// Column sums of y [B, HW, C] in double, in row order: per_sample [B, C] (the per-sample sums)
+// and total [C] (their sum over the batch, in batch order); each optional. GroupNormBwd's dx_sums,
+// dx_total and add_total.
+template <class T>
+void column_sums(const T* y, int B, int HW, int C, T* per_sample, T* total) {
+  if (!per_sample && !total) return;
+  std::vector<double> all((size_t)B * C, 0.0);
+#pragma omp parallel for schedule(static) if ((size_t)B * HW * C > 32768)
+  for (int b = 0; b < B; ++b) {
+    double* a = all.data() + (size_t)b * C;
+    for (int hw = 0; hw < HW; ++hw) {
+      const T* r = y + ((size_t)b * HW + hw) * C;
+      for (int c = 0; c < C; ++c) a[c] += (double)r[c];
+    }
+  }
+  if (per_sample)
+    for (size_t i = 0; i < all.size(); ++i) per_sample[i] = (T)all[i];
+  if (total)
+    for (int c = 0; c < C; ++c) {
+      double t = 0;
+      for (int b = 0; b < B; ++b) t += all[(size_t)b * C + c];
+      total[c] = (T)t;
+    }
+}
+
 }  // namespace unet::ref

@@ -88,6 +88,7 @@ void gn_bwd_run(const GroupNormBwd& o) {
     if (o.dgamma.defined()) o.dgamma.f32()[c] = (float)sg;
     if (o.dbeta.defined()) o.dbeta.f32()[c] = (float)sb;
   }
+  gn_bwd_column_sums(o);
 }
 
 }  // namespace

@@ -199,7 +199,7 @@ struct GroupNormWork : Workload {
   }
   void backward() override {
     ScopedRange r(eng.device(), "groupnorm+silu bwd");
-    eng.ops().run(GroupNormBwd{x, g, b, {}, mean, rstd, dy, dx, dg, db, {}, true, {}});
+    eng.ops().run(GroupNormBwd{x, g, b, {}, mean, rstd, dy, dx, dg, db, {}, true, {}, {}, {}, {}});
   }
 };
 
