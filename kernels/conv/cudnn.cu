@@ -532,6 +532,9 @@ struct WriteRow {
   int C;
   __device__ void operator()(int b, int c, double x, double) const { out[(size_t)b * C + c] = (float)x; }
 };
+// bf16 wgrad writes a bf16 dW (cuDNN 9.19 on the H100 has no engine with bf16 x and dy and an f32
+// dW: measured 2026-11-23, every bf16 filter shape of seed64 refused it), widened into the f32
+// gradient.
 struct Widen {
   const bf16* x;
   float* y;
@@ -540,9 +543,6 @@ struct Widen {
 };
 
 size_t round256(size_t n) { return (n + 255) / 256 * 256; }
-size_t filter_extra(const ConvBwdFilter& o) {
-  return o.x.dtype == DType::BF16 ? round256(o.dw.numel() * 2) : 0;
-}
 
 bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
   return o.y.dtype == o.x.dtype && available() && plan_for(const_cast<CudaCtx&>(c), fwd_shape(o)) != nullptr;
@@ -560,7 +560,8 @@ size_t data_ws(const ConvBwdData& o, const CudaCtx& c) {
   return (size_t)plan_for(const_cast<CudaCtx&>(c), data_shape(o))->ws;
 }
 size_t filter_ws(const ConvBwdFilter& o, const CudaCtx& c) {
-  return filter_extra(o) + round256((size_t)plan_for(const_cast<CudaCtx&>(c), filter_shape(o))->ws);
+  return (o.x.dtype == DType::BF16 ? round256(o.dw.numel() * 2) : 0) +
+         round256((size_t)plan_for(const_cast<CudaCtx&>(c), filter_shape(o))->ws);
 }
 
 void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
@@ -580,6 +581,20 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
   execute(ctx, *plan_for(ctx, data_shape(o)), o.dx.data, o.w.data, o.dy.data);
 }
 
+// dW from cuDNN: f32 straight into the gradient; bf16 at the end of the workspace, then widened
+// into it.
+void filter_grad(const ConvBwdFilter& o, CudaCtx& ctx) {
+  const Plan& p = *plan_for(ctx, filter_shape(o));
+  if (o.x.dtype == DType::F32) {
+    execute(ctx, p, o.x.data, o.dw.data, o.dy.data);
+    return;
+  }
+  bf16* tmp = reinterpret_cast<bf16*>(static_cast<char*>(ctx.ws) + round256((size_t)p.ws));
+  execute(ctx, p, o.x.data, tmp, o.dy.data);
+  launch_map(Widen{tmp, dptr<float>(o.dw)}, o.dw.numel(), vec4_ok<bf16>(tmp) && aligned16(o.dw.data),
+             ctx.stream);
+}
+
 void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   const int B = (int)o.dy.dim[0], HWo = (int)(o.dy.dim[1] * o.dy.dim[2]), Co = (int)o.dy.dim[3];
   if (o.db.defined()) bias_grad(ctx, o.dy, o.db, B * HWo, Co);
@@ -588,16 +603,7 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
       using T = decltype(tag);
       colsum2(ctx, DyRows<T>{dptr<T>(o.dy), HWo, Co}, WriteRow{dptr<float>(o.demb), Co}, B, HWo, Co);
     });
-  const Plan& p = *plan_for(ctx, filter_shape(o));
-  if (o.x.dtype == DType::F32) {
-    execute(ctx, p, o.x.data, o.dw.data, o.dy.data);
-    return;
-  }
-  // bf16: dW in the data type at the end of the workspace, then widened into the f32 gradient.
-  bf16* tmp = reinterpret_cast<bf16*>(static_cast<char*>(ctx.ws) + round256((size_t)p.ws));
-  execute(ctx, p, o.x.data, tmp, o.dy.data);
-  launch_map(Widen{tmp, dptr<float>(o.dw)}, o.dw.numel(), vec4_ok<bf16>(tmp) && aligned16(o.dw.data),
-             ctx.stream);
+  filter_grad(o, ctx);
 }
 
 // ---- variant "cudnn_fused": the same cuDNN plans, with the work around them as row-block
@@ -666,47 +672,14 @@ void conv_fwd_fused(const ConvFwd& o, CudaCtx& ctx) {
   });
 }
 
-// demb[b, c] = sum over the sample's rows of dy, db[c] = sum over all rows (each optional).
-void bias_sums(CudaCtx& ctx, const Tensor& dy, const Tensor& db, const Tensor& demb) {
-  if (!db.defined() && !demb.defined()) return;
-  const int B = (int)dy.dim[0], R = (int)(dy.dim[1] * dy.dim[2]), C = (int)dy.dim[3];
-  const long long max_splits = (long long)(CudaCtx::kPartialFloats / 2) / ((long long)B * C);
-  with_act(dy.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    rowblock::with_width<T>(rowblock::wide_ok<T>(C, {dy.data}), [&](auto vtag) {
-      constexpr int V = decltype(vtag)::value;
-      const rowblock::Plan p = rowblock::plan(rowblock::colsum_kernel<T, V>, B, R, C, V, 4, max_splits);
-      rowblock::colsum_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
-          dptr<T>(dy), R, C, p.Cl, p.L, p.rps, reinterpret_cast<float2*>(ctx.partial()),
-          reinterpret_cast<double2*>(ctx.aux()), ctx.tickets, dptr<float>(demb), dptr<float>(db));
-      KERNEL_CHECK();
-    });
-  });
-}
-
 void conv_filter_fused(const ConvBwdFilter& o, CudaCtx& ctx) {
-  bias_sums(ctx, o.dy, o.db, o.demb);
-  const Plan& p = *plan_for(ctx, filter_shape(o));
-  if (o.x.dtype == DType::F32) {
-    execute(ctx, p, o.x.data, o.dw.data, o.dy.data);
-    return;
-  }
-  bf16* tmp = reinterpret_cast<bf16*>(static_cast<char*>(ctx.ws) + round256((size_t)p.ws));
-  execute(ctx, p, o.x.data, tmp, o.dy.data);
-  launch_map(Widen{tmp, dptr<float>(o.dw)}, o.dw.numel(), vec4_ok<bf16>(tmp) && aligned16(o.dw.data),
-             ctx.stream);
+  rowblock::column_sums(ctx, o.dy, o.demb, o.db);
+  filter_grad(o, ctx);
 }
 
-// The one-launch reductions' limits: the batch within the tickets and the grid, one split per
-// sample within the partials' room, the per-(b, c) sums within the auxiliary scratch.
-bool sums_fit(const Tensor& dy) {
-  const long long B = dy.dim[0], C = dy.dim[3];
-  return B >= 1 && B < 65536 && (size_t)B + 1 <= CudaCtx::kTickets &&
-         (size_t)(2 * B * C) <= CudaCtx::kPartialFloats && (size_t)(B * C * 16) <= CudaCtx::kAuxFloats * 4;
-}
 bool fwd_fused_ok(const ConvFwd& o, const CudaCtx& c) { return o.y.dim[0] < 65536 && fwd_ok(o, c); }
 bool filter_fused_ok(const ConvBwdFilter& o, const CudaCtx& c) {
-  return (!(o.db.defined() || o.demb.defined()) || sums_fit(o.dy)) && filter_ok(o, c);
+  return (!(o.db.defined() || o.demb.defined()) || rowblock::column_sums_fit(o.dy)) && filter_ok(o, c);
 }
 
 }  // namespace

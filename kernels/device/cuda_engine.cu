@@ -201,6 +201,7 @@ class CudaEngineOps final : public CudaOps {
  public:
   explicit CudaEngineOps(CudaCtx& ctx) : CudaOps(ctx) {
     register_conv_cuda(*this);
+    register_linear_group(*this);
     register_linear_cuda(*this);
     register_groupnorm_cuda(*this);
     register_elementwise_cuda(*this);

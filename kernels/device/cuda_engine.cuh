@@ -174,7 +174,8 @@ void register_conv_cudnn_fused(CudaOps& ops);
 void register_conv_cudnn(CudaOps& ops);
 void register_conv_im2col(CudaOps& ops);
 void destroy_cudnn(CudaCtx& ctx);  // the cuDNN handle and plans of an engine (kernels/conv/cudnn.cu)
-void register_linear_cuda(CudaOps& ops);
+void register_linear_cuda(CudaOps& ops);   // kernels/linear/cublas.cu; after register_linear_group
+void register_linear_group(CudaOps& ops);  // the group ops' "tiled" (kernels/linear/group.cu)
 void register_groupnorm_cuda(CudaOps& ops);  // kernels/groupnorm/family.cu: smem, fused, vec, threepass
 void register_groupnorm_fused(CudaOps& ops);  // smem and fused (kernels/groupnorm/fused.cu)
 void register_groupnorm_vec(CudaOps& ops);

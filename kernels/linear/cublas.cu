@@ -52,6 +52,26 @@ void linear_bwd(const LinearBwd& o, CudaCtx& ctx) {
   bias_grad(ctx, o.dy, o.db, N, O);
 }
 
+// The group ops as one linear_fwd / linear_bwd per linear (dx summed by the GEMMs' beta, last
+// linear first): the baseline "tiled" is tested and measured against.
+void group_fwd(const LinearGroupFwd& o, CudaCtx& ctx) {
+  for (int k = 0, n = o.count(); k < n; ++k) linear_fwd(LinearFwd{o.x, o.w[k], o.b[k], o.y[k]}, ctx);
+}
+void group_bwd(const LinearGroupBwd& o, CudaCtx& ctx) {
+  const int N = (int)o.x.dim[0], I = (int)o.x.dim[1];
+  if (o.dx.defined() && o.dx_in.defined() && o.dx_in.data != o.dx.data)
+    CUDA_CHECK(cudaMemcpyAsync(o.dx.data, o.dx_in.data, o.dx.bytes(), cudaMemcpyDeviceToDevice, ctx.stream));
+  bool first = !o.dx_in.defined();
+  for (int k = o.count(); k-- > 0;) {
+    const int O = (int)o.w[k].dim[0];
+    if (o.dx.defined())
+      ctx.gemm(false, false, N, I, O, 1.f, {o.dy[k].data, DType::F32, O}, {o.w[k].data, DType::F32, I},
+               first ? 0.f : 1.f, {o.dx.data, DType::F32, I});
+    first = false;
+    linear_bwd(LinearBwd{o.x, o.w[k], o.dy[k], {}, o.dw[k], o.db[k]}, ctx);
+  }
+}
+
 }  // namespace
 
 void add_bias_rows(CudaCtx& ctx, const Tensor& y, const Tensor& bias, size_t rows, int C) {
@@ -74,6 +94,8 @@ void bias_grad(CudaCtx& ctx, const Tensor& dy, const Tensor& db, int rows, int C
 void register_linear_cuda(CudaOps& ops) {
   ops.variants<LinearFwd>().push_back({"cublas", nullptr, linear_fwd, nullptr});
   ops.variants<LinearBwd>().push_back({"cublas", nullptr, linear_bwd, nullptr});
+  ops.variants<LinearGroupFwd>().push_back({"cublas", nullptr, group_fwd, nullptr});
+  ops.variants<LinearGroupBwd>().push_back({"cublas", nullptr, group_bwd, nullptr});
 }
 
 }  // namespace unet

@@ -6,7 +6,10 @@
 // matter for the compute axis but keep totals honest.
 #include "op_defs.h"
 
+#include <map>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 namespace unet {
 
@@ -100,6 +103,82 @@ void LinearBwd::check() const {
 double LinearBwd::flops() const {
   const double mac = (double)x.dim[0] * w.dim[0] * w.dim[1];
   return 2.0 * mac * (dx.defined() + dw.defined()) + (db.defined() ? (double)dy.numel() : 0.0);
+}
+
+// ---- linear groups ----
+const char* linear_group_field(const char* base, int k) {
+  static const auto names = [] {
+    std::map<std::string, std::vector<std::string>> m;
+    for (const char* b : {"w", "b", "y", "dy", "dw", "db"})
+      for (int i = 0; i < kLinearGroup; ++i) m[b].push_back(b + std::to_string(i));
+    return m;
+  }();
+  return names.at(base).at((size_t)k).c_str();
+}
+namespace {
+template <class Op>
+int leading(const Op& op) {
+  int n = 0;
+  while (n < kLinearGroup && op.w[n].defined()) ++n;
+  for (int k = n; k < kLinearGroup; ++k) req(op, !op.w[k].defined(), "the group's w must be leading");
+  return n;
+}
+// w[k] [O_k, I] f32 for x [N, I] f32.
+template <class Op>
+void check_group_w(const Op& op, int k) {
+  req(op, op.w[k].rank == 2 && op.w[k].dtype == DType::F32 && op.w[k].dim[1] == op.x.dim[1],
+      "w[k] must be f32 [O_k, I]");
+}
+}  // namespace
+int LinearGroupFwd::count() const { return leading(*this); }
+void LinearGroupFwd::check() const {
+  req(*this, x.rank == 2 && x.dtype == DType::F32, "x must be f32 [N, I]");
+  const int n = count();
+  req(*this, n >= 1, "no linear in the group");
+  for (int k = 0; k < kLinearGroup; ++k) {
+    if (k >= n) {
+      req(*this, !b[k].defined() && !y[k].defined(), "b/y beyond the group");
+      continue;
+    }
+    check_group_w(*this, k);
+    const int64_t O = w[k].dim[0];
+    req(*this, !b[k].defined() || (f32(b[k]) && b[k].numel() == (size_t)O), "b[k] must be f32 [O_k]");
+    req(*this, y[k].rank == 2 && f32(y[k]) && y[k].dim[0] == x.dim[0] && y[k].dim[1] == O,
+        "y[k] must be f32 [N, O_k]");
+  }
+}
+double LinearGroupFwd::flops() const {
+  double f = 0;
+  for (int k = 0; k < count(); ++k) f += 2.0 * x.dim[0] * w[k].dim[0] * w[k].dim[1];
+  return f;
+}
+int LinearGroupBwd::count() const { return leading(*this); }
+void LinearGroupBwd::check() const {
+  req(*this, x.rank == 2 && x.dtype == DType::F32, "x must be f32 [N, I]");
+  const int n = count();
+  req(*this, n >= 1, "no linear in the group");
+  req(*this, !dx.defined() || (same_shape(dx, x) && f32(dx)), "dx must match x");
+  req(*this, !dx_in.defined() || (same_shape(dx_in, x) && f32(dx_in) && dx.defined()), "dx_in must match dx");
+  for (int k = 0; k < kLinearGroup; ++k) {
+    if (k >= n) {
+      req(*this, !dy[k].defined() && !dw[k].defined() && !db[k].defined(), "dy/dw/db beyond the group");
+      continue;
+    }
+    check_group_w(*this, k);
+    const int64_t O = w[k].dim[0];
+    req(*this, dy[k].rank == 2 && f32(dy[k]) && dy[k].dim[0] == x.dim[0] && dy[k].dim[1] == O,
+        "dy[k] must be f32 [N, O_k]");
+    req(*this, !dw[k].defined() || (same_shape(dw[k], w[k]) && f32(dw[k])), "dw[k] must be f32 like w[k]");
+    req(*this, !db[k].defined() || (f32(db[k]) && db[k].numel() == (size_t)O), "db[k] must be f32 [O_k]");
+  }
+}
+double LinearGroupBwd::flops() const {
+  double f = 0;
+  for (int k = 0; k < count(); ++k) {
+    const double mac = (double)x.dim[0] * w[k].dim[0] * w[k].dim[1];
+    f += 2.0 * mac * (dx.defined() + dw[k].defined()) + (db[k].defined() ? (double)dy[k].numel() : 0.0);
+  }
+  return f;
 }
 
 // ---- groupnorm ----

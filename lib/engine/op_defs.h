@@ -86,6 +86,43 @@ struct LinearBwd {
   }
 };
 
+// ---------------------------------------------------------------- linear groups
+// Up to kLinearGroup linears sharing one input x [N, I], as one op (the ResBlocks' timestep-
+// embedding projections: one launch for all of them instead of a GEMM, a bias pass and, in the
+// backward, two GEMMs, a bias reduction and an add each). The group is the leading present w[k];
+// everything is f32. Forward: y[k] [N, O_k] = x w[k]^T + b[k] (w[k] [O_k, I], b[k] optional).
+// Backward: dx = (dx_in +) sum over k, last to first, of dy[k] w[k] (dx_in optional, may be dx:
+// the running sum over several groups); dw[k] = dy[k]^T x, db[k] = column sums of dy[k] (each
+// optional).
+constexpr int kLinearGroup = 64;
+const char* linear_group_field(const char* base, int k);  // "w7", ...: names for fields()
+struct LinearGroupFwd {
+  UNET_OP("linear_group_fwd", "linear")
+  Tensor x;
+  Tensor w[kLinearGroup], b[kLinearGroup], y[kLinearGroup];
+  int count() const;  // the leading present w
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x);
+    for (int k = 0; k < kLinearGroup; ++k)
+      v.in(linear_group_field("w", k), s.w[k]), v.in(linear_group_field("b", k), s.b[k]),
+          v.out(linear_group_field("y", k), s.y[k]);
+  }
+};
+struct LinearGroupBwd {
+  UNET_OP("linear_group_bwd", "linear")
+  Tensor x, dx_in, dx;
+  Tensor w[kLinearGroup], dy[kLinearGroup], dw[kLinearGroup], db[kLinearGroup];
+  int count() const;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("x", s.x), v.in("dx_in", s.dx_in), v.out("dx", s.dx);
+    for (int k = 0; k < kLinearGroup; ++k)
+      v.in(linear_group_field("w", k), s.w[k]), v.in(linear_group_field("dy", k), s.dy[k]),
+          v.out(linear_group_field("dw", k), s.dw[k]), v.out(linear_group_field("db", k), s.db[k]);
+  }
+};
+
 // ---------------------------------------------------------------- groupnorm, eps 1e-5
 // n = GN(x) (groups of C/G consecutive channels, G = mean.dim[1]), z = n*gamma + beta,
 // then optionally z = z*(1 + scale[b]) + shift[b] with ss [B, 2C] = (scale | shift), then
@@ -558,7 +595,7 @@ struct Ema {  // ema = rate ema + (1 - rate) p
   X(ConvFwd)                                                                                                \
   X(ConvBwdData)                                                                                            \
   X(ConvBwdFilter)                                                                                          \
-  X(LinearFwd) X(LinearBwd) X(GroupNormFwd) X(GroupNormApply) X(GroupNormBwd) X(SiluFwd) X(SiluBwd) X(Add)  \
+  X(LinearFwd) X(LinearBwd) X(LinearGroupFwd) X(LinearGroupBwd) X(GroupNormFwd) X(GroupNormApply) X(GroupNormBwd) X(SiluFwd) X(SiluBwd) X(Add)  \
       X(Cast) X(Copy) X(Fill) X(UpsampleFwd) X(UpsampleBwd) X(AvgPoolFwd) X(AvgPoolBwd) X(ConcatFwd)        \
           X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd) X(AttentionBwd) \
               X(PoolTokensFwd) X(PoolTokensBwd) X(PoolSelectFwd) X(PoolSelectBwd) X(DropoutFwd)             \

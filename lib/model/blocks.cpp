@@ -16,7 +16,7 @@ int layer_out_res(const Layer& l) {
 }
 
 size_t Blocks::L::lowest_param() const {
-  return std::min({w0, b0, n1w, n1b, ew, eb, n2w, n2b, w2, b2, sw, sb});
+  return std::min({w0, b0, n1w, n1b, n2w, n2b, w2, b2, sw, sb});
 }
 
 Blocks::Blocks(Engine& e, const ModelConfig& c, const ParamTable& t, const Tensor& params,
@@ -90,6 +90,8 @@ void Blocks::declare_embedding(Planner& pl, int Bp, Mode mode, bool mlp) {
     a1 = f32("a1", {b, ed}), a1s = f32("a1s", {b, ed}), emb = f32("emb", {b, ed});
   }
   semb = f32("semb", {b, ed});
+  group_emb_ = mlp;
+  emb_users_.clear();
   if (mode == Mode::Train) {
     d_semb = f32("d_semb", {b, ed});
     if (mlp) d_emb = f32("d_emb", {b, ed}), d_a1s = f32("d_a1s", {b, ed}), d_a1 = f32("d_a1", {b, ed});
@@ -119,6 +121,7 @@ void Blocks::declare_layer(Planner& pl, L& s, int Bp, Mode mode, bool with_dx) {
       if (bw) s.b_dup = act(p + ".b_dup", ro, ci);
       break;
     case Layer::Res: {
+      if (group_emb_) emb_users_.push_back(&s);
       const int64_t ec = ss ? 2 * co : co;
       s.h1 = act(p + ".h1", ro, co);
       s.e = f32(p + ".e", {b, ec});
@@ -133,7 +136,8 @@ void Blocks::declare_layer(Planner& pl, L& s, int Bp, Mode mode, bool with_dx) {
         if (wg) s.b_n2 = act(p + ".b_n2", ro, co);
         s.b_dn2 = act(p + ".b_dn2", ro, co);
         s.b_dh1 = act(p + ".b_dh1", ro, co);
-        if (wg) s.b_de = f32(p + ".b_de", {b, ec}), s.b_dpart = f32(p + ".b_dpart", {b, ed});
+        if (wg) s.b_de = f32(p + ".b_de", {b, ec});
+        if (wg && !group_emb_) s.b_dpart = f32(p + ".b_dpart", {b, ed});
         if (wg) s.b_n1 = act(p + ".b_n1", ri, ci);
         if (wg && l.updown) s.b_n1r = act(p + ".b_n1r", ro, ci);
         if (l.updown) s.b_dn1 = act(p + ".b_dn1", ri, ci);
@@ -177,6 +181,46 @@ void Blocks::embedding_fwd(const Tensor& t_in, const Tensor& labels) {
   if (cfg.class_cond)
     run(EmbeddingAdd{labels, P(table.at("label_emb.weight").offset, {cfg.label_rows(), ed}), at(emb)});
   run(SiluFwd{at(emb), at(semb)});
+  emb_layers_fwd();
+}
+
+// Every ResBlock's e = semb W^T + b, in groups of kLinearGroup.
+void Blocks::emb_layers_fwd() {
+  if (emb_users_.empty()) return;
+  ScopedRange r(eng.device(), "emb_layers fwd");
+  const int ed = cfg.time_embed_dim();
+  for (size_t c0 = 0; c0 < emb_users_.size(); c0 += kLinearGroup) {
+    LinearGroupFwd g{};
+    g.x = at(semb);
+    for (size_t k = c0; k < std::min(emb_users_.size(), c0 + kLinearGroup); ++k) {
+      const L& s = *emb_users_[k];
+      const int ec = (int)s.e.dim[1];
+      g.w[k - c0] = P(s.ew, {ec, ed}), g.b[k - c0] = vec(s.eb, ec), g.y[k - c0] = at(s.e);
+    }
+    run(g);
+  }
+}
+
+// Their gradients from every ResBlock's b_de: d_semb (overwritten), the weights' and biases'. The
+// groups run last to first, each adding to the d_semb of the ones after it (the order in which
+// the blocks' backward passes come).
+void Blocks::emb_layers_bwd() {
+  if (emb_users_.empty()) return;
+  ScopedRange r(eng.device(), "emb_layers bwd");
+  const int ed = cfg.time_embed_dim();
+  const size_t n = emb_users_.size(), groups = (n + kLinearGroup - 1) / kLinearGroup;
+  for (size_t gi = groups; gi-- > 0;) {
+    LinearGroupBwd g{};
+    g.x = at(semb), g.dx = at(d_semb);
+    if (gi + 1 < groups) g.dx_in = at(d_semb);
+    for (size_t k = gi * kLinearGroup; k < std::min(n, (gi + 1) * kLinearGroup); ++k) {
+      const L& s = *emb_users_[k];
+      const size_t j = k - gi * kLinearGroup;
+      const int ec = (int)s.e.dim[1];
+      g.w[j] = P(s.ew, {ec, ed}), g.dy[j] = at(s.b_de), g.dw[j] = G(s.ew, {ec, ed}), g.db[j] = gvec(s.eb, ec);
+    }
+    run(g);
+  }
 }
 
 void Blocks::resample(int updown, const Tensor& x, const Tensor& y) {
@@ -224,7 +268,7 @@ void Blocks::res_fwd(L& s) {
   const int ed = cfg.time_embed_dim(), ci = l.cin, co = l.cout;
   const bool ss = cfg.use_scale_shift_norm;
   Device& d = eng.device();
-  {
+  if (!group_emb_) {  // else emb_layers_fwd made e
     ScopedRange r(d, "emb_layers");
     run(LinearFwd{at(semb), P(s.ew, {ss ? 2 * co : co, ed}), vec(s.eb, ss ? 2 * co : co), at(s.e)});
   }
@@ -359,7 +403,7 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
                      gvec(s.n1w, ci), gvec(s.n1b, ci), {}, true, dxs, {}, {},
                      plain_skip ? gvec(s.b2, co) : Tensor{}});
   }
-  if (wgrad) {
+  if (wgrad && !group_emb_) {  // else emb_layers_bwd, after every layer
     ScopedRange r(d, "emb_layers");
     const int ec = ss ? 2 * co : co;
     run(LinearBwd{at(semb), P(s.ew, {ec, ed}), at(s.b_de), at(s.b_dpart), G(s.ew, {ec, ed}), gvec(s.eb, ec)});
@@ -427,12 +471,13 @@ Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {
 }
 
 void Blocks::embedding_bwd_begin() {
-  if (wgrad) run(Fill{at(d_semb), 0.0f});
+  if (wgrad && !group_emb_) run(Fill{at(d_semb), 0.0f});
 }
 
 void Blocks::embedding_bwd(const Tensor& labels) {
   if (!wgrad) return;
   const int ed = cfg.time_embed_dim(), mc = cfg.num_channels;
+  emb_layers_bwd();
   ScopedRange r(eng.device(), "time_embed bwd");
   run(SiluBwd{at(emb), at(d_semb), at(d_emb)});
   if (cfg.class_cond)

@@ -58,7 +58,9 @@ struct Blocks {
     Tensor b_n1, b_n1r, b_n2, b_dn2, b_dh1, b_de, b_dpart, b_dn1r, b_dn1, b_dxs, b_dxs2, b_up, b_dup, b_datt,
         b_dqkv, b_n, b_dn;
     Tensor dx;                    // gradient of the input (absent for a first conv that needs none)
-    size_t lowest_param() const;  // the lowest arena offset of the layer's parameters
+    // the lowest arena offset of the layer's parameters whose gradients its backward computes
+    // (emb_layers' come from the group at the end: embedding_bwd)
+    size_t lowest_param() const;
   };
 
   // cfg: the network's UNet configuration (the classifier's body()); table: its parameters;
@@ -98,7 +100,8 @@ struct Blocks {
   void refresh_shadow();  // the bf16 weights the GEMMs read, from the f32 masters
   void embedding_fwd(const Tensor& t, const Tensor& labels);  // labels: read when class_cond
   void layer_fwd(L& s, const Tensor& in);
-  // ---- backward ----  (d_semb is zeroed by embedding_bwd_begin and summed by every ResBlock)
+  // ---- backward ----  (d_semb: from the ResBlocks' embedding projections in embedding_bwd, or,
+  // for a single layer, zeroed by embedding_bwd_begin and added to by its backward)
   void embedding_bwd_begin();
   void embedding_bwd(const Tensor& labels);
   Tensor layer_bwd(L& s, const Tensor& dout);  // the gradient of the layer's input (s.dx)
@@ -128,6 +131,11 @@ struct Blocks {
   const Tensor& shadow_;
   const Tensor& grads_;
   int next_index_ = 0;
+  // With the embedding MLP (a whole network), the ResBlocks' embedding projections run as
+  // LinearGroupFwd/Bwd ops (forward after the MLP, backward before it) instead of one linear
+  // per block; emb_users_ are those blocks in forward order (set by declare_layer).
+  bool group_emb_ = false;
+  std::vector<L*> emb_users_;
 
   float dropout_p() const { return train ? cfg.dropout : 0.0f; }
   uint64_t dseed(const L& s) const;
@@ -135,6 +143,8 @@ struct Blocks {
   void resample_bwd(int updown, const Tensor& dy, const Tensor& dx);
   Tensor res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute = false);
   void res_conv2_input(L& s, const Tensor& n2, bool recompute = false);
+  void emb_layers_fwd();
+  void emb_layers_bwd();
   void res_fwd(L& s);
   void attn_fwd(L& s);
   void res_bwd(L& s, const Tensor& dout);

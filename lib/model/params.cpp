@@ -75,6 +75,23 @@ void add_layer(Builder& b, const ModelConfig& cfg, const Layer& l) {
 }
 }  // namespace
 
+// The ResBlocks' embedding projections (emb_layers.1) first in the arena: their gradients come
+// from one LinearGroupBwd at the end of the backward, after every layer's, so they must sit below
+// every layer's parameters (the gradient-ready signal says "everything from this offset on is
+// final", layer by layer, top down). Names, shapes and the checkpoint format are unchanged.
+namespace {
+void emb_layers_first(ParamTable& t) {
+  size_t total = 0;
+  for (bool emb : {true, false})
+    for (auto& p : t.params)
+      if ((p.name.find(".emb_layers.") != std::string::npos) == emb) {
+        p.offset = total;
+        total += (p.numel + 63) / 64 * 64;
+      }
+  t.total = total;
+}
+}  // namespace
+
 ParamTable build_param_table(const ModelConfig& cfg) {
   Builder b;
   const Arch a = build_arch(cfg);
@@ -89,6 +106,7 @@ ParamTable build_param_table(const ModelConfig& cfg) {
     for (auto& l : blk) add_layer(b, cfg, l);
   b.norm("out.0", a.out_cin);
   b.conv("out.2", cfg.level_channels(0), cfg.out_channels(), 3, /*zero=*/true);
+  emb_layers_first(b.t);
   return std::move(b.t);
 }
 
@@ -108,6 +126,7 @@ ParamTable build_param_table(const ClassifierConfig& cc) {
   b.t.params.back().std = 1.0 / std::sqrt((double)C);  // th.randn(C, T) / C ** 0.5
   b.conv1d("out.2.qkv_proj", C, 3 * C);
   b.conv1d("out.2.c_proj", C, cc.num_classes);
+  emb_layers_first(b.t);
   return std::move(b.t);
 }
 
