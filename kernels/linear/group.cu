@@ -40,6 +40,18 @@ __device__ __forceinline__ int linear_of(const Group& g, int tile) {
   return k;
 }
 
+// s[r][c] = src[(r0 + r) * ld + c0 + c] for the R x C tile at (r0, c0) of a rows x cols matrix,
+// 0 outside it; the block's threads load it together (coalesced along c).
+template <int R, int C>
+__device__ __forceinline__ void load_tile(float (*s)[C + 1], const float* __restrict__ src, int ld, int r0, int c0,
+                                          int rows, int cols) {
+#pragma unroll
+  for (int j = 0; j < R * C / kNt; ++j) {
+    const int e = threadIdx.x + kNt * j, r = e / C, c = e % C;
+    s[r][c] = r0 + r < rows && c0 + c < cols ? src[(size_t)(r0 + r) * ld + c0 + c] : 0.f;
+  }
+}
+
 // y[k][n, o] = sum_i x[n, i] w[k][o, i] + b[k][o]. Grid (column tiles of all k, row tiles).
 __global__ void __launch_bounds__(kNt) group_fwd_kernel(const float* __restrict__ x, const __grid_constant__ Group g) {
   __shared__ float xs[TN][TK + 1];
@@ -52,16 +64,8 @@ __global__ void __launch_bounds__(kNt) group_fwd_kernel(const float* __restrict_
 #pragma unroll
   for (int r = 0; r < 8; ++r) acc[r] = 0.f;
   for (int i0 = 0; i0 < g.I; i0 += TK) {
-#pragma unroll
-    for (int j = 0; j < TN * TK / kNt; ++j) {
-      const int e = t + kNt * j, r = e / TK, c = e % TK, n = n0 + r, i = i0 + c;
-      xs[r][c] = n < g.N && i < g.I ? x[(size_t)n * g.I + i] : 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < TC * TK / kNt; ++j) {
-      const int e = t + kNt * j, r = e / TK, c = e % TK, o = o0 + r, i = i0 + c;
-      ws[r][c] = o < O && i < g.I ? w[(size_t)o * g.I + i] : 0.f;
-    }
+    load_tile<TN, TK>(xs, x, g.I, n0, i0, g.N, g.I);
+    load_tile<TC, TK>(ws, w, g.I, o0, i0, O, g.I);
     __syncthreads();
 #pragma unroll 8
     for (int c = 0; c < TK; ++c) {
@@ -94,17 +98,8 @@ __global__ void __launch_bounds__(kNt) group_dx_kernel(const __grid_constant__ G
   for (int r = 0; r < 8; ++r) acc[r] = 0.f;
   for (int tile = t0; tile < t1; ++tile) {
     const int k = linear_of(g, tile), O = g.O[k], o0 = (tile - g.tile0[k]) * TK;
-    const float *dy = g.dy[k], *w = g.w[k];
-#pragma unroll
-    for (int j = 0; j < TN * TK / kNt; ++j) {
-      const int e = t + kNt * j, r = e / TK, c = e % TK, n = n0 + r, o = o0 + c;
-      ds[r][c] = n < g.N && o < O ? dy[(size_t)n * O + o] : 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < TK * TC / kNt; ++j) {
-      const int e = t + kNt * j, r = e / TC, c = e % TC, o = o0 + r, i = i0 + c;
-      ws[r][c] = o < O && i < g.I ? w[(size_t)o * g.I + i] : 0.f;
-    }
+    load_tile<TN, TK>(ds, g.dy[k], O, n0, o0, g.N, O);
+    load_tile<TK, TC>(ws, g.w[k], g.I, o0, i0, O, g.I);
     __syncthreads();
 #pragma unroll 8
     for (int c = 0; c < TK; ++c) {
@@ -146,12 +141,8 @@ __global__ void __launch_bounds__(kNt) group_dw_kernel(const float* __restrict__
   const int t = threadIdx.x, tx = t % TC, ty = t / TC;  // ty: dw rows ty*4 .. ty*4+3
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, bacc = 0.f;
   for (int n0 = 0; n0 < g.N; n0 += TK) {
-#pragma unroll
-    for (int j = 0; j < TK * TC / kNt; ++j) {
-      const int e = t + kNt * j, r = e / TC, c = e % TC, n = n0 + r;
-      ds[r][c] = n < g.N && o0 + c < O ? dy[(size_t)n * O + o0 + c] : 0.f;
-      xs[r][c] = n < g.N && i0 + c < g.I ? x[(size_t)n * g.I + i0 + c] : 0.f;
-    }
+    load_tile<TK, TC>(ds, dy, O, n0, o0, g.N, O);
+    load_tile<TK, TC>(xs, x, g.I, n0, i0, g.N, g.I);
     __syncthreads();
 #pragma unroll 8
     for (int c = 0; c < TK; ++c) {
