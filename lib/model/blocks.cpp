@@ -345,7 +345,8 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
   const int ed = cfg.time_embed_dim(), ci = l.cin, co = l.cout;
   const bool ss = cfg.use_scale_shift_norm;
   const Tensor xs = l.updown ? at(s.xu) : at(s.in);
-  const bool plain_skip = s.sw == SIZE_MAX && !l.updown;  // the skip path's gradient is dout itself
+  // the skip path's gradient is dout itself, which GN1's backward adds into dx (so needs a dx)
+  const bool plain_skip = s.sw == SIZE_MAX && !l.updown && s.dx.defined();
   Device& d = eng.device();
   {
     // out_layers: recompute conv2's input, then back through conv2, dropout, SiLU/scale-shift/norm
