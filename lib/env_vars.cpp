@@ -45,6 +45,13 @@ int env_stream_data() {
   refuse("UNET_STREAM_DATA", v, "must be 1 (stream the dataset from disk) or 0 (hold it in memory)");
 }
 
+bool env_pdl() {
+  const char* v = value("UNET_PDL");
+  if (!v || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  refuse("UNET_PDL", v, "must be 1 (programmatic dependent launch in CUDA graphs) or 0 (off; the default)");
+}
+
 std::string env_cpu_comm() {
   const char* v = value("UNET_CPU_COMM");
   if (!v) return "";
@@ -69,6 +76,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   kernel_overrides();  // UNET_KERNELS's syntax (its names: when the engine is made)
   env_bucket_bytes(0);
   env_stream_data();
+  env_pdl();
   env_cpu_comm();
   const std::string cache = cudnn_cache_path();
   if (cache.empty()) return;

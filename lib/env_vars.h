@@ -6,6 +6,9 @@
 //   UNET_KERNELS       family=variant,...   (syntax here; names when an engine is made, ops.h)
 //   UNET_BUCKET_MB     gradient all-reduce bucket, MB, 0 to 1e6 (0 = one all-reduce after backward)
 //   UNET_STREAM_DATA   1 (stream the dataset from disk) or 0 (hold it in memory); unset = by size
+//   UNET_PDL           1 or 0 (default): programmatic dependent launch into unet's kernels in CUDA
+//                      graphs (kernels launched while their predecessor drains); opt-in until
+//                      measured on the GPU
 //   UNET_CPU_COMM      tcp or mpi (CPU ranks' gradient reduction); unset = by launcher
 //   UNET_CUDNN_CACHE   the cuDNN plan cache file (default $XDG_CACHE_HOME or ~/.cache
 //                      /unet/cudnn-plans.txt): a regular file (or none yet), never an input
@@ -21,6 +24,8 @@ namespace unet {
 size_t env_bucket_bytes(size_t dflt);
 // UNET_STREAM_DATA: 1 or 0; -1 when unset or empty.
 int env_stream_data();
+// UNET_PDL: true for "1"; false when unset, empty or "0".
+bool env_pdl();
 // UNET_CPU_COMM: "tcp", "mpi", or "" when unset.
 std::string env_cpu_comm();
 // Where the cuDNN plan cache lives: UNET_CUDNN_CACHE, else $XDG_CACHE_HOME/unet/cudnn-plans.txt,

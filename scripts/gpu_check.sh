@@ -15,6 +15,9 @@
 #           with --guidance-scale at batch 64 (activations planned for 128)
 #   bench   scripts/bench.py: unet fp32/tf32 vs PyTorch eager/compile, seed64 batch 32
 #   profile unet profile tables, CSV/JSON and a trace
+#   pdl     programmatic dependent launch (UNET_PDL=1): the sampler's graph-vs-eager test, e2e bitwise
+#           resume with graphs (bf16), and the step's CUDA-event time with and without it (same run;
+#           read CUDA events and the plain timing, not kernel sums: waiting blocks count as running)
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
 #   demo    make demo's pipeline on the GPU with more steps
 #   classdemo  issue 13 end to end (scripts/classifier_demo.sh, needs Fashion-MNIST: FASHION_MNIST_DIR):
@@ -105,6 +108,16 @@ PY
       done
       rm -f "$OUT/cfg64.h5" ;;
     bench) timeout 400 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
+    pdl)
+      (cd "$BUILD" && ./bin/test_sampler --gtest_filter='*CudaGraph*' 2>&1 | tail -n 3)
+      UNET_PDL=1 UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 UNET_TEST_PRECISION=bf16 timeout 300 \
+        python3 tests/test_train_e2e.py > "$OUT/e2e_pdl.txt" 2>&1
+      grep -E "FAIL|failed|bitwise|^OK|Ran " "$OUT/e2e_pdl.txt"
+      "$U" profile --layer model --batch-size 32 --precision bf16 --no-plain-timing > /dev/null 2>&1  # cuDNN plans
+      for r in 1 2; do for prec in bf16 tf32; do for pdl in 0 1; do
+        echo "$prec UNET_PDL=$pdl: $(UNET_PDL=$pdl "$U" profile --layer model --batch-size 32 --precision $prec 2>&1 |
+          grep -E '^CUDA-graph|without the profiler' | tr '\n' ' ')"
+      done; done; done ;;
     profile)
       "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 \
         --trace "$OUT/trace_resblock.json" > "$OUT/profile_resblock.txt" 2>&1

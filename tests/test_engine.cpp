@@ -3,7 +3,11 @@
 // planner (packing by lifetime, overlap checks, read-before-write detection).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 
 #include "cpu_engine.h"
@@ -235,6 +239,36 @@ TEST(Planner, RandomLifetimesNeverOverlap) {
     EXPECT_GE(p.arena_bytes(), peak_live);
     EXPECT_LE(p.arena_bytes(), p.declared_bytes());
   }
+}
+
+}  // namespace
+
+namespace {
+
+// With UNET_PDL=1 an edge into a unet kernel in a CUDA graph is programmatic (cuda_engine.cu): the
+// kernel may be launched before its predecessor has finished, and only its first statement,
+// pdl_entry(), makes it wait. So every kernel under kernels/ must begin with it: a kernel
+// without it would race with its predecessor. Scans the sources (no GPU needed).
+TEST(Kernels, EveryKernelBeginsWithPdlEntry) {
+  namespace fs = std::filesystem;
+  int kernels = 0;
+  for (const auto& e : fs::recursive_directory_iterator(test::source_dir() + "/kernels")) {
+    const std::string ext = e.path().extension().string();
+    if (ext != ".cu" && ext != ".cuh") continue;
+    std::ifstream f(e.path());
+    const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    for (size_t at = s.find("__global__"); at != std::string::npos; at = s.find("__global__", at + 1)) {
+      const size_t body = s.find_first_of("{;", at);
+      ASSERT_NE(body, std::string::npos) << e.path();
+      if (s[body] == ';') continue;  // a declaration
+      ++kernels;
+      const size_t first = s.find_first_not_of(" \t\r\n", body + 1);
+      const size_t line = std::count(s.begin(), s.begin() + at, '\n') + 1;
+      EXPECT_EQ(s.compare(first, 12, "pdl_entry();"), 0)
+          << e.path().string() << ":" << line << ": a kernel whose first statement is not pdl_entry();";
+    }
+  }
+  EXPECT_GT(kernels, 40);  // the scan found the kernels
 }
 
 }  // namespace

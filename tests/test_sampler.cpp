@@ -4,7 +4,9 @@
 // the network, labels, progress, option errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "classifier_free.h"
@@ -363,8 +365,8 @@ TEST(Sampler, CudaMatchesCpu) {
 
 // `unet sample` replays the forward as a CUDA graph (captured at the second step of each batch
 // size): bitwise the same images as eager launches, over batches of 2, 2 and 1 (a recapture), DDPM
-// with learned range and DDIM, plain and through classifier-free guidance's wrapper. Skips
-// without a CUDA device.
+// with learned range and DDIM, plain and through classifier-free guidance's wrapper, with and
+// without programmatic dependent launch. Skips without a CUDA device.
 TEST(Sampler, CudaGraphMatchesEager) {
   std::string why;
   for (Precision p : {Precision::FP32, Precision::BF16}) {
@@ -391,8 +393,14 @@ TEST(Sampler, CudaGraphMatchesEager) {
         std::vector<float> eager(n * numel), graphed(n * numel, std::numeric_limits<float>::quiet_NaN());
         sample(*gpu, net, o, n, nullptr, labels.data(), eager.data(), nullptr);
         o.cuda_graph = true;
-        sample(*gpu, net, o, n, nullptr, labels.data(), graphed.data(), nullptr);
-        EXPECT_TRUE(graphed == eager) << "rel l2 " << test::rel_l2(graphed, eager);
+        for (const char* pdl : {"0", "1"}) {  // without and with programmatic edges (UNET_PDL)
+          SCOPED_TRACE(std::string("UNET_PDL=") + pdl);
+          setenv("UNET_PDL", pdl, 1);
+          std::fill(graphed.begin(), graphed.end(), std::numeric_limits<float>::quiet_NaN());
+          sample(*gpu, net, o, n, nullptr, labels.data(), graphed.data(), nullptr);
+          EXPECT_TRUE(graphed == eager) << "rel l2 " << test::rel_l2(graphed, eager);
+        }
+        unsetenv("UNET_PDL");
         EXPECT_GT(test::rel_l2(eager, std::vector<float>(eager.size(), 0.f)), 0.1);  // not all zero
       }
   }

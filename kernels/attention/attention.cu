@@ -44,6 +44,7 @@ __device__ __forceinline__ float warp_max(float v) {
 template <class TP>
 __global__ void softmax_fwd_kernel(const float* S, TP* P, float* lse, int nb, int T, int heads, int h,
                                    int b0) {
+  pdl_entry();
   const int lane = threadIdx.x & 31;
   const size_t rows = (size_t)nb * T;
   const size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
@@ -69,6 +70,7 @@ __global__ void softmax_fwd_kernel(const float* S, TP* P, float* lse, int nb, in
 template <class TP>
 __global__ void softmax_recompute_kernel(const float* S, TP* P, const float* lse, int nb, int T, int heads,
                                          int h, int b0) {
+  pdl_entry();
   const size_t n = (size_t)nb * T * T;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     const size_t row = i / T, b = row / T, t = row % T;
@@ -79,6 +81,7 @@ __global__ void softmax_recompute_kernel(const float* S, TP* P, const float* lse
 // dS = P (dP - sum_j P dP), written over P; one warp per row.
 template <class TP>
 __global__ void softmax_bwd_kernel(TP* P, const float* dP, int nb, int T) {
+  pdl_entry();
   const int lane = threadIdx.x & 31;
   const size_t rows = (size_t)nb * T;
   const size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;

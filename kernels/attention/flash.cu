@@ -298,6 +298,7 @@ template <class T, int D, bool kSplit, int BC>
 __global__ void __launch_bounds__(kThr)
     flash_fwd_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, int T_, int C,
                      int heads, bool legacy, float sl2) {
+  pdl_entry();
   using M = Tile<T, kSplit>;
   constexpr int KS = M::KS, LDK = D + M::kPad, LDV = D + M::kPadKN;
   extern __shared__ float4 smem_f4[];
@@ -412,6 +413,7 @@ __global__ void __launch_bounds__(kThr)
 template <class T>
 __global__ void flash_dsum_kernel(const T* __restrict__ dout, const T* __restrict__ out,
                                   float* __restrict__ dsum, int rows, int T_, int C, int heads, int D) {
+  pdl_entry();
   const int lane = threadIdx.x & 31, per = D / 4;  // lanes per head: 8, 16 or 32
   const size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
   for (size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; row < (size_t)rows; row += nwarps) {
@@ -439,6 +441,7 @@ __global__ void __launch_bounds__(kThr)
     flash_bwd_dkdv_kernel(const T* __restrict__ qkv, const T* __restrict__ dout,
                           const float* __restrict__ lse, const float* __restrict__ dsum, T* __restrict__ dqkv,
                           int T_, int C, int heads, bool legacy, float sl2, float scale) {
+  pdl_entry();
   using M = Tile<T, kSplit>;
   constexpr int KS = M::KS, BK = kRowsPerBlock, LD = D + M::kPad;
   extern __shared__ float4 smem_f4[];
@@ -554,6 +557,7 @@ __global__ void __launch_bounds__(kThr)
     flash_bwd_dq_kernel(const T* __restrict__ qkv, const T* __restrict__ dout, const float* __restrict__ lse,
                         const float* __restrict__ dsum, T* __restrict__ dqkv, int T_, int C, int heads,
                         bool legacy, float sl2, float scale) {
+  pdl_entry();
   using M = Tile<T, kSplit>;
   constexpr int KS = M::KS, BQ = kRowsPerBlock, LD = D + M::kPad;
   extern __shared__ float4 smem_f4[];

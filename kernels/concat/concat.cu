@@ -77,6 +77,7 @@ template <class W>
 __global__ void __launch_bounds__(kThreads)
     rows_kernel(const W* __restrict__ a, const W* __restrict__ b, const W* __restrict__ y, W* __restrict__ da,
                 W* __restrict__ db, W* __restrict__ yo, long long rows, int Ca, int Cb, int Cl, int L) {
+  pdl_entry();
   // concat: (a | b) -> yo; split: y -> (da | db), either target optional.
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, C = Ca + Cb;
   const long long step = (long long)gridDim.x * L;

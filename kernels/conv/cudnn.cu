@@ -665,6 +665,7 @@ template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     epilogue_kernel(T* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ emb,
                     const T* __restrict__ res, int R, int C, int Cl, int L, int rps) {
+  pdl_entry();
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V;
   const int r1 = min(R, s * rps + rps);

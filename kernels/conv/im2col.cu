@@ -31,6 +31,7 @@ constexpr size_t kMaxWorkspace = size_t(128) << 20;
 template <class T, int V>
 __global__ void im2col_kernel(const T* __restrict__ x, T* __restrict__ col, int nb, int H, int W, int Ci,
                               int k, int s, int Ho, int Wo) {
+  pdl_entry();
   const int pad = k / 2, Cv = Ci / V, kk2 = k * k;
   const size_t total = (size_t)nb * Ho * Wo * kk2 * Cv;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
@@ -60,6 +61,7 @@ __global__ void im2col_kernel(const T* __restrict__ x, T* __restrict__ col, int 
 template <class T, int V>
 __global__ void col2im_kernel(const T* __restrict__ dcol, T* __restrict__ dx, int nb, int H, int W, int Ci,
                               int k, int s, int Ho, int Wo) {
+  pdl_entry();
   const int pad = k / 2, Cv = Ci / V;
   const size_t K = (size_t)k * k * Ci;
   const size_t total = (size_t)nb * H * W * Cv;

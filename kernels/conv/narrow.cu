@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(kNarrowThreads)
     narrow_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias,
                       const float* __restrict__ emb, const TY* __restrict__ res, TY* __restrict__ y, int B, int H,
                       int W, int Ci, int Ho, int Wo, int Co_rt, int k, int s, int G) {
+  pdl_entry();
   constexpr int CM = CO ? CO : kMaxCo;
   const int Co = CO ? CO : Co_rt;
   extern __shared__ float4 wsm4[];

@@ -3,9 +3,11 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <cstring>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda_engine.cuh"
+#include "env_vars.h"
 #include "util.h"
 
 namespace unet {
@@ -38,6 +40,49 @@ cudaDataType cuda_type(DType t) {
       return CUDA_R_16BF;
     default:
       throw std::logic_error("gemm: unsupported dtype");
+  }
+}
+
+// Whether graph node n runs one of unet's own kernels: namespace unet, so their mangled names start
+// "_ZN4unet", and each begins with pdl_entry() (test_engine scans the sources for it).
+bool unet_kernel(cudaGraphNode_t n) {
+  cudaGraphNodeType t;
+  if (cudaGraphNodeGetType(n, &t) != cudaSuccess || t != cudaGraphNodeTypeKernel) return (void)cudaGetLastError(), false;
+  cudaKernelNodeParams p = {};
+  const char* name = nullptr;
+  if (cudaGraphKernelNodeGetParams(n, &p) != cudaSuccess || !p.func || cudaFuncGetName(&name, p.func) != cudaSuccess ||
+      !name)
+    return (void)cudaGetLastError(), false;
+  return std::strncmp(name, "_ZN4unet", 8) == 0;
+}
+bool kernel_node(cudaGraphNode_t n) {
+  cudaGraphNodeType t;
+  return cudaGraphNodeGetType(n, &t) == cudaSuccess && t == cudaGraphNodeTypeKernel;
+}
+
+// Programmatic dependent launch inside a captured graph: every edge from a kernel into a unet
+// kernel that has no other predecessor becomes programmatic, so the unet kernel's blocks are
+// launched while its predecessor drains (once that one's blocks have all started or exited) and
+// wait in pdl_entry() for its completion, instead of being launched after it. cuDNN's kernels
+// are launched that way by cuDNN itself. Memory order is unchanged: pdl_entry() waits for the
+// predecessor's completion and memory flush before the kernel touches memory.
+void programmatic_edges(cudaGraph_t g) {
+  size_t n = 0;
+  CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
+  std::unordered_map<cudaGraphNode_t, int> preds;
+  for (size_t i = 0; i < n; ++i) ++preds[to[i]];
+  for (size_t i = 0; i < n; ++i) {
+    if (preds[to[i]] != 1 || data[i].type != cudaGraphDependencyTypeDefault || data[i].from_port != 0 ||
+        !kernel_node(from[i]) || !unet_kernel(to[i]))
+      continue;
+    cudaGraphEdgeData e = {};
+    e.from_port = cudaGraphKernelNodePortProgrammatic;
+    e.type = cudaGraphDependencyTypeProgrammatic;
+    CUDA_CHECK(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1));
+    CUDA_CHECK(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1));
   }
 }
 
@@ -140,6 +185,7 @@ class CudaDevice final : public Device {
     ctx.capturing = false;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
+    if (env_pdl()) programmatic_edges(g);
     if (graph_) {
       CUDA_CHECK(cudaGraphExecDestroy(graph_));
       graph_ = nullptr;

@@ -52,6 +52,19 @@ inline unsigned grid_for(size_t n, int threads = kThreads) {
 
 using bf16 = __nv_bfloat16;
 
+// The first statement of every unet kernel. In the CUDA graphs (programmatic_edges() in
+// cuda_engine.cu) an edge into a unet kernel lets it launch while its predecessor still runs
+// (programmatic dependent launch, sm_90); this waits until the predecessor has completed and its
+// writes are visible, so nothing of the kernel reads or writes memory before, and then lets the
+// kernel's own successor launch early (its blocks wait the same way). Outside such an edge both
+// are no-ops.
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // A GEMM operand: row-major storage with leading dimension ld (elements) and, for batched
 // products, a stride between matrices.
 struct Mat {
@@ -152,6 +165,7 @@ __device__ __forceinline__ float silu_gradf_(float z) {
 // F provides  vec4(j): elements 4j..4j+3 (vector accesses),  scalar(i): element i.
 template <class F>
 __global__ void map_kernel(F f, size_t n4, size_t n) {
+  pdl_entry();
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   for (size_t j = tid; j < n4; j += stride) f.vec4(j);

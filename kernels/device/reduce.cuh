@@ -15,6 +15,7 @@ namespace unet {
 // Cost: one coalesced read of the view (a warp reads 32 consecutive channels).
 template <class F>
 __global__ void colsum2_partial_kernel(F f, int R, int C, int rps, float2* partial) {
+  pdl_entry();
   __shared__ float2 sm[8][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int c = blockIdx.x * 32 + tx;
@@ -42,6 +43,7 @@ __global__ void colsum2_partial_kernel(F f, int R, int C, int rps, float2* parti
 // G: g(b, c, sum_x, sum_y) consumes the totals.
 template <class G>
 __global__ void colsum2_final_kernel(const float2* partial, int Bt, int S, int C, G g) {
+  pdl_entry();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= Bt * C) return;
   const int b = i / C, c = i % C;
@@ -77,6 +79,7 @@ void colsum2(CudaCtx& ctx, const F& f, const G& g, int Bt, int R, int C) {
 // each block reduces with a fixed tree. Stage 2: one block adds the block sums, fixed order.
 template <class F>
 __global__ void sum_partial_kernel(F f, size_t items, double* partial) {
+  pdl_entry();
   __shared__ double sm[kThreads];
   double acc = 0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < items;
@@ -94,6 +97,7 @@ __global__ void sum_partial_kernel(F f, size_t items, double* partial) {
 // out[0] = (float)(scale * total). (A template so each translation unit has its own copy.)
 template <int kUnused = 0>
 __global__ void sum_final_kernel(const double* partial, int nb, double scale, float* out) {
+  pdl_entry();
   __shared__ double sm[kThreads];
   double acc = 0;
   for (int i = threadIdx.x; i < nb; i += kThreads) acc += partial[i];

@@ -216,6 +216,7 @@ template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     colsum_kernel(const T* __restrict__ y, int R, int C, int Cl, int L, int rps, float2* partial, double2* sums,
                   unsigned* tickets, float* per_sample, float* total) {
+  pdl_entry();
   __shared__ float2 red[kThreads * V];
   __shared__ double2 tmp[kThreads];
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;

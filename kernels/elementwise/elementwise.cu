@@ -55,6 +55,7 @@ struct CastF {
 
 template <class T>
 __global__ void fill_kernel(T* x, T v, size_t n) {
+  pdl_entry();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     x[i] = v;
 }

@@ -11,6 +11,7 @@ namespace {
 // PyTorch's float32 order: f_i = exp((-ln 1e4 rounded to float) * i / half), arg = t * f_i.
 // cosf/sinf are the accurate versions (no fast-math): arguments reach ~1e3.
 __global__ void timestep_kernel(const float* t, float* y, int B, int dim, float c) {
+  pdl_entry();
   const int half = dim / 2;
   const size_t n = (size_t)B * dim;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
@@ -28,6 +29,7 @@ __global__ void timestep_kernel(const float* t, float* y, int B, int dim, float 
 }
 
 __global__ void embedding_add_kernel(const int32_t* labels, const float* table, float* y, int B, int D) {
+  pdl_entry();
   const size_t n = (size_t)B * D;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
        idx += (size_t)gridDim.x * blockDim.x) {
@@ -40,6 +42,7 @@ __global__ void embedding_add_kernel(const int32_t* labels, const float* table, 
 // bitwise the same as the reference (which adds in the same order starting from zero).
 __global__ void embedding_bwd_kernel(const int32_t* labels, const float* dy, float* dtable, int B, int K,
                                      int D) {
+  pdl_entry();
   const size_t n = (size_t)K * D;
   for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
        idx += (size_t)gridDim.x * blockDim.x) {

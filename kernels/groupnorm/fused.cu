@@ -74,6 +74,7 @@ template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     fwd_sums_kernel(const T* __restrict__ x, int R, int C, int G, int Cl, int L, int rps, float2* partial,
                     double2* sums, unsigned* tickets, float* __restrict__ mean, float* __restrict__ rstd) {
+  pdl_entry();
   __shared__ float2 red[kThreads * V];
   __shared__ double2 tmp[kThreads];
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
@@ -131,6 +132,7 @@ __global__ void __launch_bounds__(kThreads)
     apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ gamma,
                  const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
                  const float* __restrict__ rstd, int R, int C, int G, int Cl, int L, int rps, bool silu) {
+  pdl_entry();
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V;
   const int r1 = min(R, s * rps + rps);
@@ -171,6 +173,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                     const float* __restrict__ rstd, int R, int C, int G, int Cl, int L, int rps, bool silu,
                     float2* partial, double2* sums, float2* coef, unsigned* tickets, float* dgamma,
                     float* dbeta, float* dss) {
+  pdl_entry();
   __shared__ float2 red[kThreads * V];
   __shared__ double2 tmp[kThreads];
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
@@ -277,6 +280,7 @@ __global__ void __launch_bounds__(kThreads, 2)
               const float* __restrict__ rstd, const float2* __restrict__ coef, int R, int C, int G, int Cl, int L,
               int rps, bool silu, float2* partial, double2* sums, unsigned* tickets, float* dx_sums,
               float* dx_total, float* add_total) {
+  pdl_entry();
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V, Cg = C / G;
   const int r1 = min(R, s * rps + rps);
@@ -562,6 +566,7 @@ __global__ void __launch_bounds__(kThreads)
     smem_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ gamma,
                     const float* __restrict__ beta, const float* __restrict__ ss, float* __restrict__ mean,
                     float* __restrict__ rstd, int R, int C, int G, int Cb, bool silu) {
+  pdl_entry();
   extern __shared__ __align__(16) unsigned char smem[];
   const int t = threadIdx.x, nt = blockDim.x, b = blockIdx.y, c0 = blockIdx.x * Cb;
   const int Cg = C / G, gb = Cb / Cg, g0 = c0 / Cg;
@@ -624,6 +629,7 @@ __global__ void __launch_bounds__(kThreads)
                     const float* __restrict__ mean, const float* __restrict__ rstd, int R, int C, int G, int Cb,
                     bool silu, double2* sums, unsigned* tickets, float* dgamma, float* dbeta, float* dss,
                     double2* col, float* dx_sums, float* dx_total, float* add_total) {
+  pdl_entry();
   extern __shared__ __align__(16) unsigned char smem[];
   const int t = threadIdx.x, nt = blockDim.x, b = blockIdx.y, B = gridDim.y, c0 = blockIdx.x * Cb;
   const int Cg = C / G, gb = Cb / Cg;

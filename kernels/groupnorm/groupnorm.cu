@@ -46,6 +46,7 @@ struct StoreBC {  // per-(b, c) totals into aux [B*C] as double2
 template <class T>
 __global__ void gn_stats_kernel(const double2* sums, const T* x, float* mean, float* rstd, int B, int HW,
                                 int C, int G) {
+  pdl_entry();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B * G) return;
   const int b = i / G, g = i % G, Cg = C / G;
@@ -128,6 +129,7 @@ struct GradSums {  // (dz*xhat, dz) per (b, c)
 __global__ void gn_bwd_coef_kernel(const double2* sums, const float* gamma, const float* beta,
                                    const float* ss, float2* coef, float* dgamma, float* dbeta, float* dss,
                                    int B, int HW, int C, int G) {
+  pdl_entry();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const int Cg = C / G;
   auto f = [&](int b, int c) { return ss ? 1.0 + (double)ss[(size_t)b * 2 * C + c] : 1.0; };

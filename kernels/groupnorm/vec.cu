@@ -33,6 +33,7 @@ __device__ __forceinline__ float2 ld2(const bf16* p, size_t i) {
 template <class T>
 __global__ void stats_partial_kernel(const T* __restrict__ x, int R, int C, int Cg, int rps,
                                      float2* partial) {
+  pdl_entry();
   __shared__ float4 sm[kRows][32];
   const int lane = threadIdx.x, ty = threadIdx.y;
   const int c = (blockIdx.x * 32 + lane) * 2, s = blockIdx.y, b = blockIdx.z, S = gridDim.y;
@@ -65,6 +66,7 @@ __global__ void grad_partial_kernel(const T* __restrict__ x, const T* __restrict
                                     const float2* __restrict__ zc, const float* __restrict__ mean,
                                     const float* __restrict__ rstd, int R, int C, int G, int Cg, bool silu,
                                     int rps, float2* partial) {
+  pdl_entry();
   __shared__ float4 sm[kRows][32];
   const int lane = threadIdx.x, ty = threadIdx.y;
   const int c = (blockIdx.x * 32 + lane) * 2, s = blockIdx.y, b = blockIdx.z, S = gridDim.y;
@@ -100,6 +102,7 @@ __global__ void grad_partial_kernel(const T* __restrict__ x, const T* __restrict
 
 // Split sums in split order (double) -> sums[b, c].
 __global__ void splits_kernel(const float2* partial, int B, int S, int C, double2* sums) {
+  pdl_entry();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B * C) return;
   const int b = i / C, c = i % C;
@@ -128,6 +131,7 @@ template <class T>
 __global__ void stats_kernel(const double2* sums, const T* x, const float* gamma, const float* beta,
                              const float* ss, float* mean, float* rstd, float2* zc, int B, int R, int C,
                              int G) {
+  pdl_entry();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B * C) return;
   const int b = i / C, c = i % C, Cg = C / G, g = c / Cg;
@@ -145,6 +149,7 @@ __global__ void stats_kernel(const double2* sums, const T* x, const float* gamma
 // Forward coefficients from saved statistics.
 __global__ void coef_kernel(const float* gamma, const float* beta, const float* ss, const float* mean,
                             const float* rstd, float2* zc, int B, int C, int G) {
+  pdl_entry();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= B * C) return;
   const int b = i / C, c = i % C, bg = b * G + c / (C / G);
@@ -155,6 +160,7 @@ __global__ void coef_kernel(const float* gamma, const float* beta, const float* 
 __global__ void bwd_coef_kernel(const double2* sums, const float* gamma, const float* beta, const float* ss,
                                 const float* mean, const float* rstd, float4* dc, float* dgamma, float* dbeta,
                                 float* dss, int B, int R, int C, int G) {
+  pdl_entry();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const int Cg = C / G;
   auto f = [&](int b, int c) { return ss ? 1.0 + (double)ss[(size_t)b * 2 * C + c] : 1.0; };
@@ -235,6 +241,7 @@ constexpr int kWide = sizeof(T) == 2 ? 8 : 4;
 template <class T, int N>
 __global__ void apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float2* __restrict__ zc,
                              size_t rows, int R, int C, bool silu) {
+  pdl_entry();
   constexpr int V = Vec<T, N>::n;
   const int Cv = C / V;
   const size_t n = rows * Cv;
@@ -261,6 +268,7 @@ template <class T, int N>
 __global__ void dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                           const T* __restrict__ add, const float2* __restrict__ zc, const float4* __restrict__ dc,
                           size_t rows, int R, int C, bool silu) {
+  pdl_entry();
   constexpr int V = Vec<T, N>::n;
   const int Cv = C / V;
   const size_t n = rows * Cv;

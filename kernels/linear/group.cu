@@ -54,6 +54,7 @@ __device__ __forceinline__ void load_tile(float (*s)[C + 1], const float* __rest
 
 // y[k][n, o] = sum_i x[n, i] w[k][o, i] + b[k][o]. Grid (column tiles of all k, row tiles).
 __global__ void __launch_bounds__(kNt) group_fwd_kernel(const float* __restrict__ x, const __grid_constant__ Group g) {
+  pdl_entry();
   __shared__ float xs[TN][TK + 1];
   __shared__ float ws[TC][TK + 1];
   const int k = linear_of(g, blockIdx.x), O = g.O[k];
@@ -88,6 +89,7 @@ __global__ void __launch_bounds__(kNt) group_fwd_kernel(const float* __restrict_
 // Partial data gradients: split s sums dy[k][n, o] w[k][o, i] over its share of the column tiles
 // (all k), into part[s][n][i]. Grid (row tiles, I tiles, splits).
 __global__ void __launch_bounds__(kNt) group_dx_kernel(const __grid_constant__ Group g, float* __restrict__ part) {
+  pdl_entry();
   __shared__ float ds[TN][TK + 1];
   __shared__ float ws[TK][TC + 1];
   const int n0 = blockIdx.x * TN, i0 = blockIdx.y * TC, s = blockIdx.z, S = gridDim.z;
@@ -121,6 +123,7 @@ __global__ void __launch_bounds__(kNt) group_dx_kernel(const __grid_constant__ G
 // dx = (dx_in +) the splits' partials, added in split order.
 __global__ void group_dx_sum_kernel(const float* __restrict__ part, int S, size_t NI, const float* dx_in,
                                     float* dx) {
+  pdl_entry();
   for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < NI; e += (size_t)gridDim.x * blockDim.x) {
     float v = dx_in ? dx_in[e] : 0.f;
     for (int s = 0; s < S; ++s) v += part[(size_t)s * NI + e];
@@ -131,6 +134,7 @@ __global__ void group_dx_sum_kernel(const float* __restrict__ part, int S, size_
 // dw[k][o, i] = sum_n dy[k][n, o] x[n, i]; the blocks of the first I tile also db[k][o] =
 // sum_n dy[k][n, o]. Grid (row tiles of dw over all k, I tiles).
 __global__ void __launch_bounds__(kNt) group_dw_kernel(const float* __restrict__ x, const __grid_constant__ Group g) {
+  pdl_entry();
   __shared__ float ds[TK][TC + 1];  // [n][o]
   __shared__ float xs[TK][TC + 1];  // [n][i]
   const int k = linear_of(g, blockIdx.x), O = g.O[k];

@@ -13,6 +13,7 @@ constexpr int kXentThreads = 256;
 
 __global__ void xent_kernel(const float* logits, const int32_t* labels, float* terms, float* dlogits,
                             float scale, int B, int K) {
+  pdl_entry();
   __shared__ float smax[kXentThreads];
   __shared__ double ssum[kXentThreads];
   __shared__ int scnt[kXentThreads];
@@ -64,6 +65,7 @@ __global__ void xent_kernel(const float* logits, const int32_t* labels, float* t
 }
 
 __global__ void cstats_kernel(const float* terms, const int32_t* quartile, float* stats, int B) {
+  pdl_entry();
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   double s[kClassStats];
   for (int k = 0; k < kClassStats; ++k) s[k] = 0;

@@ -23,6 +23,7 @@ struct LossArgs {
 };
 
 __global__ void dloss_partial_kernel(LossArgs a, double* partial) {
+  pdl_entry();
   __shared__ float c[kLossCoefRows];
   __shared__ double sm[4][kThreads];
   const int b = blockIdx.y, chunk = blockIdx.x, tid = threadIdx.x;
@@ -55,6 +56,7 @@ __global__ void dloss_partial_kernel(LossArgs a, double* partial) {
 
 __global__ void dloss_final_kernel(const double* partial, int B, int chunks, const float* coef, double D,
                                    lossmath::Flags f, float* terms) {
+  pdl_entry();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
   double s[4] = {0, 0, 0, 0};
@@ -91,6 +93,7 @@ void dloss(const DiffusionLoss& o, CudaCtx& ctx) {
 
 // One thread per statistic, samples in order (B is a batch: a few hundred at most).
 __global__ void loss_stats_kernel(const float* terms, const float* coef, float* stats, int B) {
+  pdl_entry();
   const int k = threadIdx.x;
   if (k >= 7) return;
   double s = 0;

@@ -24,6 +24,7 @@ struct SquareItem {  // items < n4: float4 groups; then single trailing elements
 };
 
 __global__ void clip_scale_kernel(const float* sumsq, float clip, float* norm, float* grad_scale) {
+  pdl_entry();
   const float nrm = sqrtf(sumsq[0]);
   if (norm) *norm = nrm;
   *grad_scale = clip > 0.f ? fminf(1.f, clip / (nrm + 1e-6f)) : 1.f;
@@ -31,6 +32,7 @@ __global__ void clip_scale_kernel(const float* sumsq, float clip, float* norm, f
 
 __global__ void schedule_kernel(int32_t* step, float* hyper, double lr, double wd, double b1, double b2,
                                 long long warmup) {
+  pdl_entry();
   const int32_t t = ++*step;
   ref::adamw_hyper(t, lr, wd, b1, b2, warmup, hyper);
 }

@@ -11,6 +11,7 @@ namespace {
 // y[b,0,c] = mean_p x[b,p,c] + pos[c,0]; y[b,1+p,c] = x[b,p,c] + pos[c,1+p].
 template <class T>
 __global__ void tokens_fwd_kernel(const T* x, const float* pos, T* y, int B, int P, int C) {
+  pdl_entry();
   const int Tn = P + 1;
   const size_t n = (size_t)B * C, stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -31,6 +32,7 @@ __global__ void tokens_fwd_kernel(const T* x, const float* pos, T* y, int B, int
 // dx[b,p,c] = dy[b,1+p,c] + dy[b,0,c] / P.
 template <class T>
 __global__ void tokens_bwd_kernel(const T* dy, T* dx, int B, int P, int C) {
+  pdl_entry();
   const int Tn = P + 1;
   const size_t n = (size_t)B * P * C, stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -44,6 +46,7 @@ __global__ void tokens_bwd_kernel(const T* dy, T* dx, int B, int P, int C) {
 // dpos[c,t] = sum_b dy[b,t,c], b in order.
 template <class T>
 __global__ void tokens_dpos_kernel(const T* dy, float* dpos, int B, int Tn, int C) {
+  pdl_entry();
   const size_t n = (size_t)Tn * C, stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride) {
     const int c = (int)(i % C);
@@ -56,6 +59,7 @@ __global__ void tokens_dpos_kernel(const T* dy, float* dpos, int B, int Tn, int 
 
 template <class T>
 __global__ void select_fwd_kernel(const T* x, float* y, int B, int Tn, int C) {
+  pdl_entry();
   const size_t n = (size_t)B * C, stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
     y[i] = ldf(x, (i / C) * Tn * C + i % C);
@@ -63,6 +67,7 @@ __global__ void select_fwd_kernel(const T* x, float* y, int B, int Tn, int C) {
 
 template <class T>
 __global__ void select_bwd_kernel(const float* dy, T* dx, int B, int Tn, int C) {
+  pdl_entry();
   const size_t per = (size_t)Tn * C, n = (size_t)B * per, stride = (size_t)gridDim.x * blockDim.x;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride) {
     const size_t b = i / per, j = i % per;
