@@ -52,6 +52,14 @@ bool env_pdl() {
   refuse("UNET_PDL", v, "must be 1 (programmatic dependent launch in CUDA graphs) or 0 (off; the default)");
 }
 
+bool env_conv_stats() {
+  const char* v = value("UNET_CONV_STATS");
+  if (!v || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  refuse("UNET_CONV_STATS", v,
+         "must be 1 (a convolution gives the statistics of the GroupNorm after it) or 0 (off; the default)");
+}
+
 std::string env_cpu_comm() {
   const char* v = value("UNET_CPU_COMM");
   if (!v) return "";
@@ -77,6 +85,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_bucket_bytes(0);
   env_stream_data();
   env_pdl();
+  env_conv_stats();
   env_cpu_comm();
   const std::string cache = cudnn_cache_path();
   if (cache.empty()) return;

@@ -9,6 +9,8 @@
 //   UNET_PDL           1 or 0 (default): programmatic dependent launch into unet's kernels in CUDA
 //                      graphs (kernels launched while their predecessor drains); opt-in until
 //                      measured on the GPU
+//   UNET_CONV_STATS    1 or 0 (default): the convolution in front of a GroupNorm also gives the
+//                      norm's statistics (on the GPU from its epilogue's pass); opt-in until measured
 //   UNET_CPU_COMM      tcp or mpi (CPU ranks' gradient reduction); unset = by launcher
 //   UNET_CUDNN_CACHE   the cuDNN plan cache file (default $XDG_CACHE_HOME or ~/.cache
 //                      /unet/cudnn-plans.txt): a regular file (or none yet), never an input
@@ -26,6 +28,8 @@ size_t env_bucket_bytes(size_t dflt);
 int env_stream_data();
 // UNET_PDL: true for "1"; false when unset, empty or "0".
 bool env_pdl();
+// UNET_CONV_STATS: true for "1"; false when unset, empty or "0".
+bool env_conv_stats();
 // UNET_CPU_COMM: "tcp", "mpi", or "" when unset.
 std::string env_cpu_comm();
 // Where the cuDNN plan cache lives: UNET_CUDNN_CACHE, else $XDG_CACHE_HOME/unet/cudnn-plans.txt,

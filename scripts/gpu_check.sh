@@ -14,6 +14,9 @@
 #           class dropout vs the RNG contract, bitwise resume; fp32 and tf32), and seed64 sampling
 #           with --guidance-scale at batch 64 (activations planned for 128)
 #   bench   scripts/bench.py: unet fp32/tf32 vs PyTorch eager/compile, seed64 batch 32
+#   convstats  GroupNorm statistics from the conv in front (UNET_CONV_STATS=1): test_conv's statistics
+#           tests, test_model_golden and e2e bitwise resume (bf16, graphs) with it on, and the step
+#           with it off and on, with and without UNET_PDL (same run)
 #   profile unet profile tables, CSV/JSON and a trace
 #   pdl     programmatic dependent launch (UNET_PDL=1): the sampler's graph-vs-eager test, e2e bitwise
 #           resume with graphs (bf16), and the step's CUDA-event time with and without it (same run;
@@ -118,6 +121,17 @@ PY
         echo "$prec UNET_PDL=$pdl: $(UNET_PDL=$pdl "$U" profile --layer model --batch-size 32 --precision $prec 2>&1 |
           grep -E '^CUDA-graph|without the profiler' | tr '\n' ' ')"
       done; done; done ;;
+    convstats)
+      (cd "$BUILD" && ./bin/test_conv --gtest_filter='*Statistics*' 2>&1 | tail -n 3)
+      (cd "$BUILD" && UNET_CONV_STATS=1 ./bin/test_model_golden 2>&1 | tail -n 3)
+      UNET_CONV_STATS=1 UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 UNET_TEST_PRECISION=bf16 timeout 300 \
+        python3 tests/test_train_e2e.py > "$OUT/e2e_convstats.txt" 2>&1
+      grep -E "FAIL|failed|bitwise|^OK|Ran " "$OUT/e2e_convstats.txt"
+      "$U" profile --layer model --batch-size 32 --precision bf16 --no-plain-timing > /dev/null 2>&1  # cuDNN plans
+      for r in 1 2; do for prec in bf16 tf32; do for cs in 0 1; do for pdl in 0 1; do
+        echo "$prec UNET_CONV_STATS=$cs UNET_PDL=$pdl: $(UNET_CONV_STATS=$cs UNET_PDL=$pdl "$U" profile --layer model \
+          --batch-size 32 --precision $prec 2>&1 | grep -E '^CUDA-graph|without the profiler' | tr '\n' ' ')"
+      done; done; done; done ;;
     profile)
       "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 \
         --trace "$OUT/trace_resblock.json" > "$OUT/profile_resblock.txt" 2>&1

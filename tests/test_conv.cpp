@@ -345,6 +345,40 @@ TEST(ConvVariants, FusedEpilogueAndBiasSumsMatchCudnn) {
   EXPECT_GT(checked, 20);
 }
 
+// ConvFwd's optional GroupNorm statistics of y (mean, rstd [B, G]): every variant against the CPU
+// engine's, with and without the epilogue terms ("cudnn_fused" computes them in its epilogue's
+// pass, the other variants and an epilogue-free cudnn_fused by a statistics pass after), with
+// 1 and 8 channels per vector, and at seed64's sizes.
+TEST(ConvVariants, GroupNormStatisticsOfTheOutput) {
+  SKIP_WITHOUT_GPU();
+  struct S {
+    int B, H, Ci, Co, G, k;
+    bool bias, emb, res;
+  };
+  for (const S c : {S{3, 5, 6, 12, 4, 3, true, true, true}, S{2, 7, 5, 12, 3, 3, false, false, false},
+                    S{2, 6, 8, 24, 8, 1, true, false, true}, S{2, 9, 16, 40, 8, 3, false, true, false},
+                    S{4, 64, 32, 64, 32, 3, true, true, false}, S{2, 64, 64, 192, 32, 3, true, false, true},
+                    S{3, 8, 16, 256, 32, 3, true, true, true}}) {
+    const std::string what = "stats " + std::to_string(c.H) + "x" + std::to_string(c.Co) + " G" +
+                             std::to_string(c.G) + (c.bias ? " bias" : "") + (c.emb ? " emb" : "") +
+                             (c.res ? " res" : "");
+    check_variants<ConvFwd>(
+        what,
+        [&](const Alloc& A, DType act) {
+          ConvFwd o{A(act, {c.B, c.H, c.H, c.Ci}),
+                    A(act, {c.Co, c.k, c.k, c.Ci}),
+                    c.bias ? A(DType::F32, {c.Co}) : Tensor{},
+                    c.emb ? A(DType::F32, {c.B, c.Co}) : Tensor{},
+                    c.res ? A(act, {c.B, c.H, c.H, c.Co}) : Tensor{},
+                    A(act, {c.B, c.H, c.H, c.Co}),
+                    1};
+          o.mean = A(DType::F32, {c.B, c.G}), o.rstd = A(DType::F32, {c.B, c.G});
+          return o;
+        },
+        Tol{});
+  }
+}
+
 // ---- fast CPU variants vs the CPU reference ----
 
 // Forward (with the epilogue terms asked for), data gradient and filter gradient (with db, and
@@ -445,6 +479,34 @@ TEST(ConvCpuVariants, OptionalTerms) {
         A(act, {B, H, W, Ci}), A(act, {B, 3, 3, Co}), A(DType::F32, {Co, 3, 3, Ci}), {}, {}, 2};
   });
   EXPECT_GE(n, 8);
+}
+
+// ConvFwd's statistics on the CPU: against GroupNormFwd's of the y the conv wrote (another
+// implementation where the fast GroupNorm variants run), and every CPU conv variant against "ref".
+TEST(ConvCpuVariants, GroupNormStatisticsOfTheOutput) {
+  const int B = 3, H = 6, W = 5, Ci = 7, Co = 24, G = 8;
+  V x = rnd((size_t)B * H * W * Ci), w = rnd((size_t)Co * 9 * Ci), bias = rnd(Co), emb = rnd((size_t)B * Co);
+  V res = rnd((size_t)B * H * W * Co);
+  for (double& v : res) v += 3.0;  // an offset the statistics must not lose
+  Dev d;
+  ConvFwd o{d.put(x, {B, H, W, Ci}), d.put(w, {Co, 3, 3, Ci}), d.put(bias), d.put(emb, {B, Co}),
+            d.put(res, {B, H, W, Co}), d.poisoned({B, H, W, Co}), 1};
+  o.mean = d.poisoned({B, G}), o.rstd = d.poisoned({B, G});
+  d.run(o);
+  Tensor M = d.poisoned({B, G}), R = d.poisoned({B, G});
+  d.run(GroupNormFwd{o.y, d.put(V(Co, 1.0)), d.put(V(Co, 0.0)), {}, d.poisoned({B, H, W, Co}), M, R, false});
+  { const F gm = d.get(M); EXPECT_LT(rel(d.get(o.mean), V(gm.begin(), gm.end())), 1e-6); }
+  { const F gr = d.get(R); EXPECT_LT(rel(d.get(o.rstd), V(gr.begin(), gr.end())), 1e-6); }
+  const F m = d.get(o.mean);
+  EXPECT_GT(std::fabs(m[0]), 1.0);  // the offset is there
+  if (fast_conv_variants().empty()) return;
+  const int n = check_cpu_variants<ConvFwd>("fwd stats", [&](const Alloc& A, DType act) {
+    ConvFwd c{A(act, {B, H, W, Ci}), A(act, {Co, 3, 3, Ci}), A(DType::F32, {Co}), A(DType::F32, {B, Co}),
+              A(act, {B, H, W, Co}), A(act, {B, H, W, Co}), 1};
+    c.mean = A(DType::F32, {B, G}), c.rstd = A(DType::F32, {B, G});
+    return c;
+  });
+  EXPECT_GE(n, 2);
 }
 
 // Every conv of tiny32 (the CPU demo's model) at batch 16: input and output layers, each ResBlock's

@@ -193,6 +193,22 @@ void register_linear_group(CudaOps& ops);  // the group ops' "tiled" (kernels/li
 void register_groupnorm_cuda(CudaOps& ops);  // kernels/groupnorm/family.cu: smem, fused, vec, threepass
 void register_groupnorm_fused(CudaOps& ops);  // smem and fused (kernels/groupnorm/fused.cu)
 void register_groupnorm_vec(CudaOps& ops);
+// GroupNorm statistics (mean, rstd [B, G]) of x [B, H, W, C], as GroupNormFwd's "fused" variant
+// computes them, for ops that also give the statistics of what they write (ConvFwd's mean/rstd);
+// groupnorm_stats_fit: whether the shape fits its scratch (kernels/groupnorm/fused.cu).
+bool groupnorm_stats_fit(const Tensor& x, const Tensor& mean);
+void groupnorm_stats(CudaCtx& ctx, const Tensor& x, const Tensor& mean, const Tensor& rstd);
+// For the conv variants that do not compute ConvFwd's optional statistics themselves: Run, then
+// groupnorm_stats over the y it wrote; and Ok plus whether that fits.
+template <void (*Run)(const ConvFwd&, CudaCtx&)>
+void conv_then_stats(const ConvFwd& o, CudaCtx& ctx) {
+  Run(o, ctx);
+  if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
+}
+template <bool (*Ok)(const ConvFwd&, const CudaCtx&)>
+bool conv_stats_ok(const ConvFwd& o, const CudaCtx& c) {
+  return (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean)) && Ok(o, c);
+}
 void register_groupnorm_threepass(CudaOps& ops);
 void register_elementwise_cuda(CudaOps& ops);
 void register_resample_cuda(CudaOps& ops);

@@ -65,6 +65,15 @@ struct Vec<bf16, 8> {
 template <class T>
 constexpr int kWide = 16 / (int)sizeof(T);
 
+// v rounded as a T stores it (bf16: to the nearest bf16), back in f32: what a later read sees.
+template <class T>
+__device__ __forceinline__ float as_stored(float v) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return __bfloat162float(__float2bfloat16_rn(v));
+  else
+    return v;
+}
+
 // Whether the 16-byte path applies: C a multiple of the vector and every pointer 16-byte aligned.
 template <class T>
 bool wide_ok(int C, std::initializer_list<const void*> ptrs) {

@@ -265,13 +265,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 // add_total), as colsum_kernel's: per-(b, split, c) partials, the last block of a sample adds
 // them, the last sample's adds over the batch. The bias and embedding gradients of the convs on
 // either side of the norm so come out of this pass instead of one more read of each tensor.
-template <class T>
-__device__ __forceinline__ float as_stored(float v) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return __bfloat162float(__float2bfloat16_rn(v));
-  else
-    return v;
-}
 template <class T, int V, bool SUMS>
 __global__ void __launch_bounds__(kThreads, 2)
     dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
@@ -395,6 +388,15 @@ void apply(CudaCtx& ctx, const Dims& d, const T* x, T* y, const GroupNormApply& 
   KERNEL_CHECK();
 }
 
+template <class T, int V>
+void stats(CudaCtx& ctx, const Dims& d, const T* x, const Tensor& mean, const Tensor& rstd) {
+  const Plan p = plan(fwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU1, max_splits(d));
+  fwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(x, d.R, d.C, d.G, p.Cl, p.L, p.rps,
+                                                           reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx),
+                                                           ctx.tickets, dptr<float>(mean), dptr<float>(rstd));
+  KERNEL_CHECK();
+}
+
 void gn_fwd(const GroupNormFwd& o, CudaCtx& ctx) {
   const Dims d = dims(o.x, o.mean);
   with_act(o.x.dtype, [&](auto tag) {
@@ -402,11 +404,7 @@ void gn_fwd(const GroupNormFwd& o, CudaCtx& ctx) {
     const T* x = dptr<T>(o.x);
     with_width<T>(wide_ok<T>(d.C, {o.x.data, o.y.data}), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      const Plan p = plan(fwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU1, max_splits(d));
-      fwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
-          x, d.R, d.C, d.G, p.Cl, p.L, p.rps, reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx),
-          ctx.tickets, dptr<float>(o.mean), dptr<float>(o.rstd));
-      KERNEL_CHECK();
+      stats<T, V>(ctx, d, x, o.mean, o.rstd);
       apply<T, V>(ctx, d, x, dptr<T>(o.y), GroupNormApply{o.x, o.gamma, o.beta, o.ss, o.mean, o.rstd, o.y, o.silu});
     });
   });
@@ -822,6 +820,17 @@ bool smem_bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
 }
 
 }  // namespace
+
+bool groupnorm_stats_fit(const Tensor& x, const Tensor& mean) { return fits(dims(x, mean)); }
+void groupnorm_stats(CudaCtx& ctx, const Tensor& x, const Tensor& mean, const Tensor& rstd) {
+  const Dims d = dims(x, mean);
+  with_act(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    with_width<T>(wide_ok<T>(d.C, {x.data}), [&](auto vtag) {
+      stats<T, decltype(vtag)::value>(ctx, d, dptr<T>(x), mean, rstd);
+    });
+  });
+}
 
 // "smem" first (the small maps it fits), then "fused" (any size); GroupNormApply is one pass either
 // way, so "smem" runs "fused"'s there (every variant name covers every op of the family).

@@ -59,10 +59,16 @@ void ConvFwd::check() const {
   req(*this, !emb.defined() || (emb.rank == 2 && emb.dim[0] == y.dim[0] && emb.dim[1] == y.dim[3]),
       "emb must be [B,Co]");
   req(*this, !res.defined() || (same_shape(res, y) && res.dtype == y.dtype), "res must match y");
+  req(*this, mean.defined() == rstd.defined(), "mean and rstd come together");
+  if (mean.defined())
+    req(*this,
+        mean.dtype == DType::F32 && rstd.dtype == DType::F32 && mean.rank == 2 && mean.dim[0] == y.dim[0] &&
+            mean.dim[1] >= 1 && y.dim[3] % mean.dim[1] == 0 && same_shape(mean, rstd),
+        "mean and rstd must be f32 [B,G], G dividing Co");
 }
 double ConvFwd::flops() const {
   const double n = (double)y.numel();
-  return 2.0 * conv_macs(x, w, y) + n * (bias.defined() + emb.defined() + res.defined());
+  return 2.0 * conv_macs(x, w, y) + n * (bias.defined() + emb.defined() + res.defined() + 3 * mean.defined());
 }
 void ConvBwdData::check() const {
   check_conv(*this, dx, w, dy, stride);

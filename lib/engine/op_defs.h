@@ -40,10 +40,14 @@ struct ConvFwd {
   UNET_OP("conv_fwd", "conv")
   Tensor x, w, bias, emb, res, y;
   int stride = 1;
+  // Optional f32 [B, G]: the GroupNorm statistics of y as stored (G groups of its channels; what
+  // GroupNormFwd would write), so that the norm which follows runs as GroupNormApply and does
+  // not read y once more for them.
+  Tensor mean{}, rstd{};
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("w", s.w), v.in("bias", s.bias), v.in("emb", s.emb), v.in("res", s.res);
-    v.out("y", s.y), v.param("stride", s.stride);
+    v.out("y", s.y), v.param("stride", s.stride), v.out("mean", s.mean), v.out("rstd", s.rstd);
   }
 };
 // dx = conv_transpose(dy, w).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "env_vars.h"
 #include "planner.h"
 #include "rng.h"
 #include "util.h"
@@ -21,7 +22,14 @@ size_t Blocks::L::lowest_param() const {
 
 Blocks::Blocks(Engine& e, const ModelConfig& c, const ParamTable& t, const Tensor& params,
                const Tensor& shadow, const Tensor& grads)
-    : eng(e), cfg(c), table(t), A(e.act_dtype()), params_(params), shadow_(shadow), grads_(grads) {}
+    : eng(e),
+      cfg(c),
+      table(t),
+      A(e.act_dtype()),
+      conv_stats(env_conv_stats()),
+      params_(params),
+      shadow_(shadow),
+      grads_(grads) {}
 
 Blocks::L Blocks::make(const Layer& l) {
   L s;
@@ -162,6 +170,13 @@ void Blocks::declare_layer(Planner& pl, L& s, int Bp, Mode mode, bool with_dx) {
   }
 }
 
+void Blocks::chain_stats(L& from, L& to) const {
+  // every kind ends with a ConvFwd writing `out`; ResBlocks and attention start with a norm of `in`
+  if (!conv_stats || (to.l.kind != Layer::Res && to.l.kind != Layer::Attn)) return;
+  from.out_mean = to.mean1, from.out_rstd = to.rstd1;
+  to.stats_in = true;
+}
+
 // ---------------- forward ----------------
 void Blocks::refresh_shadow() {
   if (A == DType::F32) return;
@@ -240,7 +255,7 @@ void Blocks::resample_bwd(int updown, const Tensor& dy, const Tensor& dx) {
 // the forward's statistics are reused.
 Tensor Blocks::res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute) {
   const Layer& l = s.l;
-  if (recompute)
+  if (recompute || s.stats_in)
     run(GroupNormApply{
         at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, at(s.mean1), at(s.rstd1), at(n1), true});
   else
@@ -250,11 +265,12 @@ Tensor Blocks::res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool r
   resample(l.updown, at(n1), at(n1r));
   return at(n1r);
 }
-// SiLU(GN2(h1) [* (1 + scale) + shift]) with dropout: conv2's input, in n2.
-void Blocks::res_conv2_input(L& s, const Tensor& n2, bool recompute) {
+// SiLU(GN2(h1) [* (1 + scale) + shift]) with dropout: conv2's input, in n2. have_stats: mean2 and
+// rstd2 are written already (backward's recompute, or conv1 gave them).
+void Blocks::res_conv2_input(L& s, const Tensor& n2, bool have_stats) {
   const Layer& l = s.l;
   const Tensor ss = cfg.use_scale_shift_norm ? at(s.e) : Tensor{};
-  if (recompute)
+  if (have_stats)
     run(GroupNormApply{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(s.mean2), at(s.rstd2), at(n2),
                        true});
   else
@@ -280,7 +296,9 @@ void Blocks::res_fwd(L& s) {
       resample(l.updown, at(s.in), at(s.xu));
       xs = at(s.xu);
     }
-    run(ConvFwd{c1in, Wc(s.w0, co, 3, ci), vec(s.b0, co), ss ? Tensor{} : at(s.e), {}, at(s.h1), 1});
+    ConvFwd c1{c1in, Wc(s.w0, co, 3, ci), vec(s.b0, co), ss ? Tensor{} : at(s.e), {}, at(s.h1), 1};
+    if (conv_stats) c1.mean = at(s.mean2), c1.rstd = at(s.rstd2);
+    run(c1);
   }
   Tensor res = xs;
   if (s.sw != SIZE_MAX) {
@@ -289,8 +307,13 @@ void Blocks::res_fwd(L& s) {
     res = at(s.f_sk);
   }
   ScopedRange r(d, "out_layers");
-  res_conv2_input(s, s.f_n2);
-  run(ConvFwd{at(s.f_n2), Wc(s.w2, co, 3, co), vec(s.b2, co), {}, res, at(s.out), 1});
+  res_conv2_input(s, s.f_n2, conv_stats);
+  run(with_out_stats(s, ConvFwd{at(s.f_n2), Wc(s.w2, co, 3, co), vec(s.b2, co), {}, res, at(s.out), 1}));
+}
+
+ConvFwd Blocks::with_out_stats(const L& s, ConvFwd c) const {
+  if (s.out_mean.defined()) c.mean = at(s.out_mean), c.rstd = at(s.out_rstd);
+  return c;
 }
 
 void Blocks::attn_fwd(L& s) {
@@ -298,8 +321,11 @@ void Blocks::attn_fwd(L& s) {
   Device& d = eng.device();
   {
     ScopedRange r(d, "norm");
-    run(GroupNormFwd{
-        at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.f_n1), at(s.mean1), at(s.rstd1), false});
+    if (s.stats_in)
+      run(GroupNormApply{at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.mean1), at(s.rstd1), at(s.f_n1), false});
+    else
+      run(GroupNormFwd{
+          at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.f_n1), at(s.mean1), at(s.rstd1), false});
   }
   {
     ScopedRange r(d, "qkv");
@@ -310,7 +336,7 @@ void Blocks::attn_fwd(L& s) {
     run(AttentionFwd{at(s.qkv), at(s.att), at(s.lse), !cfg.use_new_attention_order});
   }
   ScopedRange r(d, "proj_out");
-  run(ConvFwd{at(s.att), Wc(s.w2, C, 1, C), vec(s.b2, C), {}, at(s.in), at(s.out), 1});
+  run(with_out_stats(s, ConvFwd{at(s.att), Wc(s.w2, C, 1, C), vec(s.b2, C), {}, at(s.in), at(s.out), 1}));
 }
 
 void Blocks::layer_fwd(L& s, const Tensor& in) {
@@ -319,14 +345,15 @@ void Blocks::layer_fwd(L& s, const Tensor& in) {
   const Layer& l = s.l;
   switch (l.kind) {
     case Layer::Conv:
-      run(ConvFwd{in, Wc(s.w0, l.cout, 3, l.cin), vec(s.b0, l.cout), {}, {}, at(s.out), 1});
+      run(with_out_stats(s, ConvFwd{in, Wc(s.w0, l.cout, 3, l.cin), vec(s.b0, l.cout), {}, {}, at(s.out), 1}));
       break;
     case Layer::Down:
-      run(ConvFwd{in, Wc(s.w0, l.cout, 3, l.cin), vec(s.b0, l.cout), {}, {}, at(s.out), 2});
+      run(with_out_stats(s, ConvFwd{in, Wc(s.w0, l.cout, 3, l.cin), vec(s.b0, l.cout), {}, {}, at(s.out), 2}));
       break;
     case Layer::Up:
       run(UpsampleFwd{in, at(s.f_up)});
-      run(ConvFwd{at(s.f_up), Wc(s.w0, l.cout, 3, l.cin), vec(s.b0, l.cout), {}, {}, at(s.out), 1});
+      run(with_out_stats(s,
+                         ConvFwd{at(s.f_up), Wc(s.w0, l.cout, 3, l.cin), vec(s.b0, l.cout), {}, {}, at(s.out), 1}));
       break;
     case Layer::Res:
       res_fwd(s);

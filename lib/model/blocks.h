@@ -58,6 +58,11 @@ struct Blocks {
     Tensor b_n1, b_n1r, b_n2, b_dn2, b_dh1, b_de, b_dpart, b_dn1r, b_dn1, b_dxs, b_dxs2, b_up, b_dup, b_datt,
         b_dqkv, b_n, b_dn;
     Tensor dx;                    // gradient of the input (absent for a first conv that needs none)
+    // UNET_CONV_STATS: the GroupNorm statistics of `out` that the layer's last conv also writes (the
+    // next layer's mean1/rstd1, or the UNet's out norm's), and whether this layer's first norm finds
+    // its own written so (chain_stats).
+    Tensor out_mean, out_rstd;
+    bool stats_in = false;
     // the lowest arena offset of the layer's parameters whose gradients its backward computes
     // (emb_layers' come from the group at the end: embedding_bwd)
     size_t lowest_param() const;
@@ -84,6 +89,10 @@ struct Blocks {
   // buffers do not fit; UNET_RECOMPUTE=1 forces it.
   bool keep = true;
   uint64_t seed = 0;       // dropout
+  // The convolution in front of a GroupNorm also gives the norm's statistics (ConvFwd's mean,
+  // rstd; computed in its epilogue's pass on the GPU), and the norm runs as GroupNormApply:
+  // UNET_CONV_STATS=1 (opt-in until measured).
+  bool conv_stats = false;
   Ops* tracing = nullptr;  // the planner's tracer while planning
 
   // The timestep embedding (f32): temb = sinusoids of t, emb = MLP(temb) (+ label_emb), and the
@@ -95,6 +104,10 @@ struct Blocks {
   void declare_embedding(Planner& pl, int Bp, Mode mode, bool mlp);
   // A layer's buffers; with_dx: backward writes the gradient of the layer's input.
   void declare_layer(Planner& pl, L& s, int Bp, Mode mode, bool with_dx);
+
+  // With conv_stats, where `to` normalizes `from`'s output first (a ResBlock's or attention's
+  // norm), from's last conv writes to's statistics. Called after the buffers are declared.
+  void chain_stats(L& from, L& to) const;
 
   // ---- forward ----
   void refresh_shadow();  // the bf16 weights the GEMMs read, from the f32 masters
@@ -142,9 +155,10 @@ struct Blocks {
   void resample(int updown, const Tensor& x, const Tensor& y);
   void resample_bwd(int updown, const Tensor& dy, const Tensor& dx);
   Tensor res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute = false);
-  void res_conv2_input(L& s, const Tensor& n2, bool recompute = false);
+  void res_conv2_input(L& s, const Tensor& n2, bool have_stats = false);
   void emb_layers_fwd();
   void emb_layers_bwd();
+  ConvFwd with_out_stats(const L& s, ConvFwd c) const;  // c, writing s.out_mean/out_rstd if set
   void res_fwd(L& s);
   void attn_fwd(L& s);
   void res_bwd(L& s, const Tensor& dout);

@@ -100,7 +100,33 @@ struct Model::Impl {
         if (A != DType::F32) dout_a = act("out.dy", R, cfg.out_channels());
       }
     }
+    chain_stats();
   }
+
+  // UNET_CONV_STATS: a layer whose input is the previous layer's output (not a concatenation)
+  // gets its first norm's statistics from that layer's last conv; the out norm from the last
+  // layer's.
+  void chain_stats() {
+    each_layer([&](L& s) { s.out_mean = s.out_rstd = Tensor{}, s.stats_in = false; });
+    out_stats_in = false;
+    if (single || !bk.conv_stats) return;
+    L* prev = nullptr;
+    auto link = [&](L& s) {
+      if (prev) bk.chain_stats(*prev, s);
+      prev = &s;
+    };
+    for (auto& b : in_blocks)
+      for (auto& s : b) link(s);
+    for (auto& s : mid) link(s);
+    for (auto& b : out_blocks) {
+      prev = nullptr;  // a concatenation comes first
+      for (auto& s : b) link(s);
+    }
+    L& last = out_blocks.back().back();
+    last.out_mean = o_mean, last.out_rstd = o_rstd;
+    out_stats_in = true;
+  }
+  bool out_stats_in = false;
 
   // ---------------- forward ----------------
   void forward(const Tensor& out) {
@@ -140,7 +166,10 @@ struct Model::Impl {
     h_last = h;
     const int C = m.arch_.out_cin;
     ScopedRange r(bk.eng.device(), "out fwd");
-    run(GroupNormFwd{h, bk.vec(on_w, C), bk.vec(on_b, C), {}, at(n_out), at(o_mean), at(o_rstd), true});
+    if (out_stats_in)
+      run(GroupNormApply{h, bk.vec(on_w, C), bk.vec(on_b, C), {}, at(o_mean), at(o_rstd), at(n_out), true});
+    else
+      run(GroupNormFwd{h, bk.vec(on_w, C), bk.vec(on_b, C), {}, at(n_out), at(o_mean), at(o_rstd), true});
     run(ConvFwd{
         at(n_out), bk.Wc(oc_w, cfg.out_channels(), 3, C), bk.vec(oc_b, cfg.out_channels()), {}, {}, out, 1});
   }

@@ -40,7 +40,13 @@ void conv_bwd_filter(const ConvBwdFilter& o) {
 }  // namespace
 
 void register_conv_cpu(CpuOps& ops) {
-  ops.variants<ConvFwd>().push_back(cpu_ref<ConvFwd, conv_fwd>());
+  // The statistics after the emulation has rounded y as stored (bf16: what the GPU's are of).
+  ops.variants<ConvFwd>().push_back({"ref", nullptr,
+                                     [](const ConvFwd& o, CpuCtx&) {
+                                       cpu_run_emulated(o, conv_fwd);
+                                       conv_gn_stats(o);
+                                     },
+                                     nullptr});
   ops.variants<ConvBwdData>().push_back(cpu_ref<ConvBwdData, conv_bwd_data>());
   ops.variants<ConvBwdFilter>().push_back(cpu_ref<ConvBwdFilter, conv_bwd_filter>());
   register_conv_fast_cpu(ops);  // avx512, avx2 ahead of ref: the default where they run

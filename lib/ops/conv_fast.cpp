@@ -404,12 +404,13 @@ void bwd_filter_run(const ConvBwdFilter& o) {
 }  // namespace
 
 void register_conv_fast_cpu(CpuOps& ops) {
-  cpufast::add_fast_variants<ConvFwd, fwd_ok, fwd_run<0>, fwd_run<1>>(ops);
+  // ConvFwd's statistics (of y as stored) after each
+  cpufast::add_fast_variants<ConvFwd, fwd_ok, fwd_run<0>, fwd_run<1>, conv_gn_stats>(ops);
   cpufast::add_fast_variants<ConvBwdData, bwd_data_ok, bwd_data_run<0>, bwd_data_run<1>>(ops);
   cpufast::add_fast_variants<ConvBwdFilter, bwd_filter_ok, bwd_filter_run<0>, bwd_filter_run<1>>(ops);
   // ahead of those where they apply
-  cpufast::add_fast_variants<ConvFwd, wino_fwd_ok, wino_fwd_run<0>, wino_fwd_run<1>>(ops, "avx512_wino",
-                                                                                     "avx2_wino");
+  cpufast::add_fast_variants<ConvFwd, wino_fwd_ok, wino_fwd_run<0>, wino_fwd_run<1>, conv_gn_stats>(
+      ops, "avx512_wino", "avx2_wino");
   cpufast::add_fast_variants<ConvBwdData, wino_bwd_data_ok, wino_bwd_data_run<0>, wino_bwd_data_run<1>>(
       ops, "avx512_wino", "avx2_wino");
 }

@@ -33,16 +33,26 @@ float* thread_buffer(int slot, size_t n);
 // the op, bf16 tensors widened to float and the outputs rounded back (cpu_run_emulated, the same
 // emulation "ref" runs in).
 // names: the two variants' names (string literals), "avx512" and "avx2" unless told.
-template <class Op, bool (*shape_ok)(const Op&), void (*F0)(const Op&), void (*F1)(const Op&)>
+// After: run on the op as given once the emulation has stored the outputs (what needs them as
+// stored, e.g. ConvFwd's statistics of a bf16 y).
+template <class Op, bool (*shape_ok)(const Op&), void (*F0)(const Op&), void (*F1)(const Op&),
+          void (*After)(const Op&) = nullptr>
 void add_fast_variants(CpuOps& ops, const char* name0 = "avx512", const char* name1 = "avx2") {
   using Var = Variant<Op, CpuCtx>;
   auto& l = ops.variants<Op>();
-  l.insert(
-      l.begin(),
-      {Var{name0, [](const Op& o, const CpuCtx&) { return kernels<0>() && float_tensors(o) && shape_ok(o); },
-           [](const Op& o, CpuCtx&) { cpu_run_emulated(o, F0); }, nullptr},
-       Var{name1, [](const Op& o, const CpuCtx&) { return kernels<1>() && float_tensors(o) && shape_ok(o); },
-           [](const Op& o, CpuCtx&) { cpu_run_emulated(o, F1); }, nullptr}});
+  l.insert(l.begin(),
+           {Var{name0, [](const Op& o, const CpuCtx&) { return kernels<0>() && float_tensors(o) && shape_ok(o); },
+                [](const Op& o, CpuCtx&) {
+                  cpu_run_emulated(o, F0);
+                  if constexpr (After != nullptr) After(o);
+                },
+                nullptr},
+            Var{name1, [](const Op& o, const CpuCtx&) { return kernels<1>() && float_tensors(o) && shape_ok(o); },
+                [](const Op& o, CpuCtx&) {
+                  cpu_run_emulated(o, F1);
+                  if constexpr (After != nullptr) After(o);
+                },
+                nullptr}});
 }
 
 }  // namespace unet::cpufast

@@ -1,6 +1,9 @@
 // CPU engine, groupnorm family: the reference variant (lib/ops/groupnorm.h in float).
 #include "groupnorm.h"
 
+#include <cstdint>
+#include <vector>
+
 #include "cpu_engine.h"
 
 namespace unet {
@@ -38,6 +41,23 @@ void gn_bwd_column_sums(const GroupNormBwd& o) {
   const int B = (int)o.x.dim[0], HW = (int)(o.x.dim[1] * o.x.dim[2]), C = (int)o.x.dim[3];
   if (o.dx.defined()) ref::column_sums<float>(o.dx.f32(), B, HW, C, opt(o.dx_sums), opt(o.dx_total));
   if (o.add.defined()) ref::column_sums<float>(o.add.f32(), B, HW, C, nullptr, opt(o.add_total));
+}
+
+void conv_gn_stats(const ConvFwd& o) {
+  if (!o.mean.defined()) return;
+  const Tensor& y = o.y;
+  std::vector<float> wide;  // a bf16 y (the emulation's stored values), widened
+  const float* v = nullptr;
+  if (y.dtype == DType::BF16) {
+    wide.resize(y.numel());
+    const uint16_t* b = static_cast<const uint16_t*>(y.data);
+    for (size_t i = 0; i < wide.size(); ++i) wide[i] = bf16_bits_to_float(b[i]);
+    v = wide.data();
+  } else {
+    v = y.f32();
+  }
+  ref::groupnorm_stats<float>(v, o.mean.f32(), o.rstd.f32(), (int)y.dim[0], (int)(y.dim[1] * y.dim[2]),
+                              (int)y.dim[3], (int)o.mean.dim[1]);
 }
 
 void register_groupnorm_cpu(CpuOps& ops) {

@@ -14,15 +14,15 @@ namespace unet::ref {
 
 constexpr double kGroupNormEps = 1e-5;
 
+// The statistics alone: mean and rstd [B, G] of x (two passes: the mean, then the squared
+// deviations from it).
 template <class T>
-void groupnorm_fwd(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, int B, int HW, int C,
-                   int G, bool silu_after) {
+void groupnorm_stats(const T* x, T* mean, T* rstd, int B, int HW, int C, int G) {
   const int cg = C / G;
   const double n = (double)HW * cg;
 #pragma omp parallel if ((size_t)B * HW * C > 32768)
   {
     std::vector<double> acc(C);
-    std::vector<T> mu_c(C), rs_c(C);  // the group's stored statistics, per channel
 #pragma omp for schedule(static)
     for (int b = 0; b < B; ++b) {
       const T* xb = x + (size_t)b * HW * C;
@@ -43,25 +43,22 @@ void groupnorm_fwd(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* 
         mean[b * G + g] = (T)m[g];
         rstd[b * G + g] = (T)(1.0 / std::sqrt(v[g] / n + kGroupNormEps));
       }
-      for (int c = 0; c < C; ++c) {
-        mu_c[c] = mean[b * G + c / cg];
-        rs_c[c] = rstd[b * G + c / cg];
-      }
-      T* yb = y + (size_t)b * HW * C;
-      for (int hw = 0; hw < HW; ++hw) {
-        const T* xr = xb + (size_t)hw * C;
-        T* yr = yb + (size_t)hw * C;
-        for (int c = 0; c < C; ++c) yr[c] = (xr[c] - mu_c[c]) * rs_c[c] * gamma[c] + beta[c];
-        if (silu_after)
-          for (int c = 0; c < C; ++c) yr[c] = silu(yr[c]);
-      }
     }
   }
 }
 
-// With z = xhat*gamma + beta and dz = dy (times SiLU'(z) when fused):
-// dgamma = sum dz*xhat, dbeta = sum dz,
-// dx = rstd (dz*gamma - mean_g(dz*gamma) - xhat mean_g(dz*gamma*xhat)).
+template <class T>
+void groupnorm_ss_apply(const T* x, const T* gamma, const T* beta, const T* ss, const T* mean, const T* rstd, T* y,
+                        int B, int HW, int C, int G, bool silu_after);
+
+// The statistics, then the output from them (as stored).
+template <class T>
+void groupnorm_fwd(const T* x, const T* gamma, const T* beta, T* y, T* mean, T* rstd, int B, int HW, int C,
+                   int G, bool silu_after) {
+  groupnorm_stats(x, mean, rstd, B, HW, C, G);
+  groupnorm_ss_apply<T>(x, gamma, beta, nullptr, mean, rstd, y, B, HW, C, G, silu_after);
+}
+
 template <class T>
 void groupnorm_bwd(const T* x, const T* gamma, const T* beta, const T* mean, const T* rstd, const T* dy,
                    T* dx, T* dgamma, T* dbeta, int B, int HW, int C, int G, bool silu_after) {
