@@ -9,8 +9,9 @@
 //   UNET_PDL           1 or 0 (default): programmatic dependent launch into unet's kernels in CUDA
 //                      graphs (kernels launched while their predecessor drains); opt-in until
 //                      measured on the GPU
-//   UNET_CONV_STATS    1 or 0 (default): the convolution in front of a GroupNorm also gives the
-//                      norm's statistics (on the GPU from its epilogue's pass); opt-in until measured
+//   UNET_CONV_STATS    1 or 0 (default): the convolution (or skip concatenation) in front of a
+//                      GroupNorm also gives the norm's statistics (on the GPU from its epilogue's or
+//                      copy's pass); opt-in until measured
 //   UNET_CPU_COMM      tcp or mpi (CPU ranks' gradient reduction); unset = by launcher
 //   UNET_CUDNN_CACHE   the cuDNN plan cache file (default $XDG_CACHE_HOME or ~/.cache
 //                      /unet/cudnn-plans.txt): a regular file (or none yet), never an input

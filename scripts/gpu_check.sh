@@ -14,8 +14,8 @@
 #           class dropout vs the RNG contract, bitwise resume; fp32 and tf32), and seed64 sampling
 #           with --guidance-scale at batch 64 (activations planned for 128)
 #   bench   scripts/bench.py: unet fp32/tf32 vs PyTorch eager/compile, seed64 batch 32
-#   convstats  GroupNorm statistics from the conv in front (UNET_CONV_STATS=1): test_conv's statistics
-#           tests, test_model_golden and e2e bitwise resume (bf16, graphs) with it on, and the step
+#   convstats  GroupNorm statistics from the conv (or skip concatenation) in front (UNET_CONV_STATS=1):
+#           test_conv's and test_concat's statistics tests, test_model_golden and e2e bitwise resume (bf16, graphs) with it on, and the step
 #           with it off and on, with and without UNET_PDL (same run)
 #   profile unet profile tables, CSV/JSON and a trace
 #   pdl     programmatic dependent launch (UNET_PDL=1): the sampler's graph-vs-eager test, e2e bitwise
@@ -123,6 +123,7 @@ PY
       done; done; done ;;
     convstats)
       (cd "$BUILD" && ./bin/test_conv --gtest_filter='*Statistics*' 2>&1 | tail -n 3)
+      (cd "$BUILD" && ./bin/test_concat --gtest_filter='*Statistics*' 2>&1 | tail -n 3)
       (cd "$BUILD" && UNET_CONV_STATS=1 ./bin/test_model_golden 2>&1 | tail -n 3)
       UNET_CONV_STATS=1 UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 UNET_TEST_PRECISION=bf16 timeout 300 \
         python3 tests/test_train_e2e.py > "$OUT/e2e_convstats.txt" 2>&1

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda_engine.cuh"
+#include "rowblock.cuh"
 
 namespace unet {
 
@@ -127,7 +128,44 @@ void move_rows(CudaCtx& ctx, size_t es, const void* a, const void* b, const void
     go(uint32_t{}, Ca, Cb);
 }
 
+// The concatenation's values for rowblock::stats_rows: channel vector j from a or b (V dividing
+// both channel counts, so no vector straddles them).
+template <class T, int V>
+struct ConcatSrc {
+  const T* a;
+  const T* b;
+  int Ca, Cb;
+  struct Chan {
+    const T* p;
+    int ld, k;
+  };
+  __device__ Chan chan(int, int j) const {
+    const int c = j * V;
+    return c < Ca ? Chan{a, Ca, c} : Chan{b, Cb, c - Ca};
+  }
+  __device__ void load(const Chan& ch, size_t row, int, float* v) const {
+    rowblock::Vec<T, V>::load(ch.p + row * ch.ld + ch.k, v);
+  }
+};
+
+// With statistics: one pass that copies and sums (ConcatFwd's mean/rstd; the skip concatenations
+// of the UNet's decoder feed a GroupNorm).
+void concat_fwd_stats(const ConcatFwd& o, CudaCtx& ctx) {
+  const int Ca = (int)o.a.last(), Cb = (int)o.b.last();
+  with_act(o.y.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int W = rowblock::kWide<T>;
+    const bool wide =
+        Ca % W == 0 && Cb % W == 0 && rowblock::wide_ok<T>(Ca + Cb, {o.a.data, o.b.data, o.y.data});
+    rowblock::with_width<T>(wide, [&](auto vtag) {
+      constexpr int V = decltype(vtag)::value;
+      rowblock::stats_rows<T, V>(ctx, ConcatSrc<T, V>{dptr<T>(o.a), dptr<T>(o.b), Ca, Cb}, o.y, o.mean, o.rstd);
+    });
+  });
+}
+
 void concat_fwd_rows(const ConcatFwd& o, CudaCtx& ctx) {
+  if (o.mean.defined()) return concat_fwd_stats(o, ctx);
   const int Ca = (int)o.a.last(), Cb = (int)o.b.last();
   move_rows(ctx, o.y.dtype == DType::BF16 ? 2 : 4, o.a.data, o.b.data, nullptr, nullptr, nullptr, o.y.data,
             (long long)(o.y.numel() / (size_t)(Ca + Cb)), Ca, Cb);
@@ -138,7 +176,17 @@ void concat_bwd_rows(const ConcatBwd& o, CudaCtx& ctx) {
   move_rows(ctx, o.dy.dtype == DType::BF16 ? 2 : 4, nullptr, nullptr, o.dy.data, o.da.data, o.db.data, nullptr,
             (long long)(o.dy.numel() / (size_t)C), Ca, Cb);
 }
-bool fwd_rows_ok(const ConcatFwd& o, const CudaCtx&) { return o.a.dtype == o.y.dtype && o.b.dtype == o.y.dtype; }
+bool fwd_rows_ok(const ConcatFwd& o, const CudaCtx&) {
+  return o.a.dtype == o.y.dtype && o.b.dtype == o.y.dtype &&
+         (!o.mean.defined() || rowblock::stats_rows_fit(o.y, o.mean));
+}
+void concat_fwd_then_stats(const ConcatFwd& o, CudaCtx& ctx) {
+  concat_fwd(o, ctx);
+  if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
+}
+bool fwd_cuda_ok(const ConcatFwd& o, const CudaCtx&) {
+  return !o.mean.defined() || groupnorm_stats_fit(o.y, o.mean);
+}
 bool bwd_rows_ok(const ConcatBwd& o, const CudaCtx&) {
   return (!o.da.defined() || o.da.dtype == o.dy.dtype) && (!o.db.defined() || o.db.dtype == o.dy.dtype);
 }
@@ -148,7 +196,7 @@ bool bwd_rows_ok(const ConcatBwd& o, const CudaCtx&) {
 void register_concat_cuda(CudaOps& ops) {
   ops.variants<ConcatFwd>().push_back({"rows", fwd_rows_ok, concat_fwd_rows, nullptr});
   ops.variants<ConcatBwd>().push_back({"rows", bwd_rows_ok, concat_bwd_rows, nullptr});
-  ops.variants<ConcatFwd>().push_back({"cuda", nullptr, concat_fwd, nullptr});
+  ops.variants<ConcatFwd>().push_back({"cuda", fwd_cuda_ok, concat_fwd_then_stats, nullptr});
   ops.variants<ConcatBwd>().push_back({"cuda", nullptr, concat_bwd, nullptr});
 }
 

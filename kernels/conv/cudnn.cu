@@ -702,138 +702,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The epilogue, and the GroupNorm statistics of y as stored (ConvFwd's mean, rstd; G groups) from
-// the same pass, for the norm that follows. Block (s, b) sums d = y - K and d^2 per channel in f32,
-// K the channel's value at the split's first row (read by every thread before any is written,
-// so all of the block's sums share it); partials (s1, s2, K) per (b, split, c). The last block of
-// sample b merges them in double: per channel the sum n K + s1 and the squared deviations about
-// the split's mean s2 - s1^2 / n, per group the mean, then the splits' spread about it
-// n (mean_split - mean)^2 (exact, every term non-negative). Fixed slots and orders: deterministic.
+// y's epilogue terms, for rowblock::stats_rows: y (in place) + bias + emb + res, added in
+// epilogue_kernel's order (so y is bitwise the same).
 template <class T, int V>
-__global__ void __launch_bounds__(kThreads)
-    epilogue_stats_kernel(T* __restrict__ y, const float* __restrict__ bias, const float* __restrict__ emb,
-                          const T* __restrict__ res, int R, int C, int G, int Cl, int L, int rps, float4* partial,
-                          double2* sums, unsigned* tickets, float* __restrict__ mean, float* __restrict__ rstd) {
-  pdl_entry();
-  using rowblock::Vec;
-  __shared__ float2 red[kThreads * V];
-  __shared__ float ks[kThreads * V];
-  __shared__ double2 tmp[kThreads];
-  const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
-  const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x, Cv = C / V, w = Cl * V, Cg = C / G;
-  const int r0 = s * rps, r1 = min(R, r0 + rps);
-  const size_t base = (size_t)b * R * C;
-  constexpr int U = 2;  // two inputs per row (y and res)
-  for (int j0 = 0; j0 < Cv; j0 += Cl) {  // trip count uniform over the block (it syncs inside)
-    const int j = j0 + cl;
-    float bv[V], ev[V], K[V], s1[V], s2[V];
+struct EpilogueSrc {
+  const T* y;
+  const float* bias;
+  const float* emb;
+  const T* res;
+  int C;
+  struct Chan {
+    float bv[V], ev[V];
+  };
+  __device__ Chan chan(int b, int j) const {
+    Chan ch;
 #pragma unroll
-    for (int k = 0; k < V; ++k) bv[k] = 0.f, ev[k] = 0.f, s1[k] = 0.f, s2[k] = 0.f, K[k] = 0.f;
-    if (j < Cv) {
-      float v[V], q[V];
-      const size_t o = base + (size_t)r0 * C + j * V;
-      Vec<T, V>::load(y + o, v);
-      if (res) Vec<T, V>::load(res + o, q);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        bv[k] = bias ? bias[j * V + k] : 0.f;
-        ev[k] = emb ? emb[(size_t)b * C + j * V + k] : 0.f;
-        float u = v[k];  // the additions of the loop below, in its order
-        if (bias) u += bv[k];
-        if (emb) u += ev[k];
-        if (res) u += q[k];
-        K[k] = rowblock::as_stored<T>(u);
-        if (rl == 0) ks[cl * V + k] = K[k];
-      }
+    for (int k = 0; k < V; ++k) {
+      ch.bv[k] = bias ? bias[j * V + k] : 0.f;
+      ch.ev[k] = emb ? emb[(size_t)b * C + j * V + k] : 0.f;
     }
-    __syncthreads();  // row r0 is read by all before it is written
-    if (j < Cv)
-      for (int r = r0 + rl; r < r1; r += U * L) {
-        float v[U][V], q[U][V];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (r + u * L < r1) {
-            const size_t o = base + (size_t)(r + u * L) * C + j * V;
-            Vec<T, V>::load(y + o, v[u]);
-            if (res) Vec<T, V>::load(res + o, q[u]);
-          }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (r + u * L < r1) {
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-              if (bias) v[u][k] += bv[k];
-              if (emb) v[u][k] += ev[k];
-              if (res) v[u][k] += q[u][k];
-              const float d = rowblock::as_stored<T>(v[u][k]) - K[k];
-              s1[k] += d;
-              s2[k] = fmaf(d, d, s2[k]);
-            }
-            Vec<T, V>::store(y + base + (size_t)(r + u * L) * C + j * V, v[u]);
-          }
-      }
-#pragma unroll
-    for (int k = 0; k < V; ++k) red[rl * w + cl * V + k] = make_float2(s1[k], s2[k]);
-    __syncthreads();
-    rowblock::fold_rows(red, L, w);
-    for (int e = t; e < w && j0 * V + e < C; e += nt)
-      partial[((size_t)b * S + s) * C + j0 * V + e] = make_float4(red[e].x, red[e].y, ks[e], 0.f);
-    __syncthreads();  // red and ks are reused
+    return ch;
   }
-  if (!rowblock::last_block(tickets + 1 + b, S)) return;
-  if (t == 0) tickets[1 + b] = 0;
-  const float4* pb = partial + (size_t)b * S * C;
-  auto rows = [&](int i) { return (double)(min(R, (i + 1) * rps) - i * rps); };
-  double2* sb = sums + (size_t)b * C;
-  // per channel: (sum of y, squared deviations within the splits)
-  rowblock::finish_columns(
-      S, C, tmp,
-      [&](int c, int i0, int i1) {
-        double a = 0, m2 = 0;
-        for (int i = i0; i < i1; ++i) {
-          const float4 p = __ldcg(pb + (size_t)i * C + c);
-          const double n = rows(i);
-          a += n * p.z + p.x, m2 += p.y - (double)p.x * p.x / n;
-        }
-        return make_double2(a, m2);
-      },
-      [&](int c, double2 v) { sb[c] = v; });
-  const double N = (double)R * Cg;
-  for (int g = t; g < G; g += nt) {
-    double a = 0;
-    for (int c = g * Cg; c < (g + 1) * Cg; ++c) a += sb[c].x;
-    mean[b * G + g] = (float)(a / N);
+  __device__ void load(const Chan& ch, size_t row, int j, float* v) const {
+    const size_t o = row * C + j * V;
+    float q[V];
+    rowblock::Vec<T, V>::load(y + o, v);
+    if (res) rowblock::Vec<T, V>::load(res + o, q);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      if (bias) v[k] += ch.bv[k];
+      if (emb) v[k] += ch.ev[k];
+      if (res) v[k] += q[k];
+    }
   }
-  __syncthreads();
-  // per channel: its squared deviations about the group mean = within the splits + the splits'
-  // spread about that mean (the group mean in double, recomputed: the float above is rounded)
-  rowblock::finish_columns(
-      S, C, tmp,
-      [&](int c, int i0, int i1) {
-        const int g = c / Cg;
-        double a = 0;
-        for (int k = g * Cg; k < (g + 1) * Cg; ++k) a += sb[k].x;
-        const double mg = a / N;
-        double sp = 0;
-        for (int i = i0; i < i1; ++i) {
-          const float4 p = __ldcg(pb + (size_t)i * C + c);
-          const double n = rows(i), dm = p.z + (double)p.x / n - mg;
-          sp += n * dm * dm;
-        }
-        return make_double2(sp, 0.0);
-      },
-      [&](int c, double2 v) { sb[c].y += v.x; });
-  for (int g = t; g < G; g += nt) {
-    double m2 = 0;
-    for (int c = g * Cg; c < (g + 1) * Cg; ++c) m2 += sb[c].y;
-    rstd[b * G + g] = (float)(1.0 / sqrt(fmax(m2 / N, 0.0) + 1e-5));  // GroupNorm's eps
-  }
-}
-
-// The statistics' partials: [B, splits, C] float4 in ctx.partial(); per-(b, c) double2 in aux.
-long long stats_splits(const ConvFwd& o) {
-  return (long long)(CudaCtx::kPartialFloats / 4) / ((long long)o.y.dim[0] * o.y.dim[3]);
-}
+};
 
 void conv_fwd_fused(const ConvFwd& o, CudaCtx& ctx) {
   execute(ctx, *plan_for(ctx, fwd_shape(o)), o.x.data, o.w.data, o.y.data);
@@ -847,18 +749,15 @@ void conv_fwd_fused(const ConvFwd& o, CudaCtx& ctx) {
     using T = decltype(tag);
     rowblock::with_width<T>(rowblock::wide_ok<T>(C, {o.y.data, o.res.data}), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      if (o.mean.defined()) {
-        const rowblock::Plan p = rowblock::plan(epilogue_stats_kernel<T, V>, B, R, C, V, 2, stats_splits(o));
-        epilogue_stats_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
-            dptr<T>(o.y), dptr<float>(o.bias), dptr<float>(o.emb), dptr<T>(o.res), R, C, (int)o.mean.dim[1], p.Cl,
-            p.L, p.rps, reinterpret_cast<float4*>(ctx.partial()), reinterpret_cast<double2*>(ctx.aux()),
-            ctx.tickets, dptr<float>(o.mean), dptr<float>(o.rstd));
-      } else {
-        const rowblock::Plan p = rowblock::plan(epilogue_kernel<T, V>, B, R, C, V, 2);
-        epilogue_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(dptr<T>(o.y), dptr<float>(o.bias),
-                                                                 dptr<float>(o.emb), dptr<T>(o.res), R, C, p.Cl,
-                                                                 p.L, p.rps);
+      if (o.mean.defined()) {  // the epilogue and the statistics of its result in one pass
+        rowblock::stats_rows<T, V>(ctx, EpilogueSrc<T, V>{dptr<T>(o.y), dptr<float>(o.bias), dptr<float>(o.emb),
+                                                          dptr<T>(o.res), C},
+                                   o.y, o.mean, o.rstd);
+        return;
       }
+      const rowblock::Plan p = rowblock::plan(epilogue_kernel<T, V>, B, R, C, V, 2);
+      epilogue_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(dptr<T>(o.y), dptr<float>(o.bias), dptr<float>(o.emb),
+                                                               dptr<T>(o.res), R, C, p.Cl, p.L, p.rps);
       KERNEL_CHECK();
     });
   });
@@ -869,12 +768,9 @@ void conv_filter_fused(const ConvBwdFilter& o, CudaCtx& ctx) {
   filter_grad(o, ctx);
 }
 
-bool stats_fit(const ConvFwd& o) {
-  const size_t B = (size_t)o.y.dim[0], C = (size_t)o.y.dim[3];
-  return !o.mean.defined() || (B + 1 <= CudaCtx::kTickets && stats_splits(o) >= 1 &&
-                               B * C * 16 <= CudaCtx::kAuxFloats * 4 && groupnorm_stats_fit(o.y, o.mean));
+bool fwd_fused_ok(const ConvFwd& o, const CudaCtx& c) {
+  return o.y.dim[0] < 65536 && (!o.mean.defined() || rowblock::stats_rows_fit(o.y, o.mean)) && fwd_ok(o, c);
 }
-bool fwd_fused_ok(const ConvFwd& o, const CudaCtx& c) { return o.y.dim[0] < 65536 && stats_fit(o) && fwd_ok(o, c); }
 bool filter_fused_ok(const ConvBwdFilter& o, const CudaCtx& c) {
   return (!(o.db.defined() || o.demb.defined()) || rowblock::column_sums_fit(o.dy)) && filter_ok(o, c);
 }

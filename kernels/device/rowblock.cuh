@@ -307,5 +307,142 @@ inline bool gn_bwd_column_sums_fit(const GroupNormBwd& o) {
   return (!o.dx_sums.defined() && !o.dx_total.defined() && !o.add_total.defined()) || column_sums_fit(o.x);
 }
 
+// ---- a row pass that also gives GroupNorm statistics ----
+// Writes y [B, R, C] from a source (src.load(ch, b R + r, j, v): the V values of channel vector j
+// of row r, ch = src.chan(b, j) its per-thread constants; e.g. a conv's epilogue, in place, or a
+// concatenation) and the GroupNorm statistics of y as stored (mean, rstd [B, G]), for the norm
+// that follows, without a pass of its own over y. Block (s, b) sums d = y - K and d^2 per channel
+// in f32, K the channel's value at the split's first row (computed by every thread before any row
+// is written, so the block's sums share it); partials (s1, s2, K) per (b, split, c). The last
+// block of sample b merges them in double: per channel the sum n K + s1 and the squared
+// deviations about the split's mean s2 - s1^2 / n, per group the mean, then the splits' spread
+// about it n (mean_split - mean)^2 (exact, every term non-negative). Fixed slots and orders:
+// deterministic. partial: [B, S, C] float4; sums: [B, C] double2.
+template <class T, int V, class Src>
+__global__ void __launch_bounds__(kThreads)
+    stats_rows_kernel(Src src, T* __restrict__ y, int R, int C, int G, int Cl, int L, int rps, float4* partial,
+                      double2* sums, unsigned* tickets, float* __restrict__ mean, float* __restrict__ rstd) {
+  pdl_entry();
+  __shared__ float2 red[kThreads * V];
+  __shared__ float ks[kThreads * V];
+  __shared__ double2 tmp[kThreads];
+  const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
+  const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x, Cv = C / V, w = Cl * V, Cg = C / G;
+  const int r0 = s * rps, r1 = min(R, r0 + rps);
+  const size_t row0 = (size_t)b * R;
+  constexpr int U = 2;
+  for (int j0 = 0; j0 < Cv; j0 += Cl) {  // trip count uniform over the block (it syncs inside)
+    const int j = j0 + cl;
+    typename Src::Chan ch{};
+    float K[V], s1[V], s2[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) s1[k] = 0.f, s2[k] = 0.f, K[k] = 0.f;
+    if (j < Cv) {
+      ch = src.chan(b, j);
+      float v[V];
+      src.load(ch, row0 + r0, j, v);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        K[k] = as_stored<T>(v[k]);
+        if (rl == 0) ks[cl * V + k] = K[k];
+      }
+    }
+    __syncthreads();  // row r0 is read by all before it is written (the source may be y)
+    if (j < Cv)
+      for (int r = r0 + rl; r < r1; r += U * L) {
+        float v[U][V];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (r + u * L < r1) src.load(ch, row0 + r + u * L, j, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (r + u * L < r1) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+              const float d = as_stored<T>(v[u][k]) - K[k];
+              s1[k] += d;
+              s2[k] = fmaf(d, d, s2[k]);
+            }
+            Vec<T, V>::store(y + (row0 + r + u * L) * C + j * V, v[u]);
+          }
+      }
+#pragma unroll
+    for (int k = 0; k < V; ++k) red[rl * w + cl * V + k] = make_float2(s1[k], s2[k]);
+    __syncthreads();
+    fold_rows(red, L, w);
+    for (int e = t; e < w && j0 * V + e < C; e += nt)
+      partial[((size_t)b * S + s) * C + j0 * V + e] = make_float4(red[e].x, red[e].y, ks[e], 0.f);
+    __syncthreads();  // red and ks are reused
+  }
+  if (!last_block(tickets + 1 + b, S)) return;
+  if (t == 0) tickets[1 + b] = 0;
+  const float4* pb = partial + (size_t)b * S * C;
+  auto rows = [&](int i) { return (double)(min(R, (i + 1) * rps) - i * rps); };
+  double2* sb = sums + (size_t)b * C;
+  // per channel: (sum of y, squared deviations within the splits)
+  finish_columns(
+      S, C, tmp,
+      [&](int c, int i0, int i1) {
+        double a = 0, m2 = 0;
+        for (int i = i0; i < i1; ++i) {
+          const float4 p = __ldcg(pb + (size_t)i * C + c);
+          const double n = rows(i);
+          a += n * p.z + p.x, m2 += p.y - (double)p.x * p.x / n;
+        }
+        return make_double2(a, m2);
+      },
+      [&](int c, double2 v) { sb[c] = v; });
+  const double N = (double)R * Cg;
+  for (int g = t; g < G; g += nt) {
+    double a = 0;
+    for (int c = g * Cg; c < (g + 1) * Cg; ++c) a += sb[c].x;
+    mean[b * G + g] = (float)(a / N);
+  }
+  __syncthreads();
+  // per channel: its squared deviations about the group mean = within the splits + the splits'
+  // spread about that mean (the group mean in double, recomputed: the float above is rounded)
+  finish_columns(
+      S, C, tmp,
+      [&](int c, int i0, int i1) {
+        const int g = c / Cg;
+        double a = 0;
+        for (int k = g * Cg; k < (g + 1) * Cg; ++k) a += sb[k].x;
+        const double mg = a / N;
+        double sp = 0;
+        for (int i = i0; i < i1; ++i) {
+          const float4 p = __ldcg(pb + (size_t)i * C + c);
+          const double n = rows(i), dm = p.z + (double)p.x / n - mg;
+          sp += n * dm * dm;
+        }
+        return make_double2(sp, 0.0);
+      },
+      [&](int c, double2 v) { sb[c].y += v.x; });
+  for (int g = t; g < G; g += nt) {
+    double m2 = 0;
+    for (int c = g * Cg; c < (g + 1) * Cg; ++c) m2 += sb[c].y;
+    rstd[b * G + g] = (float)(1.0 / sqrt(fmax(m2 / N, 0.0) + 1e-5));  // GroupNorm's eps
+  }
+}
+
+// Host side: one launch of stats_rows_kernel for y [B, H, W, C] with mean, rstd [B, G].
+// stats_rows_fit: whether the shape fits ctx's scratch (tickets, partials, sums).
+inline long long stats_rows_splits(const Tensor& y) {
+  return (long long)(CudaCtx::kPartialFloats / 4) / ((long long)y.dim[0] * y.dim[3]);
+}
+inline bool stats_rows_fit(const Tensor& y, const Tensor& mean) {
+  const long long B = y.dim[0], C = y.dim[3], G = mean.dim[1];
+  return B >= 1 && B < 65536 && G >= 1 && C % G == 0 && (size_t)B + 1 <= CudaCtx::kTickets &&
+         stats_rows_splits(y) >= 1 && (size_t)(B * C * 16) <= CudaCtx::kAuxFloats * 4;
+}
+template <class T, int V, class Src>
+void stats_rows(CudaCtx& ctx, const Src& src, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const int B = (int)y.dim[0], R = (int)(y.dim[1] * y.dim[2]), C = (int)y.dim[3];
+  const Plan p = plan(stats_rows_kernel<T, V, Src>, B, R, C, V, 2, stats_rows_splits(y));
+  stats_rows_kernel<T, V, Src><<<p.grid(), p.nt, 0, ctx.stream>>>(
+      src, dptr<T>(y), R, C, (int)mean.dim[1], p.Cl, p.L, p.rps, reinterpret_cast<float4*>(ctx.partial()),
+      reinterpret_cast<double2*>(ctx.aux()), ctx.tickets, dptr<float>(mean), dptr<float>(rstd));
+  KERNEL_CHECK();
+}
+
 }  // namespace rowblock
 }  // namespace unet

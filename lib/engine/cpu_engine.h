@@ -81,5 +81,7 @@ void gn_bwd_column_sums(const GroupNormBwd& o);
 // variant calls it after y is complete, outside the bf16 emulation (the reference's statistics,
 // as GroupNormFwd's reference computes them).
 void conv_gn_stats(const ConvFwd& o);
+// The same for any NHWC y (f32 or bf16) into mean, rstd [B, G] (nothing when mean is undefined).
+void gn_stats_of(const Tensor& y, const Tensor& mean, const Tensor& rstd);
 
 }  // namespace unet

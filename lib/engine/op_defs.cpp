@@ -43,6 +43,17 @@ void check_conv(const Op& op, const Tensor& x, const Tensor& w, const Tensor& y,
       y.dim[1] == conv_out(x.dim[1], w.dim[1], stride) && y.dim[2] == conv_out(x.dim[2], w.dim[1], stride),
       "output size does not match the convolution");
 }
+// Optional GroupNorm statistics of an op's NHWC output y: mean and rstd f32 [B, G], G dividing C.
+template <class Op>
+void check_stats(const Op& op, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  req(op, mean.defined() == rstd.defined(), "mean and rstd come together");
+  if (!mean.defined()) return;
+  req(op, nhwc(y), "statistics need a 4-D NHWC y");
+  req(op,
+      mean.dtype == DType::F32 && rstd.dtype == DType::F32 && mean.rank == 2 && mean.dim[0] == y.dim[0] &&
+          mean.dim[1] >= 1 && y.dim[3] % mean.dim[1] == 0 && same_shape(mean, rstd),
+      "mean and rstd must be f32 [B,G], G dividing y's channels");
+}
 double conv_macs(const Tensor& x, const Tensor& w, const Tensor& y) {
   (void)x;
   return (double)y.numel() * (double)(w.dim[1] * w.dim[2] * w.dim[3]);
@@ -59,12 +70,7 @@ void ConvFwd::check() const {
   req(*this, !emb.defined() || (emb.rank == 2 && emb.dim[0] == y.dim[0] && emb.dim[1] == y.dim[3]),
       "emb must be [B,Co]");
   req(*this, !res.defined() || (same_shape(res, y) && res.dtype == y.dtype), "res must match y");
-  req(*this, mean.defined() == rstd.defined(), "mean and rstd come together");
-  if (mean.defined())
-    req(*this,
-        mean.dtype == DType::F32 && rstd.dtype == DType::F32 && mean.rank == 2 && mean.dim[0] == y.dim[0] &&
-            mean.dim[1] >= 1 && y.dim[3] % mean.dim[1] == 0 && same_shape(mean, rstd),
-        "mean and rstd must be f32 [B,G], G dividing Co");
+  check_stats(*this, y, mean, rstd);
 }
 double ConvFwd::flops() const {
   const double n = (double)y.numel();
@@ -293,8 +299,9 @@ void ConcatFwd::check() const {
   req(*this, a.rows() == b.rows() && y.rows() == a.rows() && y.last() == a.last() + b.last(),
       "shapes differ");
   req(*this, a.dtype == b.dtype && y.dtype == a.dtype, "dtypes differ");
+  check_stats(*this, y, mean, rstd);
 }
-double ConcatFwd::flops() const { return 0; }
+double ConcatFwd::flops() const { return mean.defined() ? 3.0 * (double)y.numel() : 0; }
 void ConcatBwd::check() const {
   req(*this, da.defined() || db.defined(), "nothing to compute");
   const Tensor& o = da.defined() ? da : db;

@@ -266,9 +266,11 @@ struct AvgPoolBwd {
 struct ConcatFwd {
   UNET_OP("concat_fwd", "concat")
   Tensor a, b, y;  // [.., Ca] ++ [.., Cb] -> [.., Ca + Cb]
+  // Optional f32 [B, G], y NHWC: the GroupNorm statistics of y, as ConvFwd's mean/rstd.
+  Tensor mean{}, rstd{};
   template <class S, class V>
   static void fields(S& s, V& v) {
-    v.in("a", s.a), v.in("b", s.b), v.out("y", s.y);
+    v.in("a", s.a), v.in("b", s.b), v.out("y", s.y), v.out("mean", s.mean), v.out("rstd", s.rstd);
   }
 };
 struct ConcatBwd {  // splits dy's channels; also the model output's eps | variance split

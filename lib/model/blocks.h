@@ -90,8 +90,9 @@ struct Blocks {
   bool keep = true;
   uint64_t seed = 0;       // dropout
   // The convolution in front of a GroupNorm also gives the norm's statistics (ConvFwd's mean,
-  // rstd; computed in its epilogue's pass on the GPU), and the norm runs as GroupNormApply:
-  // UNET_CONV_STATS=1 (opt-in until measured).
+  // rstd; computed in its epilogue's pass on the GPU), and the norm runs as GroupNormApply: within
+  // a ResBlock (conv1 -> GN2) and, through chain_stats, from one layer to the next (the UNet also
+  // has its skip concatenations give them). UNET_CONV_STATS=1 (opt-in until measured).
   bool conv_stats = false;
   Ops* tracing = nullptr;  // the planner's tracer while planning
 

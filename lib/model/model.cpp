@@ -103,12 +103,13 @@ struct Model::Impl {
     chain_stats();
   }
 
-  // UNET_CONV_STATS: a layer whose input is the previous layer's output (not a concatenation)
-  // gets its first norm's statistics from that layer's last conv; the out norm from the last
-  // layer's.
+  // UNET_CONV_STATS: a layer whose input is the previous layer's output gets its first norm's
+  // statistics from that layer's last conv, one after a skip concatenation from the concatenation,
+  // the out norm from the last layer's conv.
   void chain_stats() {
     each_layer([&](L& s) { s.out_mean = s.out_rstd = Tensor{}, s.stats_in = false; });
     out_stats_in = false;
+    cat_stats.assign(out_blocks.size(), false);
     if (single || !bk.conv_stats) return;
     L* prev = nullptr;
     auto link = [&](L& s) {
@@ -118,15 +119,19 @@ struct Model::Impl {
     for (auto& b : in_blocks)
       for (auto& s : b) link(s);
     for (auto& s : mid) link(s);
-    for (auto& b : out_blocks) {
-      prev = nullptr;  // a concatenation comes first
-      for (auto& s : b) link(s);
+    cat_stats.assign(out_blocks.size(), false);
+    for (size_t bi = 0; bi < out_blocks.size(); ++bi) {
+      prev = nullptr;  // a concatenation comes first: it gives them
+      L& first = out_blocks[bi][0];
+      if (first.l.kind == Layer::Res || first.l.kind == Layer::Attn) cat_stats[bi] = first.stats_in = true;
+      for (auto& s : out_blocks[bi]) link(s);
     }
     L& last = out_blocks.back().back();
     last.out_mean = o_mean, last.out_rstd = o_rstd;
     out_stats_in = true;
   }
   bool out_stats_in = false;
+  std::vector<bool> cat_stats;  // concatenation bi gives out_blocks[bi][0]'s statistics
 
   // ---------------- forward ----------------
   void forward(const Tensor& out) {
@@ -155,7 +160,9 @@ struct Model::Impl {
       const L& src = in_blocks[--skip].back();
       {
         ScopedRange r(bk.eng.device(), "concat fwd");
-        run(ConcatFwd{h, at(src.out), at(cat[bi])});
+        ConcatFwd c{h, at(src.out), at(cat[bi])};
+        if (cat_stats[bi]) c.mean = at(out_blocks[bi][0].mean1), c.rstd = at(out_blocks[bi][0].rstd1);
+        run(c);
       }
       h = at(cat[bi]);
       for (auto& s : out_blocks[bi]) {

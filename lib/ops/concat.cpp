@@ -20,7 +20,13 @@ void concat_bwd(const ConcatBwd& o) {
 }  // namespace
 
 void register_concat_cpu(CpuOps& ops) {
-  ops.variants<ConcatFwd>().push_back(cpu_ref<ConcatFwd, concat_fwd>());
+  // The statistics of y as stored, after the emulation (ConcatFwd's mean/rstd).
+  ops.variants<ConcatFwd>().push_back({"ref", nullptr,
+                                       [](const ConcatFwd& o, CpuCtx&) {
+                                         cpu_run_emulated(o, concat_fwd);
+                                         gn_stats_of(o.y, o.mean, o.rstd);
+                                       },
+                                       nullptr});
   ops.variants<ConcatBwd>().push_back(cpu_ref<ConcatBwd, concat_bwd>());
 }
 

@@ -43,9 +43,10 @@ void gn_bwd_column_sums(const GroupNormBwd& o) {
   if (o.add.defined()) ref::column_sums<float>(o.add.f32(), B, HW, C, nullptr, opt(o.add_total));
 }
 
-void conv_gn_stats(const ConvFwd& o) {
-  if (!o.mean.defined()) return;
-  const Tensor& y = o.y;
+void conv_gn_stats(const ConvFwd& o) { gn_stats_of(o.y, o.mean, o.rstd); }
+
+void gn_stats_of(const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  if (!mean.defined()) return;
   std::vector<float> wide;  // a bf16 y (the emulation's stored values), widened
   const float* v = nullptr;
   if (y.dtype == DType::BF16) {
@@ -56,8 +57,8 @@ void conv_gn_stats(const ConvFwd& o) {
   } else {
     v = y.f32();
   }
-  ref::groupnorm_stats<float>(v, o.mean.f32(), o.rstd.f32(), (int)y.dim[0], (int)(y.dim[1] * y.dim[2]),
-                              (int)y.dim[3], (int)o.mean.dim[1]);
+  ref::groupnorm_stats<float>(v, mean.f32(), rstd.f32(), (int)y.dim[0], (int)(y.dim[1] * y.dim[2]), (int)y.dim[3],
+                              (int)mean.dim[1]);
 }
 
 void register_groupnorm_cpu(CpuOps& ops) {
