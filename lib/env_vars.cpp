@@ -60,6 +60,15 @@ bool env_conv_stats() {
          "must be 1 (a convolution gives the statistics of the GroupNorm after it) or 0 (off; the default)");
 }
 
+bool env_lanes() {
+  const char* v = value("UNET_LANES");
+  if (!v || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  refuse("UNET_LANES", v,
+         "must be 1 (filter gradients on a second stream, beside the data gradients; the default) or 0 (one "
+         "stream)");
+}
+
 std::string env_cpu_comm() {
   const char* v = value("UNET_CPU_COMM");
   if (!v) return "";
@@ -86,6 +95,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_stream_data();
   env_pdl();
   env_conv_stats();
+  env_lanes();
   env_cpu_comm();
   const std::string cache = cudnn_cache_path();
   if (cache.empty()) return;

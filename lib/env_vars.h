@@ -31,6 +31,8 @@ int env_stream_data();
 bool env_pdl();
 // UNET_CONV_STATS: true for "1"; false when unset, empty or "0".
 bool env_conv_stats();
+// UNET_LANES: false for "0"; true when unset, empty or "1".
+bool env_lanes();
 // UNET_CPU_COMM: "tcp", "mpi", or "" when unset.
 std::string env_cpu_comm();
 // Where the cuDNN plan cache lives: UNET_CUDNN_CACHE, else $XDG_CACHE_HOME/unet/cudnn-plans.txt,

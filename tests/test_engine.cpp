@@ -191,6 +191,48 @@ TEST(Planner, PacksByLifetimeWithoutOverlap) {
   EXPECT_THROW(p.declare("other", DType::F32, {500}), std::logic_error);  // not the planned sequence
 }
 
+// Lanes: ops issued between the first lane(true) and the join run in no fixed order against each
+// other, so every buffer used there is live over the whole span. Sequentially, `x` (last read by
+// the side lane's op) and `dx` (first written after it on the main lane) could share memory;
+// inside a region they must not, while buffers outside it still reuse memory.
+TEST(Planner, LaneRegionsKeepTheirBuffersLiveTogether) {
+  auto e = make_cpu_engine();
+  for (bool region : {false, true}) {
+    SCOPED_TRACE(region ? "region" : "sequential");
+    Planner p;
+    Tensor x = p.declare("x", DType::F32, {1000}), dy = p.declare("dy", DType::F32, {1000});
+    Tensor dw = p.declare("dw", DType::F32, {1000}), dx = p.declare("dx", DType::F32, {1000});
+    Tensor after = p.declare("after", DType::F32, {1000});
+    Ops& ops = p.tracer(e->ops());
+    ops.run(Fill{x, 1});
+    ops.run(Fill{dy, 2});
+    if (region) ops.lane(true);
+    ops.run(Add{x, dy, dw});  // the side lane's: reads x and dy, writes dw
+    if (region) ops.lane(false);
+    ops.run(Copy{dy, dx});  // the main lane's: x is dead sequentially
+    ops.run(Copy{dw, dw});
+    if (region) ops.join();
+    ops.run(Copy{dx, after});  // after the join: free to reuse x's or dy's memory
+    ops.run(Copy{after, after});
+    p.pack();
+    EXPECT_NO_THROW(p.verify());
+    auto find = [&](const char* n) {
+      for (const auto& b : p.buffers())
+        if (b.name == n) return b;
+      ADD_FAILURE() << n;
+      return Planner::Buffer{};
+    };
+    const Planner::Buffer bx = find("x"), bdx = find("dx"), bdw = find("dw"), bafter = find("after");
+    const bool shared = bx.offset == bdx.offset || bx.offset == bdw.offset;
+    EXPECT_EQ(shared, !region) << "x at " << bx.offset << ", dx at " << bdx.offset << ", dw at " << bdw.offset;
+    if (region) {
+      EXPECT_EQ(bx.last, bdw.last);
+      EXPECT_EQ(bdx.first, bdw.first);
+    }
+    EXPECT_LT(p.arena_bytes(), p.declared_bytes());  // `after` reuses memory either way
+  }
+}
+
 TEST(Planner, RefusesReadsBeforeWrites) {
   auto e = make_cpu_engine();
   Planner p;

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "checkpoint.h"
@@ -122,6 +124,99 @@ TEST(ModelGolden, CudaMatchesPyTorchFloat64) {
       std::printf("[golden] %s %s: out %.2e, worst grad %.2e (%s)\n",
                   std::filesystem::path(path).filename().c_str(), precision_name(prec), r.out_err, r.grad_err,
                   r.worst.c_str());
+    }
+  }
+}
+
+namespace {
+// seed64's model at batch 4, random weights and inputs, one training forward + backward on a CUDA
+// engine: its output and every parameter gradient; with `graph`, forward and backward captured as
+// one CUDA graph and replayed twice (the second replay's results).
+std::vector<float> seed64_grads(Precision prec, bool graph, uint64_t seed, std::string* bad = nullptr) {
+  std::string why;
+  auto eng = make_cuda_engine(prec, &why);
+  if (!eng) ADD_FAILURE() << why;
+  if (!eng) return {};
+  const ModelConfig cfg = preset("seed64");
+  Model model(cfg, *eng);
+  const int B = 4, R = cfg.image_size, C = cfg.in_channels, Co = cfg.out_channels();
+  model.plan(B, Mode::Train);
+  const ParamTable& tab = model.table();
+  std::vector<float> w = test::randu(tab.total, seed);
+  for (auto& p : tab.params) {  // every tensor non-zero (zero-init modules too), fan-in scaled
+    const float bound = p.fan_in > 0 ? 1.0f / std::sqrt((float)p.fan_in) : 0.3f;
+    for (size_t i = 0; i < p.numel; ++i) w[p.offset + i] = (p.init == InitRule::Ones ? 1.0f : 0.0f) + w[p.offset + i] * bound;
+  }
+  eng->upload(model.params(), w.data());
+  Tensor dx = eng->alloc(DType::F32, {B, R, R, C}), dt = eng->alloc(DType::F32, {B});
+  Tensor dy = eng->alloc(DType::F32, {B, R, R, Co}), dd = eng->alloc(DType::F32, {B, R, R, Co});
+  Tensor dl = eng->alloc(DType::I32, {B});
+  const std::vector<float> x = test::randn((size_t)B * R * R * C, seed + 1);
+  const std::vector<float> dout = test::randn((size_t)B * R * R * Co, seed + 2);
+  const std::vector<float> t = {3.f, 250.f, 611.f, 998.f};
+  const std::vector<int32_t> labels(B, 0);
+  eng->upload(dx, x.data());
+  eng->upload(dt, t.data());
+  eng->upload(dd, dout.data());
+  eng->upload(dl, labels.data());
+  eng->ops().run(Fill{model.grads(), NAN});  // poison: every gradient must be written
+  Device& dev = eng->device();
+  auto step = [&] {
+    model.forward(dx, dt, dl, dy, true, 7);
+    model.backward(dd);
+  };
+  if (graph) {
+    dev.graph_begin();
+    step();
+    dev.graph_end();
+    dev.graph_launch();
+    eng->ops().run(Fill{model.grads(), NAN});
+    dev.graph_launch();
+  } else {
+    step();
+  }
+  std::vector<float> r((size_t)B * R * R * Co + tab.total);
+  eng->download(r.data(), dy);
+  eng->download(r.data() + (size_t)B * R * R * Co, model.grads());
+  if (bad) {  // the tensors with values that are not finite (unwritten: NaN)
+    size_t n = 0;
+    for (size_t i = 0; i < (size_t)B * R * R * Co; ++i) n += !std::isfinite(r[i]);
+    if (n) *bad += " output: " + std::to_string(n);
+    for (auto& p : tab.params) {
+      n = 0;
+      for (size_t i = 0; i < p.numel; ++i) n += !std::isfinite(r[(size_t)B * R * R * Co + p.offset + i]);
+      if (n) *bad += " " + p.name + ": " + std::to_string(n) + " of " + std::to_string(p.numel);
+    }
+  }
+  return r;
+}
+}  // namespace
+
+// Lanes (UNET_LANES, default on): the filter gradients run on a second stream beside the data
+// gradients. The streams share nothing but read-only inputs and reductions never depend on
+// timing, so the output and every gradient are bitwise those of one stream, eager and as a
+// replayed CUDA graph, in tf32 and bf16; the golden tests above check the values themselves.
+TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device found";
+  const uint64_t seed = test::test_seed();
+  for (Precision prec : {Precision::TF32, Precision::BF16}) {
+    SCOPED_TRACE(precision_name(prec));
+    setenv("UNET_LANES", "0", 1);
+    std::string bad;
+    const std::vector<float> one = seed64_grads(prec, false, seed, &bad);
+    unsetenv("UNET_LANES");
+    ASSERT_FALSE(one.empty());
+    EXPECT_EQ(bad, "");
+    double norm = 0;
+    for (float v : one) norm += std::isfinite(v) ? std::fabs(v) : 0.0;
+    EXPECT_GT(norm, 0.0);
+    for (bool graph : {false, true}) {
+      SCOPED_TRACE(graph ? "graph" : "eager");
+      const std::vector<float> two = seed64_grads(prec, graph, seed);
+      ASSERT_EQ(two.size(), one.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < one.size(); ++i) differ += std::memcmp(&one[i], &two[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u);
     }
   }
 }

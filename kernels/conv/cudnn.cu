@@ -148,6 +148,7 @@ struct Plan {
 // Per-engine (per CudaCtx) state: the handle and the plans by op signature.
 struct State {
   cudnnHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;  // the handle's
   std::map<std::string, std::shared_ptr<Plan>> plans;  // nullptr: cuDNN cannot run this op
   std::map<std::string, int> file_cache;               // key -> candidate index
   bool file_loaded = false;
@@ -166,7 +167,11 @@ State& state(CudaCtx& ctx) {
   if (!s) {
     s = std::make_unique<State>();
     check(lib().cudnnCreate(&s->handle), "create handle");
+  }
+  // the lane in use (CudaCtx::use_lane): one handle, pointed at the stream of the moment
+  if (s->stream != ctx.stream) {
     check(lib().cudnnSetStream(s->handle, ctx.stream), "set stream");
+    s->stream = ctx.stream;
   }
   return *s;
 }

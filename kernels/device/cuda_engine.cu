@@ -147,11 +147,17 @@ class CudaDevice final : public Device {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.stream));
   }
   void download(void* dst, const void* src, size_t bytes) override {
+    ctx.join_lanes();
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx.stream));
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   }
-  void sync() override { CUDA_CHECK(cudaStreamSynchronize(ctx.stream)); }
-  size_t bytes_held() const override { return bytes_ + fixed_ + ctx.ws_bytes; }
+  void sync() override {
+    ctx.join_lanes();
+    CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  }
+  size_t bytes_held() const override {
+    return bytes_ + fixed_ + (ctx.on_side ? ctx.other.ws_bytes : ctx.ws_bytes) + ctx.side_bytes();
+  }
   size_t bytes_free() const override {
     size_t f = 0, t = 0;
     if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
@@ -162,6 +168,7 @@ class CudaDevice final : public Device {
   }
 
   uint64_t fence() override {
+    ctx.join_lanes();
     ++fence_id_;
     CUDA_CHECK(cudaEventRecord(fences_[fence_id_ % kFences], ctx.stream));
     return fence_id_;
@@ -176,12 +183,14 @@ class CudaDevice final : public Device {
   bool capturing() const override { return ctx.capturing; }
   void* native_stream() override { return ctx.stream; }
   void graph_begin() override {
-    ctx.alloc_workspace();  // nothing may allocate inside the capture
+    ctx.join_lanes();
+    ctx.alloc_workspaces();  // nothing may allocate inside the capture
     // Thread-local mode: other threads (the data loader) may use the CUDA API meanwhile.
     CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
     ctx.capturing = true;
   }
   void graph_end() override {
+    ctx.join_lanes();  // a capture must end with every forked stream joined
     ctx.capturing = false;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
@@ -216,6 +225,7 @@ class CudaDevice final : public Device {
  private:
   void release() {
     // No throwing here: errors on teardown are ignored.
+    ctx.destroy_side();
     if (ctx.stream) cudaStreamSynchronize(ctx.stream);
     destroy_cudnn(ctx);
     if (graph_) cudaGraphExecDestroy(graph_), graph_ = nullptr;
@@ -261,7 +271,9 @@ class CudaEngineOps final : public CudaOps {
     register_diffusion_cuda(*this);
     register_optimizer_cuda(*this);
   }
-  void finalize() override { ctx_.alloc_workspace(); }
+  void finalize() override { ctx_.alloc_workspaces(); }
+  void lane(bool side) override { ctx_.use_lane(side); }
+  void join() override { ctx_.join_lanes(); }
 };
 
 }  // namespace
@@ -288,6 +300,95 @@ void CudaCtx::alloc_workspace() {
                     " MiB kernel workspace");
   }
   ws_bytes = ws_need;
+}
+
+namespace {
+// The launch state of the lane in use and of the other one trade places.
+void swap_lane(CudaCtx& c) {
+  std::swap(c.stream, c.other.stream);
+  std::swap(c.cublas, c.other.cublas);
+  std::swap(c.ws, c.other.ws);
+  std::swap(c.ws_bytes, c.other.ws_bytes);
+  std::swap(c.ws_need, c.other.ws_need);
+  std::swap(c.scratch, c.other.scratch);
+  std::swap(c.tickets, c.other.tickets);
+  c.on_side = !c.on_side;
+}
+}  // namespace
+
+// The side lane's own stream, cuBLAS handle (and workspace), reduction scratch and tickets, so
+// its kernels share nothing with the main lane's but the buffers the caller hands them.
+static void make_side(CudaCtx& c) {
+  if (c.capturing) throw std::logic_error("the side lane must be made before a graph capture (plan memory first)");
+  CudaCtx::Lane& o = c.other;
+  CUDA_CHECK(cudaStreamCreate(&o.stream));
+  CUBLAS_CHECK(cublasCreate(&o.cublas));
+  CUBLAS_CHECK(cublasSetStream(o.cublas, o.stream));
+  CUDA_CHECK(cudaMalloc(&o.cublas_ws, kCublasWorkspaceBytes));
+  CUBLAS_CHECK(cublasSetWorkspace(o.cublas, o.cublas_ws, kCublasWorkspaceBytes));
+  CUBLAS_CHECK(cublasSetMathMode(o.cublas, CUBLAS_DEFAULT_MATH));
+  CUBLAS_CHECK(cublasSetAtomicsMode(o.cublas, CUBLAS_ATOMICS_NOT_ALLOWED));
+  CUDA_CHECK(cudaMalloc(&o.scratch, (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&o.tickets, CudaCtx::kTickets * sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(o.tickets, 0, CudaCtx::kTickets * sizeof(unsigned)));
+  CUDA_CHECK(cudaEventCreateWithFlags(&c.fork_ev, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&c.join_ev, cudaEventDisableTiming));
+}
+
+void CudaCtx::use_lane(bool side) {
+  if (side == on_side) return;
+  if (side) {
+    if (!other.stream) make_side(*this);
+    // the side lane starts after everything issued so far on the main lane
+    CUDA_CHECK(cudaEventRecord(fork_ev, stream));
+    CUDA_CHECK(cudaStreamWaitEvent(other.stream, fork_ev, 0));
+    side_pending = true;
+  }
+  swap_lane(*this);
+}
+
+void CudaCtx::join_lanes() {
+  if (on_side) swap_lane(*this);
+  if (!side_pending) return;
+  CUDA_CHECK(cudaEventRecord(join_ev, other.stream));
+  CUDA_CHECK(cudaStreamWaitEvent(stream, join_ev, 0));
+  side_pending = false;
+}
+
+void CudaCtx::alloc_workspaces() {
+  alloc_workspace();
+  if (!other.stream) return;
+  swap_lane(*this);
+  try {
+    alloc_workspace();
+  } catch (...) {
+    swap_lane(*this);
+    throw;
+  }
+  swap_lane(*this);
+}
+
+size_t CudaCtx::side_bytes() const {
+  if (!(on_side ? stream : other.stream)) return 0;
+  return kCublasWorkspaceBytes + (kPartialFloats + kAuxFloats) * sizeof(float) + kTickets * sizeof(unsigned) +
+         (on_side ? ws_bytes : other.ws_bytes);
+}
+
+// Teardown (no throwing): back on the main lane, the side lane's work finished, its state freed.
+void CudaCtx::destroy_side() {
+  if (on_side) swap_lane(*this);
+  Lane& o = other;
+  if (o.stream) cudaStreamSynchronize(o.stream);
+  if (o.cublas) cublasDestroy(o.cublas), o.cublas = nullptr;
+  if (o.cublas_ws) cudaFree(o.cublas_ws), o.cublas_ws = nullptr;
+  if (o.ws) cudaFree(o.ws), o.ws = nullptr;
+  if (o.scratch) cudaFree(o.scratch), o.scratch = nullptr;
+  if (o.tickets) cudaFree(o.tickets), o.tickets = nullptr;
+  if (o.stream) cudaStreamDestroy(o.stream), o.stream = nullptr;
+  if (fork_ev) cudaEventDestroy(fork_ev), fork_ev = nullptr;
+  if (join_ev) cudaEventDestroy(join_ev), join_ev = nullptr;
+  o.ws_bytes = o.ws_need = 0;
+  side_pending = false;
 }
 
 // cuBLAS is column-major; a row-major X[r,c] is the column-major X^T. So row-major

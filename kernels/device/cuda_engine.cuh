@@ -3,7 +3,9 @@
 // helpers that let one kernel template serve f32 and bf16 storage (always computing in f32).
 //
 // Ground rules every variant follows:
-//  * one stream (ctx.stream) for everything, cuBLAS bound to it; no host synchronisation;
+//  * everything on ctx.stream, cuBLAS bound to it; no host synchronisation. (ctx.stream is the
+//    stream of the lane in use, use_lane(): the side lane's ops see its own stream, handle,
+//    workspace and scratch in the same fields);
 //  * no cudaMalloc inside an op: the workspace is sized when memory is planned (prepare()),
 //    the reduction scratch and cuBLAS's workspace at construction;
 //  * deterministic: no atomics, every reduction in a fixed order that depends on shapes only.
@@ -97,6 +99,29 @@ struct CudaCtx {
 
   void need_workspace(size_t bytes);  // grows now when not capturing a graph
   void alloc_workspace();             // to ws_need (outside a capture)
+
+  // Lanes (Ops::lane/join). The fields above that a kernel launch uses (stream, cuBLAS handle,
+  // workspace, reduction scratch, tickets) belong to the lane in use; the other lane's are kept
+  // in `other` and swapped in by use_lane(), so variants need not know about lanes. The side
+  // lane's stream, handle and memory are made at its first use (when memory is planned).
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    cublasHandle_t cublas = nullptr;
+    void* ws = nullptr;
+    size_t ws_bytes = 0, ws_need = 0;
+    float* scratch = nullptr;
+    unsigned* tickets = nullptr;
+    void* cublas_ws = nullptr;
+  };
+  Lane other;
+  bool on_side = false;
+  bool side_pending = false;  // work issued on the side lane since the last join
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  void use_lane(bool side);
+  void join_lanes();
+  void alloc_workspaces();    // alloc_workspace() for both lanes
+  size_t side_bytes() const;  // device memory the side lane holds
+  void destroy_side();
 
   // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C (op(A) = A^T reads A stored [K,M]),
   // `batch` products at the operands' strides. A and B share a dtype; C is f32 or that dtype.

@@ -47,6 +47,15 @@ class Ops {
 #undef UNET_X
   // After planning: allocate what prepare() asked for (the largest workspace). Never inside a step.
   virtual void finalize() {}
+  // Lanes (concurrency inside a step). lane(true): the ops that follow run on the side lane, after
+  // everything issued so far on the main lane; lane(false): back on the main lane, the ops that
+  // follow may run concurrently with the side lane's; join(): what follows on the main lane waits
+  // for everything issued on the side lane. The caller keeps the two lanes' ops independent (no
+  // op on one reads or writes what the other writes); the planner keeps every buffer used between
+  // the first lane(true) and the join live over that whole span. Engines without lanes (the CPU)
+  // run everything in issue order.
+  virtual void lane(bool side) { (void)side; }
+  virtual void join() {}
   // Every op name and family this table knows -> the names of its variants (what UNET_KERNELS /
   // --kernels may force). Empty: not a variant table (a wrapper), nothing to check against.
   virtual std::map<std::string, std::vector<std::string>> variant_names() { return {}; }

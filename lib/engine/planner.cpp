@@ -36,6 +36,15 @@ class Planner::Tracer final : public OpsAdapter<Planner::Tracer> {
     });
     p_.next_op();
   }
+  // The engine sees the lanes too (a side lane plans its own workspace).
+  void lane(bool side) override {
+    if (side) p_.region_open();
+    inner_.lane(side);
+  }
+  void join() override {
+    p_.region_close();
+    inner_.join();
+  }
   template <class Op>
   size_t handle_prepare(const Op& op) {
     return inner_.prepare(op);
@@ -91,6 +100,23 @@ void Planner::use(int id, int op, bool write, const std::string& what) {
     b.first = op;
   }
   b.last = std::max(b.last, op);
+  if (region_ >= 0) touched_.push_back(id);
+}
+
+// Ops on two lanes run in no fixed order against each other: every buffer used between the first
+// lane(true) and the join is live over the whole span, so nothing used there shares its memory
+// with anything else used there.
+void Planner::region_open() {
+  if (region_ < 0) region_ = nops_;
+}
+void Planner::region_close() {
+  if (region_ < 0) return;
+  for (int id : touched_) {
+    bufs_[id].first = std::min(bufs_[id].first, region_);
+    bufs_[id].last = std::max(bufs_[id].last, nops_ - 1);
+  }
+  touched_.clear();
+  region_ = -1;
 }
 
 Ops& Planner::tracer(Ops& engine_ops) {
@@ -99,6 +125,7 @@ Ops& Planner::tracer(Ops& engine_ops) {
 }
 
 void Planner::pack() {
+  region_close();  // a trace that ended inside a region
   std::vector<int> order;
   for (int i = 0; i < (int)bufs_.size(); ++i)
     if (bufs_[i].first >= 0 && bufs_[i].bytes) order.push_back(i);

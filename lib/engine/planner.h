@@ -60,6 +60,9 @@ class Planner {
   int buffer_of(const void* p) const;
   void use(int id, int op, bool write, const std::string& what);
   void next_op() { ++nops_; }
+  // Lanes (Ops::lane/join): the span from the first lane(true) to the join.
+  void region_open();
+  void region_close();
 
  private:
   std::vector<Buffer> bufs_;
@@ -67,6 +70,8 @@ class Planner {
   char* base_ = nullptr;  // bound arena
   size_t bound_ = 0;      // declare() calls seen since bind()
   int nops_ = 0;
+  int region_ = -1;           // first op of the open lane region, -1: none
+  std::vector<int> touched_;  // buffers used inside it
   class Tracer;
   std::unique_ptr<Tracer> tracer_;
 };

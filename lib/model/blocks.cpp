@@ -27,6 +27,7 @@ Blocks::Blocks(Engine& e, const ModelConfig& c, const ParamTable& t, const Tenso
       table(t),
       A(e.act_dtype()),
       conv_stats(env_conv_stats()),
+      lanes(env_lanes()),
       params_(params),
       shadow_(shadow),
       grads_(grads) {}
@@ -82,7 +83,7 @@ Tensor Blocks::G(size_t off, std::initializer_list<int64_t> d) const {
 
 void Blocks::conv_filter_grad(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db,
                               const Tensor& demb, int stride) {
-  if (dw.defined() || db.defined() || demb.defined()) run(ConvBwdFilter{x, dy, dw, db, demb, stride});
+  if (dw.defined() || db.defined() || demb.defined()) run_side(ConvBwdFilter{x, dy, dw, db, demb, stride});
 }
 
 uint64_t Blocks::dseed(const L& s) const { return hash64(seed, (uint64_t)s.index); }
@@ -401,7 +402,7 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     if (s.sw != SIZE_MAX) {
       // the 1x1 conv's bias gradient is conv2's (both are the column sums of dout)
       conv_filter_grad(xs, dout, Gc(s.sw, co, 1, ci), {}, {}, 1);
-      if (wgrad) run(Copy{gvec(s.b2, co), gvec(s.sb, co)});
+      if (wgrad) run_side(Copy{gvec(s.b2, co), gvec(s.sb, co)});  // after conv2's, on its lane
       run(ConvBwdData{dout, Wc(s.sw, co, 1, ci), at(s.b_dxs), 1});
       dxs = at(s.b_dxs);
     }
@@ -495,6 +496,7 @@ Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {
       attn_bwd(s, dout);
       break;
   }
+  join_lanes();  // the layer's gradients are final (the grad-ready hook may send them)
   return at(s.dx);
 }
 

@@ -94,6 +94,11 @@ struct Blocks {
   // a ResBlock (conv1 -> GN2) and, through chain_stats, from one layer to the next (the UNet also
   // has its skip concatenations give them). UNET_CONV_STATS=1 (opt-in until measured).
   bool conv_stats = false;
+  // Filter gradients (wgrad, bias and embedding sums) run on the side lane (Ops::lane), beside the
+  // data gradient and what follows it on the main lane, joined at the end of each layer's
+  // backward: small levels' convolutions leave most of the GPU idle one at a time. UNET_LANES=0
+  // runs everything on one stream.
+  bool lanes = true;
   Ops* tracing = nullptr;  // the planner's tracer while planning
 
   // The timestep embedding (f32): temb = sinusoids of t, emb = MLP(temb) (+ label_emb), and the
@@ -136,9 +141,20 @@ struct Blocks {
   Tensor Gc(size_t off, int co, int k, int ci) const { return G(off, {co, k, k, ci}); }
   Tensor vec(size_t off, int n) const { return P(off, {n}); }
   Tensor gvec(size_t off, int n) const { return G(off, {n}); }
-  // ConvBwdFilter when it has anything to compute.
+  // ConvBwdFilter when it has anything to compute, on the side lane (with lanes): the caller
+  // calls join_lanes() before anything reads its gradients or overwrites x or dy.
   void conv_filter_grad(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db,
                         const Tensor& demb, int stride);
+  // Runs `op` on the side lane (with lanes), after what conv_filter_grad put there.
+  template <class Op>
+  void run_side(const Op& op) {
+    if (lanes) ops().lane(true);
+    run(op);
+    if (lanes) ops().lane(false);
+  }
+  void join_lanes() {
+    if (lanes) ops().join();
+  }
 
  private:
   const Tensor& params_;

@@ -119,6 +119,7 @@ struct Classifier::Impl {
       bk.conv_filter_grad(at(tokens), at(d_qkv), bk.Gc(qw, 3 * C, 1, C), bk.gvec(qb, 3 * C), {}, 1);
       run(ConvBwdData{at(d_qkv), bk.Wc(qw, 3 * C, 1, C), at(d_tokens), 1});
       run(PoolTokensBwd{at(d_tokens), at(d_nout), bk.G(pos, {C, Tn})});
+      bk.join_lanes();
     }
     {
       ScopedRange r(d, "out bwd");

@@ -222,6 +222,7 @@ struct Model::Impl {
                        {},
                        true, {}, {}, {}, {}});
       g = at(d_hlast);
+      bk.join_lanes();
     }
     ready(std::min(on_w, oc_w));
     const size_t n_in = in_blocks.size();

@@ -65,6 +65,8 @@ class CountingOps final : public OpsAdapter<CountingOps> {
     return in_.variant(op);
   }
   void finalize() override { in_.finalize(); }
+  void lane(bool side) override { in_.lane(side); }
+  void join() override { in_.join(); }
 
  private:
   Ops& in_;
