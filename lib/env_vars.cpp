@@ -65,8 +65,7 @@ bool env_lanes() {
   if (!v || std::strcmp(v, "1") == 0) return true;
   if (std::strcmp(v, "0") == 0) return false;
   refuse("UNET_LANES", v,
-         "must be 1 (filter gradients on a second stream, beside the data gradients; the default) or 0 (one "
-         "stream)");
+         "must be 1 (filter gradients and skip convolutions on a second stream; the default) or 0 (one stream)");
 }
 
 std::string env_cpu_comm() {

@@ -193,7 +193,7 @@ std::vector<float> seed64_grads(Precision prec, bool graph, uint64_t seed, std::
 }  // namespace
 
 // Lanes (UNET_LANES, default on): the filter gradients run on a second stream beside the data
-// gradients. The streams share nothing but read-only inputs and reductions never depend on
+// gradients, and the forward's skip convs beside in_layers. The streams share nothing but read-only inputs and reductions never depend on
 // timing, so the output and every gradient are bitwise those of one stream, eager and as a
 // replayed CUDA graph, in tf32 and bf16; the golden tests above check the values themselves.
 TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {

@@ -290,6 +290,13 @@ void Blocks::res_fwd(L& s) {
     run(LinearFwd{at(semb), P(s.ew, {ss ? 2 * co : co, ed}), vec(s.eb, ss ? 2 * co : co), at(s.e)});
   }
   Tensor xs = at(s.in);
+  // Without resampling, the skip connection's 1x1 conv reads only the block's input: on the side
+  // lane, beside in_layers and the second norm, joined before conv2 adds it.
+  const bool skip_side = s.sw != SIZE_MAX && !l.updown && lanes;
+  if (skip_side) {
+    ScopedRange r(d, "skip_connection");
+    run_side(ConvFwd{xs, Wc(s.sw, co, 1, ci), vec(s.sb, co), {}, {}, at(s.f_sk), 1});
+  }
   {
     ScopedRange r(d, "in_layers");
     const Tensor c1in = res_conv1_input(s, s.f_n1, s.f_n1r);
@@ -303,12 +310,15 @@ void Blocks::res_fwd(L& s) {
   }
   Tensor res = xs;
   if (s.sw != SIZE_MAX) {
-    ScopedRange r(d, "skip_connection");
-    run(ConvFwd{xs, Wc(s.sw, co, 1, ci), vec(s.sb, co), {}, {}, at(s.f_sk), 1});
+    if (!skip_side) {
+      ScopedRange r(d, "skip_connection");
+      run(ConvFwd{xs, Wc(s.sw, co, 1, ci), vec(s.sb, co), {}, {}, at(s.f_sk), 1});
+    }
     res = at(s.f_sk);
   }
   ScopedRange r(d, "out_layers");
   res_conv2_input(s, s.f_n2, conv_stats);
+  if (skip_side) join_lanes();
   run(with_out_stats(s, ConvFwd{at(s.f_n2), Wc(s.w2, co, 3, co), vec(s.b2, co), {}, res, at(s.out), 1}));
 }
 

@@ -96,8 +96,9 @@ struct Blocks {
   bool conv_stats = false;
   // Filter gradients (wgrad, bias and embedding sums) run on the side lane (Ops::lane), beside the
   // data gradient and what follows it on the main lane, joined at the end of each layer's
-  // backward: small levels' convolutions leave most of the GPU idle one at a time. UNET_LANES=0
-  // runs everything on one stream.
+  // backward, and the forward's skip-connection convs beside in_layers: small levels'
+  // convolutions leave most of the GPU idle one at a time. UNET_LANES=0 runs everything on one
+  // stream.
   bool lanes = true;
   Ops* tracing = nullptr;  // the planner's tracer while planning
 
