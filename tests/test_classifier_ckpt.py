@@ -4,9 +4,11 @@ guided-diffusion classifier state_dicts (round trips bit-identical, float16 conv
 classifier recognised by its names), and the one-line errors. Exit 77 = skipped.
 """
 
+import atexit
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 
 try:
@@ -24,6 +26,7 @@ from unet_ckpt import load_classifier_checkpoint  # noqa: E402
 require_binary()
 CKPT_PY = os.path.join(SRC, "scripts", "unet_ckpt.py")
 TMP = tempfile.mkdtemp(prefix="unet-clsckpt-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
 SEED = int(os.environ.get("UNET_TEST_SEED", np.random.SeedSequence().entropy % (1 << 31)))
 print(f"UNET_TEST_SEED={SEED}")
 

@@ -19,10 +19,12 @@ W = 0 / W = 1 checks allow UNET_CFG_BITWISE_TOL, default 1e-6: bitwise where the
 alike in batches of B and 2B, which the CPU engine does for the batches used here, 4 and 8).
 """
 
+import atexit
 import math
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 
 try:
@@ -44,6 +46,7 @@ PREC = os.environ.get("UNET_TEST_PRECISION", "")
 TOL = float(os.environ.get("UNET_PARITY_TOL", "1e-4"))
 BITWISE_TOL = float(os.environ.get("UNET_CFG_BITWISE_TOL", "1e-6"))
 TMP = tempfile.mkdtemp(prefix="unet-cfg-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
 SEED = int(os.environ.get("UNET_TEST_SEED", str(int.from_bytes(os.urandom(4), "little"))))
 print(f"UNET_TEST_SEED={SEED}")
 

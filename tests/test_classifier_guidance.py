@@ -15,9 +15,11 @@ on the same random weights:
 Run by ctest with env UNET_BINARY, UNET_SOURCE_DIR, PYTHONPATH=scripts. Exit 77 = skipped.
 """
 
+import atexit
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 
 try:
@@ -36,6 +38,7 @@ from unet_torch import create_model  # noqa: E402
 
 require_binary()
 TMP = tempfile.mkdtemp(prefix="unet-guidance-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
 SEED = int(os.environ.get("UNET_TEST_SEED", np.random.SeedSequence().entropy % (1 << 31)))
 print(f"UNET_TEST_SEED={SEED}")
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")

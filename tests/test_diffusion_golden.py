@@ -8,9 +8,11 @@ driving the PyTorch UNet (scripts/unet_torch.py) in float64, on the same random 
 Run by ctest with env UNET_BINARY, UNET_SOURCE_DIR, PYTHONPATH=scripts. Exit 77 = skipped.
 """
 
+import atexit
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 
 try:
@@ -28,6 +30,7 @@ from unet_torch import create_model  # noqa: E402
 
 require_binary()
 TMP = tempfile.mkdtemp(prefix="unet-diffusion-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
 SEED = int(os.environ.get("UNET_TEST_SEED", np.random.SeedSequence().entropy % (1 << 31)))
 print(f"UNET_TEST_SEED={SEED}")
 

@@ -14,9 +14,11 @@ Run by ctest with env UNET_BINARY, UNET_SOURCE_DIR, PYTHONPATH=scripts. Exit 77 
 On the GPU machine: UNET_TEST_DEVICE=cuda (UNET_TEST_PRECISION=fp32 keeps the 1e-4 limit).
 """
 
+import atexit
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 
 try:
@@ -37,6 +39,7 @@ DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
 TOL = float(os.environ.get("UNET_PARITY_TOL", "1e-4"))
 TMP = tempfile.mkdtemp(prefix="unet-objective-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
 
 
 # Tiny models: one thread is faster than a team (and far faster on a loaded machine); results do

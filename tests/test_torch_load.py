@@ -9,9 +9,11 @@
 Run by ctest with env UNET_BINARY, UNET_SOURCE_DIR, PYTHONPATH=scripts. Exit 77 = skipped.
 """
 
+import atexit
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 import traceback
 
@@ -30,6 +32,7 @@ from unet_torch import PRESETS, create_model, normalize_flags  # noqa
 
 BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
 TMP = tempfile.mkdtemp(prefix="unet-torch-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
 
 FULL32 = dict(image_size=32, num_channels=32, channel_mult="1,2", num_res_blocks=1, attention_resolutions="16",
               num_heads=2, num_head_channels=-1, use_new_attention_order=False, use_scale_shift_norm=True,

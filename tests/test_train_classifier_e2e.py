@@ -9,10 +9,12 @@
   --init, labels beyond --num-classes).
 CI runs it on the CPU; on the GPU machine: UNET_TEST_DEVICE=cuda [UNET_TEST_PRECISION=tf32]."""
 
+import atexit
 import os
 import signal
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 
@@ -28,6 +30,7 @@ require_binary()
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
 TMP = tempfile.mkdtemp(prefix="unet-clstrain-")
+atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
 
 
 def unet(*args, ok=True):

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 
 namespace unet::test {
 
@@ -68,15 +69,24 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 std::string temp_dir(const std::string& tag) {
   namespace fs = std::filesystem;
-  static std::string root = [] {
-    std::string tmpl = (fs::temp_directory_path() / "unet-test-XXXXXX").string();
-    char* r = mkdtemp(tmpl.data());
-    std::string s = r ? r : "/tmp";
-    std::atexit([] {});
-    return s;
-  }();
+  // One directory per test process, removed when the process exits (by the process that made it,
+  // not by a forked child that exits).
+  struct Root {
+    std::string path;
+    pid_t owner = getpid();
+    Root() {
+      std::string tmpl = (fs::temp_directory_path() / "unet-test-XXXXXX").string();
+      if (!mkdtemp(tmpl.data())) throw std::runtime_error("temp_dir: mkdtemp failed in " + tmpl);
+      path = tmpl;
+    }
+    ~Root() {
+      std::error_code ec;
+      if (getpid() == owner) fs::remove_all(path, ec);
+    }
+  };
+  static Root root;
   static int counter = 0;
-  fs::path p = fs::path(root) / (tag + "-" + std::to_string(counter++));
+  fs::path p = fs::path(root.path) / (tag + "-" + std::to_string(counter++));
   fs::create_directories(p);
   return p.string();
 }
