@@ -17,6 +17,9 @@
 #   convstats  GroupNorm statistics from the conv (or skip concatenation) in front (UNET_CONV_STATS=1):
 #           test_conv's and test_concat's statistics tests, test_model_golden and e2e bitwise resume (bf16, graphs) with it on, and the step
 #           with it off and on, with and without UNET_PDL (same run)
+#   lanes   filter gradients and skip convs on a second stream (UNET_LANES, default on): the
+#           bitwise test against one stream (eager and graph, tf32 and bf16), e2e bitwise resume
+#           (bf16, graphs), and the step's CUDA-event time and memory with UNET_LANES 0 and 1 (same run)
 #   profile unet profile tables, CSV/JSON and a trace
 #   pdl     programmatic dependent launch (UNET_PDL=1): the sampler's graph-vs-eager test, e2e bitwise
 #           resume with graphs (bf16), and the step's CUDA-event time with and without it (same run;
@@ -133,6 +136,16 @@ PY
         echo "$prec UNET_CONV_STATS=$cs UNET_PDL=$pdl: $(UNET_CONV_STATS=$cs UNET_PDL=$pdl "$U" profile --layer model \
           --batch-size 32 --precision $prec 2>&1 | grep -E '^CUDA-graph|without the profiler' | tr '\n' ' ')"
       done; done; done; done ;;
+    lanes)
+      (cd "$BUILD" && ./bin/test_model_golden --gtest_filter='*Lanes*' 2>&1 | tail -n 3)
+      UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 UNET_TEST_PRECISION=bf16 timeout 300 \
+        python3 tests/test_train_e2e.py > "$OUT/e2e_lanes.txt" 2>&1
+      grep -E "FAIL|failed|bitwise|^OK|Ran " "$OUT/e2e_lanes.txt"
+      "$U" profile --layer model --batch-size 32 --precision bf16 --no-plain-timing > /dev/null 2>&1  # cuDNN plans
+      for r in 1 2; do for prec in bf16 tf32; do for l in 0 1; do
+        echo "$prec UNET_LANES=$l: $(UNET_LANES=$l "$U" profile --layer model --batch-size 32 --precision $prec 2>&1 |
+          grep -E '^Device memory|without the profiler' | tr '\n' ' ')"
+      done; done; done ;;
     profile)
       "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 \
         --trace "$OUT/trace_resblock.json" > "$OUT/profile_resblock.txt" 2>&1
