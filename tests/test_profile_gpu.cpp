@@ -133,9 +133,11 @@ void check_report(const json& j, int iters) {
   // outside the span of the recorded activities (else work went unrecorded or the clocks differ).
   const double events = tm["cuda_events_ms_per_iter"].get<double>();
   EXPECT_LT(std::fabs(tm["outside_kernel_span_ms_per_iter"].get<double>()), 0.03 * events) << tm.dump();
-  // One stream: the busy time (union of intervals) is the kernel sum.
-  EXPECT_NEAR(tm["gpu_busy_ms_per_iter"].get<double>() / tm["kernel_sum_ms_per_iter"].get<double>(), 1.0,
-              0.01);
+  // The busy time (union of intervals) is at most the kernel sum: equal on one stream, less where
+  // kernels of the two lanes (UNET_LANES) overlap.
+  const double busy = tm["gpu_busy_ms_per_iter"].get<double>(), ksum = tm["kernel_sum_ms_per_iter"].get<double>();
+  EXPECT_LE(busy, 1.001 * ksum) << tm.dump();
+  EXPECT_GT(busy, 0.5 * ksum) << tm.dump();
   EXPECT_GT(j["peaks"]["tflops"].get<double>(), 0.0);
   EXPECT_GT(j["peaks"]["gbps"].get<double>(), 0.0);
 }
@@ -265,6 +267,13 @@ TEST(ProfileGpu, ApiGraphReplaysRecordedOnce) {
 }
 
 // The done criterion: the resblock profile, JSON + trace, kernel sum vs CUDA events.
+// How far the CUDA events lie from the GPU's busy time, in % of the events: the kernel sum's
+// "difference" no longer measures launch gaps where lanes overlap kernels.
+static double busy_diff_pct(const json& j) {
+  const double ev = j["timing"]["cuda_events_ms_per_iter"].get<double>();
+  return 100.0 * (ev - j["timing"]["gpu_busy_ms_per_iter"].get<double>()) / ev;
+}
+
 TEST(ProfileGpu, ResblockJsonAndTrace) {
   NEED_GPU();
   const std::string trace = test::temp_dir("profile") + "/resblock.json";
@@ -279,7 +288,7 @@ TEST(ProfileGpu, ResblockJsonAndTrace) {
   std::printf("resblock: kernel sum %.3f ms/iter, CUDA events %.3f ms/iter (%.1f%%)\n",
               j["timing"]["kernel_sum_ms_per_iter"].get<double>(),
               j["timing"]["cuda_events_ms_per_iter"].get<double>(), diff);
-  EXPECT_LT(std::fabs(diff), 10.0);
+  EXPECT_LT(std::fabs(busy_diff_pct(j)), 10.0) << j["timing"].dump();
   for (const char* p :
        {"resblock fwd", "resblock fwd/in_layers", "resblock fwd/emb_layers", "resblock fwd/out_layers",
         "resblock fwd/skip_connection", "resblock bwd", "resblock bwd/in_layers"}) {
@@ -376,7 +385,7 @@ TEST(ProfileGpu, ModelTrainingStep) {
               e["kernel_sum_ms_per_iter"].get<double>(), e["cuda_events_ms_per_iter"].get<double>(),
               e["difference_pct"].get<double>(), e["idle_between_kernels_ms_per_iter"].get<double>());
   // The done criterion, on what `unet train` runs (a replayed CUDA graph).
-  EXPECT_LT(std::fabs(diff), 10.0);
+  EXPECT_LT(std::fabs(busy_diff_pct(j)), 10.0) << j["timing"].dump();
   // Nothing double-counted or lost: the replays record as many activities as the eager pass.
   uint64_t graph_acts = 0;
   for (auto& k : j["kernels"]) graph_acts += k["instances"].get<uint64_t>();
@@ -405,7 +414,7 @@ TEST(ProfileGpu, NoGraphIsEager) {
   check_report(j, 5);
   EXPECT_EQ(j["mode"], "eager");
   EXPECT_TRUE(j["timing"]["eager"].is_null());
-  EXPECT_LT(std::fabs(j["timing"]["difference_pct"].get<double>()), 10.0);
+  EXPECT_LT(std::fabs(busy_diff_pct(j)), 10.0) << j["timing"].dump();
 }
 
 TEST(ProfileGpu, EveryLayerKindRuns) {

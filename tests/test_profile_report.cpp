@@ -694,6 +694,11 @@ TEST(ProfileReport, TableCsvJsonAgree) {
                           "NVIDIA H100",  "494.7",           "kernel sum",  "CUDA events", "% difference"})
     EXPECT_NE(table.find(col), std::string::npos) << col << "\n" << table;
   EXPECT_NE(table.find(timing_line(r)), std::string::npos);
+  // back to back, no overlap: no note; kernels on two streams (their sum above the busy time): the note
+  EXPECT_EQ(timing_line(r).find("overlap"), std::string::npos) << timing_line(r);
+  Report lanes = r;
+  lanes.busy_ns = r.kernel_ns * 3 / 4;
+  EXPECT_NE(timing_line(lanes).find("kernels overlap (several streams)"), std::string::npos) << timing_line(lanes);
   char want[128];
   std::snprintf(want, sizeof want, "kernel sum %.3f ms/iter", (double)(kern + 3200) / 1e6 / 4);
   EXPECT_NE(table.find(want), std::string::npos) << want << "\n" << table;

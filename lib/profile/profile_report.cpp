@@ -559,7 +559,12 @@ std::string timing_line(const Report& r) {
     memop = " (incl. " + fmt((double)r.memop_ns / 1e6 / std::max(1, r.iters), 3) + " ms memcpy/memset)";
   std::snprintf(b, sizeof b, "kernel sum %.3f ms/iter%s, CUDA events %.3f ms/iter (%.1f%% difference)",
                 r.kernel_ms_per_iter(), memop.c_str(), r.events_ms_per_iter(), r.difference_pct());
-  return b;
+  std::string s = b;
+  // Kernels on two streams (lanes) overlap: their sum then exceeds the time the GPU was busy.
+  const double busy_ms = (double)r.busy_ns / 1e6 / std::max(1, r.iters);
+  if (busy_ms > 0 && r.kernel_ms_per_iter() > 1.02 * busy_ms)
+    s += "; kernels overlap (several streams): the step's GPU time is the CUDA-event time";
+  return s;
 }
 
 std::string gap_line(const Report& r) {
