@@ -22,6 +22,15 @@ const char* value(const char* name) {
 [[noreturn]] void refuse(const char* name, const std::string& v, const std::string& want) {
   throw UserError(std::string(name) + "='" + v + "': " + want);
 }
+
+// A 0/1 switch: dflt when unset or empty, else "1" or "0"; anything else is refused with `want`.
+bool switch_var(const char* name, bool dflt, const std::string& want) {
+  const char* v = value(name);
+  if (!v) return dflt;
+  if (std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  refuse(name, v, want);
+}
 }  // namespace
 
 size_t env_bucket_bytes(size_t dflt) {
@@ -46,26 +55,20 @@ int env_stream_data() {
 }
 
 bool env_pdl() {
-  const char* v = value("UNET_PDL");
-  if (!v || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  refuse("UNET_PDL", v, "must be 1 (programmatic dependent launch in CUDA graphs) or 0 (off; the default)");
+  return switch_var("UNET_PDL", false,
+                    "must be 1 (programmatic dependent launch in CUDA graphs) or 0 (off; the default)");
 }
 
 bool env_conv_stats() {
-  const char* v = value("UNET_CONV_STATS");
-  if (!v || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  refuse("UNET_CONV_STATS", v,
-         "must be 1 (a convolution gives the statistics of the GroupNorm after it) or 0 (off; the default)");
+  return switch_var("UNET_CONV_STATS", false,
+                    "must be 1 (a convolution gives the statistics of the GroupNorm after it) or 0 (off; the "
+                    "default)");
 }
 
 bool env_lanes() {
-  const char* v = value("UNET_LANES");
-  if (!v || std::strcmp(v, "1") == 0) return true;
-  if (std::strcmp(v, "0") == 0) return false;
-  refuse("UNET_LANES", v,
-         "must be 1 (filter gradients and skip convolutions on a second stream; the default) or 0 (one stream)");
+  return switch_var("UNET_LANES", true,
+                    "must be 1 (filter gradients and skip convolutions on a second stream; the default) or 0 "
+                    "(one stream)");
 }
 
 std::string env_cpu_comm() {

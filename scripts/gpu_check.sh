@@ -37,6 +37,25 @@ mkdir -p "$OUT"
 U="$BUILD/bin/unet"
 export UNET_BINARY=$(readlink -f "$U") UNET_SOURCE_DIR=$(pwd) PYTHONPATH=$(pwd)/scripts PYTHONUNBUFFERED=1
 parts=${*:-tests e2e parity objective classifier cfg bench profile imagenet64 demo classdemo}
+# A/B of environment settings in one run: the seed64 training step (batch 32) in bf16 and tf32,
+# twice, once per setting ("VAR=v [VAR=v...]"), after one untimed run that fills the cuDNN plan
+# cache. Prints device memory, the CUDA-graph kernel sum and CUDA events, and the plain timing
+# (read the events and the plain timing: lanes and PDL make kernels overlap).
+ab_step() {
+  "$U" profile --layer model --batch-size 32 --precision bf16 --no-plain-timing > /dev/null 2>&1
+  for r in 1 2; do for prec in bf16 tf32; do for setting in "$@"; do
+    echo "$prec $setting: $(env $setting "$U" profile --layer model --batch-size 32 --precision $prec 2>&1 |
+      grep -E '^Device memory|^CUDA-graph|without the profiler' | tr '\n' ' ')"
+  done; done; done
+}
+# e2e bitwise resume on the GPU in bf16 with CUDA graphs, under the given settings; log to $OUT/e2e_$1.txt
+e2e_bf16() {
+  local name=$1
+  shift
+  env "$@" UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 UNET_TEST_PRECISION=bf16 timeout 300 \
+    python3 tests/test_train_e2e.py > "$OUT/e2e_$name.txt" 2>&1
+  grep -E "FAIL|failed|bitwise|^OK|Ran " "$OUT/e2e_$name.txt"
+}
 for p in $parts; do
   echo "=== $p"
   t0=$(date +%s)
@@ -116,36 +135,19 @@ PY
     bench) timeout 400 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
     pdl)
       (cd "$BUILD" && ./bin/test_sampler --gtest_filter='*CudaGraph*' 2>&1 | tail -n 3)
-      UNET_PDL=1 UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 UNET_TEST_PRECISION=bf16 timeout 300 \
-        python3 tests/test_train_e2e.py > "$OUT/e2e_pdl.txt" 2>&1
-      grep -E "FAIL|failed|bitwise|^OK|Ran " "$OUT/e2e_pdl.txt"
-      "$U" profile --layer model --batch-size 32 --precision bf16 --no-plain-timing > /dev/null 2>&1  # cuDNN plans
-      for r in 1 2; do for prec in bf16 tf32; do for pdl in 0 1; do
-        echo "$prec UNET_PDL=$pdl: $(UNET_PDL=$pdl "$U" profile --layer model --batch-size 32 --precision $prec 2>&1 |
-          grep -E '^CUDA-graph|without the profiler' | tr '\n' ' ')"
-      done; done; done ;;
+      e2e_bf16 pdl UNET_PDL=1
+      ab_step UNET_PDL=0 UNET_PDL=1 ;;
     convstats)
       (cd "$BUILD" && ./bin/test_conv --gtest_filter='*Statistics*' 2>&1 | tail -n 3)
       (cd "$BUILD" && ./bin/test_concat --gtest_filter='*Statistics*' 2>&1 | tail -n 3)
       (cd "$BUILD" && UNET_CONV_STATS=1 ./bin/test_model_golden 2>&1 | tail -n 3)
-      UNET_CONV_STATS=1 UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 UNET_TEST_PRECISION=bf16 timeout 300 \
-        python3 tests/test_train_e2e.py > "$OUT/e2e_convstats.txt" 2>&1
-      grep -E "FAIL|failed|bitwise|^OK|Ran " "$OUT/e2e_convstats.txt"
-      "$U" profile --layer model --batch-size 32 --precision bf16 --no-plain-timing > /dev/null 2>&1  # cuDNN plans
-      for r in 1 2; do for prec in bf16 tf32; do for cs in 0 1; do for pdl in 0 1; do
-        echo "$prec UNET_CONV_STATS=$cs UNET_PDL=$pdl: $(UNET_CONV_STATS=$cs UNET_PDL=$pdl "$U" profile --layer model \
-          --batch-size 32 --precision $prec 2>&1 | grep -E '^CUDA-graph|without the profiler' | tr '\n' ' ')"
-      done; done; done; done ;;
+      e2e_bf16 convstats UNET_CONV_STATS=1
+      ab_step "UNET_CONV_STATS=0 UNET_PDL=0" "UNET_CONV_STATS=0 UNET_PDL=1" "UNET_CONV_STATS=1 UNET_PDL=0" \
+        "UNET_CONV_STATS=1 UNET_PDL=1" ;;
     lanes)
       (cd "$BUILD" && ./bin/test_model_golden --gtest_filter='*Lanes*' 2>&1 | tail -n 3)
-      UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 UNET_TEST_PRECISION=bf16 timeout 300 \
-        python3 tests/test_train_e2e.py > "$OUT/e2e_lanes.txt" 2>&1
-      grep -E "FAIL|failed|bitwise|^OK|Ran " "$OUT/e2e_lanes.txt"
-      "$U" profile --layer model --batch-size 32 --precision bf16 --no-plain-timing > /dev/null 2>&1  # cuDNN plans
-      for r in 1 2; do for prec in bf16 tf32; do for l in 0 1; do
-        echo "$prec UNET_LANES=$l: $(UNET_LANES=$l "$U" profile --layer model --batch-size 32 --precision $prec 2>&1 |
-          grep -E '^Device memory|without the profiler' | tr '\n' ' ')"
-      done; done; done ;;
+      e2e_bf16 lanes UNET_LANES=1
+      ab_step UNET_LANES=0 UNET_LANES=1 ;;
     profile)
       "$U" profile --layer resblock --batch-size 32 --resolution 64 --in-channels 192 --out-channels 64 \
         --trace "$OUT/trace_resblock.json" > "$OUT/profile_resblock.txt" 2>&1

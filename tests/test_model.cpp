@@ -72,16 +72,7 @@ struct Fixture {
     model->plan(B, Mode::Train);
     uint64_t s = test::test_seed();
     const ParamTable& tab = model->table();
-    params.assign(tab.total, 0.0f);
-    auto r = test::randu(tab.total, s + 1);
-    for (auto& p : tab.params) {
-      // Every tensor non-zero (incl. zero-init modules) so every gradient path is exercised.
-      float bound = p.fan_in > 0 ? 1.0f / std::sqrt((float)p.fan_in) : 0.3f;
-      for (size_t i = 0; i < p.numel; ++i) {
-        float u = r[p.offset + i] * bound;
-        params[p.offset + i] = p.init == InitRule::Ones ? 1.0f + u : u;
-      }
-    }
+    params = test::random_params(tab, s + 1);
     eng->upload(model->params(), params.data());
     const int64_t R = cfg.image_size;
     n_in = (size_t)B * R * R * cfg.in_channels;

@@ -142,11 +142,7 @@ std::vector<float> seed64_grads(Precision prec, bool graph, uint64_t seed, std::
   const int B = 4, R = cfg.image_size, C = cfg.in_channels, Co = cfg.out_channels();
   model.plan(B, Mode::Train);
   const ParamTable& tab = model.table();
-  std::vector<float> w = test::randu(tab.total, seed);
-  for (auto& p : tab.params) {  // every tensor non-zero (zero-init modules too), fan-in scaled
-    const float bound = p.fan_in > 0 ? 1.0f / std::sqrt((float)p.fan_in) : 0.3f;
-    for (size_t i = 0; i < p.numel; ++i) w[p.offset + i] = (p.init == InitRule::Ones ? 1.0f : 0.0f) + w[p.offset + i] * bound;
-  }
+  const std::vector<float> w = test::random_params(tab, seed);
   eng->upload(model.params(), w.data());
   Tensor dx = eng->alloc(DType::F32, {B, R, R, C}), dt = eng->alloc(DType::F32, {B});
   Tensor dy = eng->alloc(DType::F32, {B, R, R, Co}), dd = eng->alloc(DType::F32, {B, R, R, Co});

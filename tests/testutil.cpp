@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include "params.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,6 +67,18 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     if (!(d <= m)) m = d;  // NaN propagates as max
   }
   return m;
+}
+
+std::vector<float> random_params(const ParamTable& t, uint64_t seed) {
+  std::vector<float> w = randu(t.total, seed);
+  for (const auto& p : t.params) {
+    const float bound = p.fan_in > 0 ? 1.0f / std::sqrt((float)p.fan_in) : 0.3f;
+    for (size_t i = 0; i < p.numel; ++i) {
+      const float u = w[p.offset + i] * bound;
+      w[p.offset + i] = p.init == InitRule::Ones ? 1.0f + u : u;
+    }
+  }
+  return w;
 }
 
 std::string temp_dir(const std::string& tag) {

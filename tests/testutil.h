@@ -4,6 +4,10 @@
 #include <string>
 #include <vector>
 
+namespace unet {
+struct ParamTable;
+}
+
 namespace unet::test {
 
 // Fresh seed per process run unless UNET_TEST_SEED is set (printed so a failure can be replayed).
@@ -14,6 +18,10 @@ std::vector<float> randu(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1
 double rel_l2(const float* a, const float* b, size_t n);
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b);
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+
+// Random weights for every tensor of a table, none zero (zero-init modules too, so every gradient
+// path is exercised): U(-1, 1) / sqrt(fan_in) (0.3 without a fan-in), around 1 for Ones tensors.
+std::vector<float> random_params(const ParamTable& t, uint64_t seed);
 
 // A fresh empty directory under the test temp dir, removed at process exit.
 std::string temp_dir(const std::string& tag);

@@ -180,13 +180,6 @@ bool fwd_rows_ok(const ConcatFwd& o, const CudaCtx&) {
   return o.a.dtype == o.y.dtype && o.b.dtype == o.y.dtype &&
          (!o.mean.defined() || rowblock::stats_rows_fit(o.y, o.mean));
 }
-void concat_fwd_then_stats(const ConcatFwd& o, CudaCtx& ctx) {
-  concat_fwd(o, ctx);
-  if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
-}
-bool fwd_cuda_ok(const ConcatFwd& o, const CudaCtx&) {
-  return !o.mean.defined() || groupnorm_stats_fit(o.y, o.mean);
-}
 bool bwd_rows_ok(const ConcatBwd& o, const CudaCtx&) {
   return (!o.da.defined() || o.da.dtype == o.dy.dtype) && (!o.db.defined() || o.db.dtype == o.dy.dtype);
 }
@@ -196,7 +189,7 @@ bool bwd_rows_ok(const ConcatBwd& o, const CudaCtx&) {
 void register_concat_cuda(CudaOps& ops) {
   ops.variants<ConcatFwd>().push_back({"rows", fwd_rows_ok, concat_fwd_rows, nullptr});
   ops.variants<ConcatBwd>().push_back({"rows", bwd_rows_ok, concat_bwd_rows, nullptr});
-  ops.variants<ConcatFwd>().push_back({"cuda", fwd_cuda_ok, concat_fwd_then_stats, nullptr});
+  ops.variants<ConcatFwd>().push_back({"cuda", stats_ok<ConcatFwd>, then_stats<ConcatFwd, concat_fwd>, nullptr});
   ops.variants<ConcatBwd>().push_back({"cuda", nullptr, concat_bwd, nullptr});
 }
 

@@ -794,7 +794,7 @@ void register_conv_cudnn_fused(CudaOps& ops) {
 }
 
 void register_conv_cudnn(CudaOps& ops) {
-  ops.variants<ConvFwd>().push_back({"cudnn", conv_stats_ok<fwd_ok>, conv_then_stats<conv_fwd>, fwd_ws});
+  ops.variants<ConvFwd>().push_back({"cudnn", stats_ok<ConvFwd, fwd_ok>, then_stats<ConvFwd, conv_fwd>, fwd_ws});
   ops.variants<ConvBwdData>().push_back({"cudnn", data_ok, conv_data, data_ws});
   ops.variants<ConvBwdFilter>().push_back({"cudnn", filter_ok, conv_filter, filter_ws});
 }

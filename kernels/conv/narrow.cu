@@ -205,7 +205,7 @@ bool narrow_ok(const ConvFwd& o, const CudaCtx&) {
 }  // namespace
 
 void register_conv_narrow(CudaOps& ops) {
-  ops.variants<ConvFwd>().push_back({"narrow", conv_stats_ok<narrow_ok>, conv_then_stats<narrow_fwd>, nullptr});
+  ops.variants<ConvFwd>().push_back({"narrow", stats_ok<ConvFwd, narrow_ok>, then_stats<ConvFwd, narrow_fwd>, nullptr});
 }
 
 }  // namespace unet

@@ -156,7 +156,7 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   }
   size_t bytes_held() const override {
-    return bytes_ + fixed_ + (ctx.on_side ? ctx.other.ws_bytes : ctx.ws_bytes) + ctx.side_bytes();
+    return bytes_ + fixed_ + ctx.lane_bytes();
   }
   size_t bytes_free() const override {
     size_t f = 0, t = 0;
@@ -368,10 +368,12 @@ void CudaCtx::alloc_workspaces() {
   swap_lane(*this);
 }
 
-size_t CudaCtx::side_bytes() const {
-  if (!(on_side ? stream : other.stream)) return 0;
-  return kCublasWorkspaceBytes + (kPartialFloats + kAuxFloats) * sizeof(float) + kTickets * sizeof(unsigned) +
-         (on_side ? ws_bytes : other.ws_bytes);
+// `other` holds a stream exactly when the side lane exists (on either lane); the two workspaces are
+// ws and other.ws in either order.
+size_t CudaCtx::lane_bytes() const {
+  const size_t side_fixed =
+      kCublasWorkspaceBytes + (kPartialFloats + kAuxFloats) * sizeof(float) + kTickets * sizeof(unsigned);
+  return ws_bytes + other.ws_bytes + (other.stream ? side_fixed : 0);
 }
 
 // Teardown (no throwing): back on the main lane, the side lane's work finished, its state freed.

@@ -120,7 +120,7 @@ struct CudaCtx {
   void use_lane(bool side);
   void join_lanes();
   void alloc_workspaces();    // alloc_workspace() for both lanes
-  size_t side_bytes() const;  // device memory the side lane holds
+  size_t lane_bytes() const;  // both lanes' op workspaces and the side lane's own buffers
   void destroy_side();
 
   // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C (op(A) = A^T reads A stored [K,M]),
@@ -223,15 +223,20 @@ void register_groupnorm_vec(CudaOps& ops);
 // groupnorm_stats_fit: whether the shape fits its scratch (kernels/groupnorm/fused.cu).
 bool groupnorm_stats_fit(const Tensor& x, const Tensor& mean);
 void groupnorm_stats(CudaCtx& ctx, const Tensor& x, const Tensor& mean, const Tensor& rstd);
-// For the conv variants that do not compute ConvFwd's optional statistics themselves: Run, then
-// groupnorm_stats over the y it wrote; and Ok plus whether that fits.
-template <void (*Run)(const ConvFwd&, CudaCtx&)>
-void conv_then_stats(const ConvFwd& o, CudaCtx& ctx) {
+// For the variants of ops with optional output statistics (ConvFwd's and ConcatFwd's y, mean, rstd)
+// that do not compute them themselves: Run, then groupnorm_stats over the y it wrote; and Ok plus
+// whether that fits (any_op: no condition of its own).
+template <class Op, void (*Run)(const Op&, CudaCtx&)>
+void then_stats(const Op& o, CudaCtx& ctx) {
   Run(o, ctx);
   if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
 }
-template <bool (*Ok)(const ConvFwd&, const CudaCtx&)>
-bool conv_stats_ok(const ConvFwd& o, const CudaCtx& c) {
+template <class Op>
+bool any_op(const Op&, const CudaCtx&) {
+  return true;
+}
+template <class Op, bool (*Ok)(const Op&, const CudaCtx&) = any_op<Op>>
+bool stats_ok(const Op& o, const CudaCtx& c) {
   return (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean)) && Ok(o, c);
 }
 void register_groupnorm_threepass(CudaOps& ops);

@@ -293,10 +293,15 @@ void Blocks::res_fwd(L& s) {
   // Without resampling, the skip connection's 1x1 conv reads only the block's input: on the side
   // lane, beside in_layers and the second norm, joined before conv2 adds it.
   const bool skip_side = s.sw != SIZE_MAX && !l.updown && lanes;
-  if (skip_side) {
+  auto skip_conv = [&] {
     ScopedRange r(d, "skip_connection");
-    run_side(ConvFwd{xs, Wc(s.sw, co, 1, ci), vec(s.sb, co), {}, {}, at(s.f_sk), 1});
-  }
+    const ConvFwd c{xs, Wc(s.sw, co, 1, ci), vec(s.sb, co), {}, {}, at(s.f_sk), 1};
+    if (skip_side)
+      run_side(c);
+    else
+      run(c);
+  };
+  if (skip_side) skip_conv();
   {
     ScopedRange r(d, "in_layers");
     const Tensor c1in = res_conv1_input(s, s.f_n1, s.f_n1r);
@@ -310,10 +315,7 @@ void Blocks::res_fwd(L& s) {
   }
   Tensor res = xs;
   if (s.sw != SIZE_MAX) {
-    if (!skip_side) {
-      ScopedRange r(d, "skip_connection");
-      run(ConvFwd{xs, Wc(s.sw, co, 1, ci), vec(s.sb, co), {}, {}, at(s.f_sk), 1});
-    }
+    if (!skip_side) skip_conv();  // after the resampling of xs
     res = at(s.f_sk);
   }
   ScopedRange r(d, "out_layers");
