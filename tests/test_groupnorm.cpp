@@ -1,6 +1,6 @@
 // groupnorm family: lib/ops/groupnorm.h (reference), lib/ops/groupnorm.cpp (CPU),
 // kernels/groupnorm/ (CUDA), lib/ops/groupnorm_fast.cpp (the fast CPU variants). GroupNorm with
-// optional scale-shift and SiLU, forward and backward; every CUDA variant vs the CPU engine, every
+// optional scale-shift, SiLU and input offset (xbias/xemb), forward and backward; every CUDA variant vs the CPU engine, every
 // fast CPU variant vs the CPU reference (odd shapes and every tiny32 shape, thread-count independent).
 #include "ops_common.h"
 
@@ -169,12 +169,46 @@ TEST(GroupNormApply, EqualsTheForwardWithItsStatistics) {
     }
 }
 
+// The input offset: GroupNorm of x with xbias [C] and xemb [B, C] is GroupNorm of x + xbias[c] +
+// xemb[b, c] (f32 adds in that order), forward, apply and backward, bitwise (the default CPU
+// variant, with scale-shift and without).
+TEST(GroupNormOffset, NormalizesXPlusBiasAndEmbedding) {
+  for (bool ss : {false, true}) {
+    const int B = 2, H = 5, C = 12, G = 4;
+    const size_t n = (size_t)B * H * H * C;
+    Dev d;
+    const V x = rnd(n, -2, 3), bias = rnd(C, -3, 3), emb = rnd((size_t)B * C, -2, 2);
+    V shifted(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t c = i % C, b = i / ((size_t)H * H * C);
+      shifted[i] = ((float)x[i] + (float)bias[c]) + (float)emb[b * C + c];
+    }
+    Tensor X = d.put(x, {B, H, H, C}), X2 = d.put(shifted, {B, H, H, C}), Bi = d.put(bias),
+           Em = d.put(emb, {B, C}), Ga = d.put(rnd(C, 0.5, 1.5)), Be = d.put(rnd(C)), Dy = d.put(rnd(n), {B, H, H, C});
+    Tensor SS = ss ? d.put(rnd((size_t)B * 2 * C), {B, 2 * C}) : Tensor{};
+    auto fwd = [&](const Tensor& x_, bool off) {
+      Tensor Y = d.poisoned({B, H, H, C}), M = d.poisoned({B, G}), R = d.poisoned({B, G}), Y2 = d.poisoned({B, H, H, C});
+      Tensor Dx = d.poisoned({B, H, H, C}), Dg = d.poisoned({C}), Db = d.poisoned({C});
+      const Tensor xb = off ? Bi : Tensor{}, xe = off ? Em : Tensor{};
+      d.run(GroupNormFwd{x_, Ga, Be, SS, Y, M, R, true, xb, xe});
+      d.run(GroupNormApply{x_, Ga, Be, SS, M, R, Y2, true, xb, xe});
+      d.run(GroupNormBwd{x_, Ga, Be, SS, M, R, Dy, Dx, Dg, Db, {}, true, {}, {}, {}, {}, xb, xe});
+      return std::vector<F>{d.get(Y), d.get(M), d.get(R), d.get(Y2), d.get(Dx), d.get(Dg), d.get(Db)};
+    };
+    const std::vector<F> a = fwd(X, true), b = fwd(X2, false);
+    const char* names[] = {"y", "mean", "rstd", "apply", "dx", "dgamma", "dbeta"};
+    for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k], b[k]) << names[k] << " ss " << ss;
+    // and the offset matters: the same op without it differs
+    EXPECT_NE(fwd(X, false)[0], a[0]);
+  }
+}
+
 // ---- CUDA variants ----
 
-// A GroupNormBwd over [B, H, W, C] in `act` (G groups; scale-shift, the added gradient and the
-// column sums optional).
+// A GroupNormBwd over [B, H, W, C] in `act` (G groups; scale-shift, the added gradient, the
+// column sums and the input offset optional).
 GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, int G, bool ss, bool silu,
-                       bool add, bool sums = false) {
+                       bool add, bool sums = false, bool off = false) {
   GroupNormBwd o{A(act, {B, H, W, C}),
                  A(DType::F32, {C}),
                  A(DType::F32, {C}),
@@ -196,31 +230,51 @@ GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, in
     o.dx_sums = A(DType::F32, {B, C}), o.dx_total = A(DType::F32, {C});
     if (add) o.add_total = A(DType::F32, {C});
   }
+  if (off) o.xbias = A(DType::F32, {C}), o.xemb = A(DType::F32, {B, C});
   return o;
 }
 
 // add: the backward also adds a gradient arriving by another path (the residual skip) into dx.
 // sums: with the column sums of dx and add (the neighbouring convs' bias gradients).
+// off: with the input offset (xbias [C], xemb [B, C]: conv1's bias and embedding, added by GN2).
 void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, bool add = false,
-              bool sums = false) {
+              bool sums = false, bool off = false) {
   const int G = 32 <= C && C % 32 == 0 ? 32 : (C % 4 == 0 ? 4 : 1);
+  const std::string o_ = off ? " + offset" : "";
   check_variants<GroupNormFwd>(
-      what + " fwd",
+      what + " fwd" + o_,
       [&](const Alloc& A, DType act) {
-        return GroupNormFwd{A(act, {B, H, H, C}),  A(DType::F32, {C}),
-                            A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                            A(act, {B, H, H, C}),  A(DType::F32, {B, G}),
-                            A(DType::F32, {B, G}), silu};
+        GroupNormFwd o{A(act, {B, H, H, C}),  A(DType::F32, {C}),
+                       A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                       A(act, {B, H, H, C}),  A(DType::F32, {B, G}),
+                       A(DType::F32, {B, G}), silu};
+        if (off) o.xbias = A(DType::F32, {C}), o.xemb = A(DType::F32, {B, C});
+        return o;
       },
       Tol{});
+  if (off)  // (without the offset: the backward's setup below runs the same kernels)
+    check_variants<GroupNormApply>(
+        what + " apply" + o_,
+        [&](const Alloc& A, DType act) {
+          return GroupNormApply{A(act, {B, H, H, C}),  A(DType::F32, {C}),
+                                A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                                A(DType::F32, {B, G}), A(DType::F32, {B, G}),
+                                A(act, {B, H, H, C}),  silu,
+                                A(DType::F32, {C}),    A(DType::F32, {B, C})};
+        },
+        Tol{},
+        [&](Engine& e, GroupNormApply& o) {
+          Tensor y = e.alloc(o.x.dtype, {B, H, H, C});
+          e.ops().run(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu, o.xbias, o.xemb});
+        });
   // Backward from the statistics of a forward pass over the same x.
   check_variants<GroupNormBwd>(
-      what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : ""),
-      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, H, C, G, ss, silu, add, sums); },
+      what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : "") + o_,
+      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, H, C, G, ss, silu, add, sums, off); },
       Tol{},
       [&](Engine& e, GroupNormBwd& o) {
         Tensor y = e.alloc(o.x.dtype, {B, H, H, C});
-        e.ops().run(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu});
+        e.ops().run(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu, o.xbias, o.xemb});
       });
 }
 
@@ -237,6 +291,9 @@ TEST(GroupNormVariants, SmallShapes) {
   check_gn("odd", 3, 7, 20, false, true, false, true);
   check_gn("ss", 2, 4, 64, true, true, false, true);
   check_gn("no silu", 2, 4, 64, false, false, true, true);
+  check_gn("odd", 2, 5, 12, false, true, false, false, true);
+  check_gn("odd ss", 3, 3, 12, true, true, false, true, true);
+  check_gn("no silu", 2, 4, 64, false, false, false, true, true);
 }
 
 TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
@@ -263,6 +320,13 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
   check_gn("seed64 + skip sums 64x64", 32, 64, 64, false, true, true, true);
   check_gn("seed64 + skip sums 8x8", 32, 8, 256, false, true, true, true);
   check_gn("seed64 attention + skip sums", 32, 16, 128, false, false, true, true);
+  // conv1's bias and embedding added by GN2 (its forward, recompute and backward with the column
+  // sums), every ResBlock width and map size ("fused" at 64x64/32x32, "smem" at 16x16/8x8)
+  check_gn("seed64 GN2 offset 64x64", 32, 64, 64, false, true, false, true, true);
+  check_gn("seed64 GN2 offset 32x32", 32, 32, 128, false, true, false, true, true);
+  check_gn("seed64 GN2 offset 16x16", 32, 16, 192, false, true, false, true, true);
+  check_gn("seed64 GN2 offset 8x8", 32, 8, 256, false, true, false, true, true);
+  check_gn("seed64 GN2 offset ss", 32, 16, 128, true, true, false, true, true);
 }
 
 // ---- fast CPU variants vs the CPU reference ----
@@ -270,7 +334,10 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
 // shift: added to x (a mean far from 0 next to a unit spread: the variance's cancellation).
 int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, bool ss, bool silu,
                  std::vector<Precision> precs = {Precision::FP32, Precision::BF16}, float shift = 0,
-                 bool add = false, bool sums = false) {
+                 bool add = false, bool sums = false, bool off = false) {
+  auto offset = [&](const Alloc& A, auto& o) {
+    if (off) o.xbias = A(DType::F32, {C}), o.xemb = A(DType::F32, {B, C});
+  };
   auto shift_x = [shift](Engine& e, const Tensor& x) {
     if (shift == 0) return;
     std::vector<float> v = test::to_host(e, x);
@@ -280,35 +347,41 @@ int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, boo
   int n = check_cpu_variants<GroupNormFwd>(
       what + " fwd",
       [&](const Alloc& A, DType act) {
-        return GroupNormFwd{A(act, {B, H, W, C}),  A(DType::F32, {C}),
-                            A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                            A(act, {B, H, W, C}),  A(DType::F32, {B, G}),
-                            A(DType::F32, {B, G}), silu};
+        GroupNormFwd o{A(act, {B, H, W, C}),  A(DType::F32, {C}),
+                       A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                       A(act, {B, H, W, C}),  A(DType::F32, {B, G}),
+                       A(DType::F32, {B, G}), silu};
+        offset(A, o);
+        return o;
       },
       kCpuTol, [&](Engine& e, GroupNormFwd& o) { shift_x(e, o.x); }, precs);
   n += check_cpu_variants<GroupNormApply>(
       what + " apply",
       [&](const Alloc& A, DType act) {
-        return GroupNormApply{A(act, {B, H, W, C}),  A(DType::F32, {C}),
-                              A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
-                              A(DType::F32, {B, G}), A(DType::F32, {B, G}),
-                              A(act, {B, H, W, C}),  silu};
+        GroupNormApply o{A(act, {B, H, W, C}),  A(DType::F32, {C}),
+                         A(DType::F32, {C}),    ss ? A(DType::F32, {B, 2 * C}) : Tensor{},
+                         A(DType::F32, {B, G}), A(DType::F32, {B, G}),
+                         A(act, {B, H, W, C}),  silu};
+        offset(A, o);
+        return o;
       },
       kCpuTol,
       [&](Engine& e, GroupNormApply& o) {  // statistics of x from the reference forward
         shift_x(e, o.x);
         Tensor y = e.alloc(o.x.dtype, {B, H, W, C});
-        e.base_ops().run_variant(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu}, "ref");
+        e.base_ops().run_variant(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu, o.xbias, o.xemb},
+                                 "ref");
       },
       precs);
   n += check_cpu_variants<GroupNormBwd>(
       what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : ""),
-      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, W, C, G, ss, silu, add, sums); },
+      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, W, C, G, ss, silu, add, sums, off); },
       kCpuTol,
       [&](Engine& e, GroupNormBwd& o) {  // statistics of x from the reference forward
         shift_x(e, o.x);
         Tensor y = e.alloc(o.x.dtype, {B, H, W, C});
-        e.base_ops().run_variant(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu}, "ref");
+        e.base_ops().run_variant(GroupNormFwd{o.x, o.gamma, o.beta, o.ss, y, o.mean, o.rstd, silu, o.xbias, o.xemb},
+                                 "ref");
       },
       precs);
   return n;
@@ -329,6 +402,8 @@ TEST(GroupNormCpuVariants, SmallOddShapes) {
                         true);
       n += check_gn_cpu("C64 G32 + add + sums" + k, 2, 5, 6, 64, 32, ss, silu, {Precision::FP32}, 0.f, true,
                         true);
+      n += check_gn_cpu("C64 G32 + offset + sums" + k, 2, 5, 6, 64, 32, ss, silu,
+                        {Precision::FP32, Precision::BF16}, 0.f, false, true, true);
     }
   if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";
 }

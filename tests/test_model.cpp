@@ -292,29 +292,41 @@ TEST(Model, RecomputingNormalizedInputsGivesTheSameGradientsWithLessMemory) {
 
 // UNET_CONV_STATS=1: the conv in front of each GroupNorm (within a ResBlock, and from one layer to
 // the next, and the last layer to the out norm) also gives the norm's statistics, and the norm
-// runs as GroupNormApply. The same outputs and gradients up to the statistics' rounding (the
-// reference's two-pass statistics of the conv's y against the default GroupNorm variant's), for
-// every block kind, in fp32 (1e-5) and the bf16 emulation. In bf16 the statistics of bf16 values
-// agree bit for bit almost always (float sums of 8-bit mantissas are exact) and so do the
-// outputs; for the odd seed one statistic differs in its last bit, one activation rounds the
-// other way, and this small random network carries that to ~1% of the output and a few % of the
-// gradients (as bf16 against fp32: Bf16EmulationTracksFp32), hence 2e-2 / 6e-2 there.
+// runs as GroupNormApply; a ResBlock's conv1 then adds its bias and embedding itself (the default
+// leaves them to GN2's input offset). The same outputs and gradients up to rounding, for every
+// block kind: in fp32 within 3e-5 (the two orders of adding conv1's bias and embedding, and the
+// statistics' rounding). In bf16 the two round differently where it matters (h1 rounded with or
+// without its bias and embedding), so each is compared with the fp32 run instead, within the
+// bf16 emulation's tolerance of it (as in Bf16EmulationTracksFp32).
 TEST(Model, ConvGivenNormStatisticsGiveTheSameResults) {
-  for (Precision p : {Precision::FP32, Precision::BF16})
-    for (int k : {0, 1, 2}) {
-      Case c = cases()[k];
-      SCOPED_TRACE(std::string(c.name) + " " + precision_name(p));
+  for (int k : {0, 1, 2}) {
+    Case c = cases()[k];
+    SCOPED_TRACE(c.name);
+    Fixture ref(c.cfg);
+    const std::vector<float> y32 = ref.out(), g32 = ref.grads();
+    EXPECT_GT(test::rel_l2(y32, std::vector<float>(y32.size(), 0.f)), 0.1);
+    for (Precision p : {Precision::FP32, Precision::BF16}) {
+      SCOPED_TRACE(precision_name(p));
       Fixture plain(c.cfg, p);
       setenv("UNET_CONV_STATS", "1", 1);
       Fixture given(c.cfg, p);
       unsetenv("UNET_CONV_STATS");
-      const bool fp32 = p == Precision::FP32;
       const std::vector<float> ya = plain.out(), yb = given.out();
-      EXPECT_LT(test::rel_l2(yb, ya), fp32 ? 1e-5 : 2e-2);
-      EXPECT_GT(test::rel_l2(ya, std::vector<float>(ya.size(), 0.f)), 0.1);
       const std::vector<float> ga = plain.grads(), gb = given.grads();
-      EXPECT_LT(test::rel_l2(gb, ga), fp32 ? 1e-5 : 6e-2);
+      if (p == Precision::FP32) {
+        EXPECT_LT(test::rel_l2(yb, ya), 3e-5);
+        EXPECT_LT(test::rel_l2(gb, ga), 3e-5);
+        continue;
+      }
+      // the dropout case's gradients: 2.5e-2 to 9.3e-2 over 30 seeds, either way (its dropped
+      // channels leave small gradients that bf16's rounding dominates)
+      const double gtol = k == 2 ? 0.15 : 6e-2;
+      EXPECT_LT(test::rel_l2(ya, y32), 2e-2);
+      EXPECT_LT(test::rel_l2(yb, y32), 2e-2);
+      EXPECT_LT(test::rel_l2(ga, g32), gtol);
+      EXPECT_LT(test::rel_l2(gb, g32), gtol);
     }
+  }
 }
 
 }  // namespace

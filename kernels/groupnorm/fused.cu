@@ -50,10 +50,18 @@ constexpr int kU1 = 4, kU2 = 2;
 struct Coef {
   float m, r, a, bb;
 };
+// The op's input offset for channel c of sample b (xbias[c] + xemb[b, c]; 0 without): the norm
+// reads x + offset. The kernels fold it into the mean they subtract (x - (mean - offset)).
+__device__ __forceinline__ float xoff(const float* xbias, const float* xemb, int b, int c, int C) {
+  float o = 0.f;
+  if (xbias) o = xbias[c];
+  if (xemb) o += xemb[(size_t)b * C + c];
+  return o;
+}
 __device__ __forceinline__ Coef coef_from(float m, float r, const float* gamma, const float* beta, const float* ss,
-                                          int b, int c, int C) {
+                                          int b, int c, int C, float off) {
   Coef k;
-  k.m = m, k.r = r;
+  k.m = m - off, k.r = r;
   k.a = r * gamma[c], k.bb = beta[c];
   if (ss) {
     const float f = 1.f + ss[(size_t)b * 2 * C + c];
@@ -63,17 +71,19 @@ __device__ __forceinline__ Coef coef_from(float m, float r, const float* gamma, 
   return k;
 }
 __device__ __forceinline__ Coef coef_of(const float* gamma, const float* beta, const float* ss, const float* mean,
-                                        const float* rstd, int b, int c, int C, int G) {
+                                        const float* rstd, const float* xbias, const float* xemb, int b, int c,
+                                        int C, int G) {
   const int bg = b * G + c / (C / G);
-  return coef_from(mean[bg], rstd[bg], gamma, beta, ss, b, c, C);
+  return coef_from(mean[bg], rstd[bg], gamma, beta, ss, b, c, C, xoff(xbias, xemb, b, c, C));
 }
 
 // Forward sums of (x - K, (x - K)^2) per (b, split, c); the last block of sample b writes its
 // mean and rstd.
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
-    fwd_sums_kernel(const T* __restrict__ x, int R, int C, int G, int Cl, int L, int rps, float2* partial,
-                    double2* sums, unsigned* tickets, float* __restrict__ mean, float* __restrict__ rstd) {
+    fwd_sums_kernel(const T* __restrict__ x, const float* __restrict__ xbias, const float* __restrict__ xemb, int R,
+                    int C, int G, int Cl, int L, int rps, float2* partial, double2* sums, unsigned* tickets,
+                    float* __restrict__ mean, float* __restrict__ rstd) {
   pdl_entry();
   __shared__ float2 red[kThreads * V];
   __shared__ double2 tmp[kThreads];
@@ -89,7 +99,10 @@ __global__ void __launch_bounds__(kThreads)
     if (j < Cv) {
       float K[V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) K[k] = ldf(xb, (size_t)((j * V + k) / Cg) * Cg);
+      for (int k = 0; k < V; ++k) {  // the group's first value as read, minus this channel's offset
+        const int c = j * V + k, c0 = c / Cg * Cg;
+        K[k] = ldf(xb, (size_t)c0) + xoff(xbias, xemb, b, c0, C) - xoff(xbias, xemb, b, c, C);
+      }
       for (int r = r0 + rl; r < r1; r += kU1 * L) {
         float v[kU1][V];
 #pragma unroll
@@ -120,7 +133,7 @@ __global__ void __launch_bounds__(kThreads)
     double a = 0, q = 0;
     for (int c = g * Cg; c < (g + 1) * Cg; ++c) a += sums[(size_t)b * C + c].x, q += sums[(size_t)b * C + c].y;
     const double m1 = a / n, var = fmax(q / n - m1 * m1, 0.0);
-    mean[b * G + g] = (float)(ldf(xb, (size_t)g * Cg) + m1);
+    mean[b * G + g] = (float)(ldf(xb, (size_t)g * Cg) + xoff(xbias, xemb, b, g * Cg, C) + m1);
     rstd[b * G + g] = (float)(1.0 / sqrt(var + kEps));
   }
   if (t == 0) tickets[1 + b] = 0;
@@ -131,7 +144,8 @@ template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ gamma,
                  const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
-                 const float* __restrict__ rstd, int R, int C, int G, int Cl, int L, int rps, bool silu) {
+                 const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
+                 int R, int C, int G, int Cl, int L, int rps, bool silu) {
   pdl_entry();
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V;
@@ -141,7 +155,7 @@ __global__ void __launch_bounds__(kThreads)
     float m[V], a[V], bb[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const Coef q = coef_of(gamma, beta, ss, mean, rstd, b, j * V + k, C, G);
+      const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
       m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
     }
     for (int r = s * rps + rl; r < r1; r += kU1 * L) {
@@ -170,8 +184,9 @@ template <class T, int V>
 __global__ void __launch_bounds__(kThreads, 2)
     bwd_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ gamma,
                     const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
-                    const float* __restrict__ rstd, int R, int C, int G, int Cl, int L, int rps, bool silu,
-                    float2* partial, double2* sums, float2* coef, unsigned* tickets, float* dgamma,
+                    const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
+                    int R, int C, int G, int Cl, int L, int rps, bool silu, float2* partial, double2* sums,
+                    float2* coef, unsigned* tickets, float* dgamma,
                     float* dbeta, float* dss) {
   pdl_entry();
   __shared__ float2 red[kThreads * V];
@@ -189,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       float m[V], rs[V], a[V], bb[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const Coef q = coef_of(gamma, beta, ss, mean, rstd, b, j * V + k, C, G);
+        const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
         m[k] = q.m, rs[k] = q.r, a[k] = q.a, bb[k] = q.bb;
       }
       for (int r = r0 + rl; r < r1; r += kU2 * L) {
@@ -270,7 +285,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
               const float* __restrict__ gamma,
               const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
-              const float* __restrict__ rstd, const float2* __restrict__ coef, int R, int C, int G, int Cl, int L,
+              const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
+              const float2* __restrict__ coef, int R, int C, int G, int Cl, int L,
               int rps, bool silu, float2* partial, double2* sums, unsigned* tickets, float* dx_sums,
               float* dx_total, float* add_total) {
   pdl_entry();
@@ -288,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const int c = j * V + k;
-        const Coef q = coef_of(gamma, beta, ss, mean, rstd, b, c, C, G);
+        const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, c, C, G);
         const float2 kk = coef[b * G + c / Cg];
         m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
         bq[k] = -q.r * q.r * kk.y;
@@ -382,16 +398,17 @@ float2* coef_buf(CudaCtx& ctx, const Dims& d) {
 template <class T, int V>
 void apply(CudaCtx& ctx, const Dims& d, const T* x, T* y, const GroupNormApply& o) {
   const Plan p = plan(apply_kernel<T, V>, d.B, d.R, d.C, V, kU1);
-  apply_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(x, y, dptr<float>(o.gamma), dptr<float>(o.beta),
-                                                        dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd),
-                                                        d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu);
+  apply_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
+      x, y, dptr<float>(o.gamma), dptr<float>(o.beta), dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd),
+      dptr<float>(o.xbias), dptr<float>(o.xemb), d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu);
   KERNEL_CHECK();
 }
 
 template <class T, int V>
-void stats(CudaCtx& ctx, const Dims& d, const T* x, const Tensor& mean, const Tensor& rstd) {
+void stats(CudaCtx& ctx, const Dims& d, const T* x, const Tensor& mean, const Tensor& rstd, const float* xbias = nullptr,
+           const float* xemb = nullptr) {
   const Plan p = plan(fwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU1, max_splits(d));
-  fwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(x, d.R, d.C, d.G, p.Cl, p.L, p.rps,
+  fwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(x, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps,
                                                            reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx),
                                                            ctx.tickets, dptr<float>(mean), dptr<float>(rstd));
   KERNEL_CHECK();
@@ -404,8 +421,9 @@ void gn_fwd(const GroupNormFwd& o, CudaCtx& ctx) {
     const T* x = dptr<T>(o.x);
     with_width<T>(wide_ok<T>(d.C, {o.x.data, o.y.data}), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      stats<T, V>(ctx, d, x, o.mean, o.rstd);
-      apply<T, V>(ctx, d, x, dptr<T>(o.y), GroupNormApply{o.x, o.gamma, o.beta, o.ss, o.mean, o.rstd, o.y, o.silu});
+      stats<T, V>(ctx, d, x, o.mean, o.rstd, dptr<float>(o.xbias), dptr<float>(o.xemb));
+      apply<T, V>(ctx, d, x, dptr<T>(o.y),
+                  GroupNormApply{o.x, o.gamma, o.beta, o.ss, o.mean, o.rstd, o.y, o.silu, o.xbias, o.xemb});
     });
   });
 }
@@ -429,10 +447,11 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
       constexpr int V = decltype(vtag)::value;
       const Plan p = plan(bwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU2, max_splits(d));
       const float *gamma = dptr<float>(o.gamma), *beta = dptr<float>(o.beta), *ss = dptr<float>(o.ss),
-                  *mean = dptr<float>(o.mean), *rstd = dptr<float>(o.rstd);
+                  *mean = dptr<float>(o.mean), *rstd = dptr<float>(o.rstd), *xbias = dptr<float>(o.xbias),
+                  *xemb = dptr<float>(o.xemb);
       float2* coef = coef_buf(ctx, d);
       bwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
-          x, dy, gamma, beta, ss, mean, rstd, d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu,
+          x, dy, gamma, beta, ss, mean, rstd, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu,
           reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), coef, ctx.tickets, dptr<float>(o.dgamma),
           dptr<float>(o.dbeta), dptr<float>(o.dss));
       KERNEL_CHECK();
@@ -443,7 +462,8 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
         // per-(b, c) sums bwd_sums's (coef lies after them)
         const Plan q = plan(dx_kernel<T, V, SUMS>, d.B, d.R, d.C, V, kU2, SUMS ? max_splits(d) : 1 << 20);
         dx_kernel<T, V, SUMS><<<q.grid(), q.nt, 0, ctx.stream>>>(
-            x, dy, dptr<T>(o.dx), dptr<T>(o.add), gamma, beta, ss, mean, rstd, coef, d.R, d.C, d.G, q.Cl, q.L,
+            x, dy, dptr<T>(o.dx), dptr<T>(o.add), gamma, beta, ss, mean, rstd, xbias, xemb, coef, d.R, d.C, d.G,
+            q.Cl, q.L,
             q.rps, o.silu, reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), ctx.tickets,
             dptr<float>(o.dx_sums), dptr<float>(o.dx_total), dptr<float>(o.add_total));
         KERNEL_CHECK();
@@ -563,7 +583,8 @@ template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     smem_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ gamma,
                     const float* __restrict__ beta, const float* __restrict__ ss, float* __restrict__ mean,
-                    float* __restrict__ rstd, int R, int C, int G, int Cb, bool silu) {
+                    float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb, int R,
+                    int C, int G, int Cb, bool silu) {
   pdl_entry();
   extern __shared__ __align__(16) unsigned char smem[];
   const int t = threadIdx.x, nt = blockDim.x, b = blockIdx.y, c0 = blockIdx.x * Cb;
@@ -580,13 +601,13 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const double n = (double)R * Cg;
   channel_sums(R, Cb, part, csum, [&](int r, int cl) { return make_float2(ldf(sx, (size_t)r * Cb + cl), 0.f); });
-  for (int q = t; q < gb; q += nt) {
+  for (int q = t; q < gb; q += nt) {  // the offset adds R * offset to each channel's sum
     double s = 0;
-    for (int cl = q * Cg; cl < (q + 1) * Cg; ++cl) s += csum[cl].x;
+    for (int cl = q * Cg; cl < (q + 1) * Cg; ++cl) s += csum[cl].x + (double)R * xoff(xbias, xemb, b, c0 + cl, C);
     gst[q].x = s / n;
   }
   __syncthreads();
-  for (int cl = t; cl < Cb; cl += nt) cm[cl].x = (float)gst[cl / Cg].x;
+  for (int cl = t; cl < Cb; cl += nt) cm[cl].x = (float)(gst[cl / Cg].x - (double)xoff(xbias, xemb, b, c0 + cl, C));
   __syncthreads();
   channel_sums(R, Cb, part, csum, [&](int r, int cl) {
     const float d = ldf(sx, (size_t)r * Cb + cl) - cm[cl].x;
@@ -602,7 +623,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   for (int cl = t; cl < Cb; cl += nt) {
     const double2 q = gst[cl / Cg];
-    const Coef k = coef_from((float)q.x, (float)q.y, gamma, beta, ss, b, c0 + cl, C);
+    const Coef k = coef_from((float)q.x, (float)q.y, gamma, beta, ss, b, c0 + cl, C, xoff(xbias, xemb, b, c0 + cl, C));
     cf[cl] = make_float4(k.m, k.a, k.bb, k.r);
   }
   __syncthreads();
@@ -624,8 +645,8 @@ template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     smem_bwd_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
                     const float* __restrict__ gamma, const float* __restrict__ beta, const float* __restrict__ ss,
-                    const float* __restrict__ mean, const float* __restrict__ rstd, int R, int C, int G, int Cb,
-                    bool silu, double2* sums, unsigned* tickets, float* dgamma, float* dbeta, float* dss,
+                    const float* __restrict__ mean, const float* __restrict__ rstd, const float* __restrict__ xbias,
+                    const float* __restrict__ xemb, int R, int C, int G, int Cb, bool silu, double2* sums, unsigned* tickets, float* dgamma, float* dbeta, float* dss,
                     double2* col, float* dx_sums, float* dx_total, float* add_total) {
   pdl_entry();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -641,7 +662,7 @@ __global__ void __launch_bounds__(kThreads)
   load_slice<T, V>(x, sx, b, R, C, c0, Cb);
   load_slice<T, V>(dy, sg, b, R, C, c0, Cb);
   for (int cl = t; cl < Cb; cl += nt) {  // while the copies fly
-    const Coef k = coef_of(gamma, beta, ss, mean, rstd, b, c0 + cl, C, G);
+    const Coef k = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, c0 + cl, C, G);
     cf[cl] = make_float4(k.m, k.a, k.bb, k.r);
   }
   slices_ready();
@@ -780,7 +801,8 @@ void smem_fwd(const GroupNormFwd& o, CudaCtx& ctx) {
       constexpr int V = decltype(vtag)::value;
       smem_fwd_kernel<T, V><<<dim3(sp.k, d.B), kThreads, sp.bytes, ctx.stream>>>(
           dptr<T>(o.x), dptr<T>(o.y), dptr<float>(o.gamma), dptr<float>(o.beta), dptr<float>(o.ss),
-          dptr<float>(o.mean), dptr<float>(o.rstd), d.R, d.C, d.G, sp.Cb, o.silu);
+          dptr<float>(o.mean), dptr<float>(o.rstd), dptr<float>(o.xbias), dptr<float>(o.xemb), d.R, d.C, d.G, sp.Cb,
+          o.silu);
       KERNEL_CHECK();
     });
   });
@@ -795,7 +817,8 @@ void smem_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
       constexpr int V = decltype(vtag)::value;
       smem_bwd_kernel<T, V><<<dim3(sp.k, d.B), kThreads, sp.bytes, ctx.stream>>>(
           dptr<T>(o.x), dptr<T>(o.dy), dptr<T>(o.dx), dptr<T>(o.add), dptr<float>(o.gamma), dptr<float>(o.beta),
-          dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd), d.R, d.C, d.G, sp.Cb, o.silu, sums_of(ctx),
+          dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd), dptr<float>(o.xbias), dptr<float>(o.xemb), d.R,
+          d.C, d.G, sp.Cb, o.silu, sums_of(ctx),
           ctx.tickets, dptr<float>(o.dgamma), dptr<float>(o.dbeta), dptr<float>(o.dss),
           sums_of(ctx) + (size_t)d.B * d.C, dptr<float>(o.dx_sums), dptr<float>(o.dx_total),
           dptr<float>(o.add_total));

@@ -260,13 +260,14 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
 // The dx kernel writes dx as dy's dtype.
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   return (!o.dx.defined() || o.dx.dtype == o.dy.dtype) && (!o.add.defined() || o.add.dtype == o.dy.dtype) &&
-         rowblock::gn_bwd_column_sums_fit(o);
+         rowblock::gn_bwd_column_sums_fit(o) && gn_plain_input(o);
 }
+bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) { return gn_plain_input(o); }
 
 }  // namespace
 
 void register_groupnorm_threepass(CudaOps& ops) {
-  ops.variants<GroupNormFwd>().push_back({"threepass", nullptr, gn_fwd, nullptr});
+  ops.variants<GroupNormFwd>().push_back({"threepass", fwd_ok, gn_fwd, nullptr});
   ops.variants<GroupNormBwd>().push_back({"threepass", bwd_ok, gn_bwd, nullptr});
 }
 

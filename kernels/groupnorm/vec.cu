@@ -436,15 +436,15 @@ bool shapes_ok(const Tensor& x, const Tensor& mean) {
   return d.C % 2 == 0 && scratch_bytes(d.B, d.C) <= CudaCtx::kAuxFloats * 4;
 }
 bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
-  return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean);
+  return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean) && gn_plain_input(o);
 }
 bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
-  return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean);
+  return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean) && gn_plain_input(o);
 }
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
          (!o.add.defined() || o.add.dtype == o.x.dtype) && shapes_ok(o.x, o.mean) &&
-         rowblock::gn_bwd_column_sums_fit(o);
+         rowblock::gn_bwd_column_sums_fit(o) && gn_plain_input(o);
 }
 
 }  // namespace

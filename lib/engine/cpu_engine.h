@@ -77,6 +77,9 @@ void register_groupnorm_fast_cpu(CpuOps& ops);
 // GroupNormBwd's optional column sums (dx_sums, dx_total, add_total) from the written dx and add;
 // every CPU variant calls it after dx is complete.
 void gn_bwd_column_sums(const GroupNormBwd& o);
+// GroupNorm's input as it reads it, sample b: x + xbias[c] + xemb[b, c] (the ops' optional input
+// offset) written to out (HW*C floats) and returned; x's own rows when neither is given.
+const float* gn_read_x(const Tensor& x, const Tensor& xbias, const Tensor& xemb, int b, float* out);
 // ConvFwd's optional GroupNorm statistics (mean, rstd) of the written y as stored: every CPU
 // variant calls it after y is complete, outside the bf16 emulation (the reference's statistics,
 // as GroupNormFwd's reference computes them).

@@ -199,6 +199,11 @@ template <class Op>
 void check_gn(const Op& op, const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& ss,
               const Tensor& mean, const Tensor& rstd) {
   req(op, nhwc(x), "x must be 4-D NHWC");
+  req(op, f32(op.xbias) && (!op.xbias.defined() || op.xbias.numel() == (size_t)x.dim[3]), "xbias must be f32 [C]");
+  req(op,
+      f32(op.xemb) &&
+          (!op.xemb.defined() || (op.xemb.rank == 2 && op.xemb.dim[0] == x.dim[0] && op.xemb.dim[1] == x.dim[3])),
+      "xemb must be f32 [B,C]");
   const int64_t C = x.dim[3];
   req(op, f32(gamma) && f32(beta) && gamma.numel() == (size_t)C && beta.numel() == (size_t)C,
       "gamma/beta f32 [C]");

@@ -131,14 +131,20 @@ struct LinearGroupBwd {
 // n = GN(x) (groups of C/G consecutive channels, G = mean.dim[1]), z = n*gamma + beta,
 // then optionally z = z*(1 + scale[b]) + shift[b] with ss [B, 2C] = (scale | shift), then
 // optionally y = SiLU(z). Saves mean/rstd [B, G] (f32).
+// The three GroupNorm ops also take an optional offset of their input, xbias f32 [C] and xemb f32
+// [B, C]: the norm reads x + xbias[c] + xemb[b, c] (added in that order, in f32) wherever it reads
+// x. A ResBlock's first convolution leaves its bias and timestep embedding to the norm after it
+// this way instead of a pass over its output that adds them (the output is read by that norm only).
 struct GroupNormFwd {
   UNET_OP("groupnorm_fwd", "groupnorm")
   Tensor x, gamma, beta, ss, y, mean, rstd;
   bool silu = false;
+  Tensor xbias{}, xemb{};
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.out("y", s.y);
     v.out("mean", s.mean), v.out("rstd", s.rstd), v.param("silu", s.silu);
+    v.in("xbias", s.xbias), v.in("xemb", s.xemb);
   }
 };
 // GroupNormFwd's output from statistics already computed (the backward pass's recompute of a
@@ -147,10 +153,12 @@ struct GroupNormApply {
   UNET_OP("groupnorm_apply", "groupnorm")
   Tensor x, gamma, beta, ss, mean, rstd, y;
   bool silu = false;
+  Tensor xbias{}, xemb{};
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.in("mean", s.mean);
     v.in("rstd", s.rstd), v.out("y", s.y), v.param("silu", s.silu);
+    v.in("xbias", s.xbias), v.in("xemb", s.xemb);
   }
 };
 // Backward of GroupNormFwd from the saved statistics (recomputes n and z from x).
@@ -166,12 +174,14 @@ struct GroupNormBwd {
   // included) summed over each sample's positions, dx_total [C] = those summed over the batch;
   // add_total [C] = add summed over samples and positions.
   Tensor dx_sums, dx_total, add_total;
+  Tensor xbias{}, xemb{};  // as GroupNormFwd's (x as the forward read it)
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.in("mean", s.mean);
     v.in("rstd", s.rstd), v.in("dy", s.dy), v.out("dx", s.dx), v.out("dgamma", s.dgamma);
     v.out("dbeta", s.dbeta), v.out("dss", s.dss), v.param("silu", s.silu), v.in("add", s.add);
     v.out("dx_sums", s.dx_sums), v.out("dx_total", s.dx_total), v.out("add_total", s.add_total);
+    v.in("xbias", s.xbias), v.in("xemb", s.xemb);
   }
 };
 

@@ -266,17 +266,25 @@ Tensor Blocks::res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool r
   resample(l.updown, at(n1), at(n1r));
   return at(n1r);
 }
-// SiLU(GN2(h1) [* (1 + scale) + shift]) with dropout: conv2's input, in n2. have_stats: mean2 and
+// conv1's bias and (without scale-shift) embedding, when GN2 adds them to h1 (h1_offset()).
+void Blocks::h1_offsets(const L& s, Tensor& xbias, Tensor& xemb) const {
+  if (!h1_offset()) return;
+  xbias = vec(s.b0, s.l.cout);
+  if (!cfg.use_scale_shift_norm) xemb = at(s.e);
+}
+// SiLU(GN2(h1 [+ b0 + e]) [* (1 + scale) + shift]) with dropout: conv2's input, in n2. have_stats: mean2 and
 // rstd2 are written already (backward's recompute, or conv1 gave them).
 void Blocks::res_conv2_input(L& s, const Tensor& n2, bool have_stats) {
   const Layer& l = s.l;
   const Tensor ss = cfg.use_scale_shift_norm ? at(s.e) : Tensor{};
+  Tensor xbias, xemb;
+  h1_offsets(s, xbias, xemb);
   if (have_stats)
     run(GroupNormApply{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(s.mean2), at(s.rstd2), at(n2),
-                       true});
+                       true, xbias, xemb});
   else
     run(GroupNormFwd{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(n2), at(s.mean2), at(s.rstd2),
-                     true});
+                     true, xbias, xemb});
   if (dropout_p() > 0) run(DropoutFwd{at(n2), at(n2), dropout_p(), dseed(s)});
 }
 
@@ -310,6 +318,7 @@ void Blocks::res_fwd(L& s) {
       xs = at(s.xu);
     }
     ConvFwd c1{c1in, Wc(s.w0, co, 3, ci), vec(s.b0, co), ss ? Tensor{} : at(s.e), {}, at(s.h1), 1};
+    if (h1_offset()) c1.bias = c1.emb = Tensor{};  // GN2 adds them
     if (conv_stats) c1.mean = at(s.mean2), c1.rstd = at(s.rstd2);
     run(c1);
   }
@@ -401,10 +410,12 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     run(ConvBwdData{dout, Wc(s.w2, co, 3, co), at(s.b_dn2), 1});
     if (dropout_p() > 0) run(DropoutBwd{at(s.b_dn2), at(s.b_dn2), dropout_p(), dseed(s)});
     // conv1's bias and embedding gradients are the column sums of this dx (dh1): summed as written
+    Tensor xbias, xemb;
+    h1_offsets(s, xbias, xemb);
     run(GroupNormBwd{at(s.h1), vec(s.n2w, co), vec(s.n2b, co), ss ? at(s.e) : Tensor{}, at(s.mean2),
                      at(s.rstd2), at(s.b_dn2), at(s.b_dh1), gvec(s.n2w, co), gvec(s.n2b, co),
                      ss && wgrad ? at(s.b_de) : Tensor{}, true, {}, !ss && wgrad ? at(s.b_de) : Tensor{},
-                     gvec(s.b0, co), {}});
+                     gvec(s.b0, co), {}, xbias, xemb});
   }
   // skip_connection first: its gradient (dout through the 1x1 conv and the resampling, or dout
   // itself) is added to dx by GN1's backward below (no separate add pass).

@@ -5,14 +5,14 @@
 // order; neither has block code of its own.
 //
 // Buffers per layer (packed by the planner by lifetime):
-//  * saved for backward: the layer's output, a ResBlock's first conv output h1 (+ the timestep
-//    embedding add), its embedding projection e, GroupNorm statistics, resampled skip inputs,
+//  * saved for backward: the layer's output, a ResBlock's first conv output h1 (its bias and
+//    timestep embedding added by the norm that reads it), its embedding projection e, GroupNorm statistics, resampled skip inputs,
 //    attention qkv / output / log-sum-exp;
 //  * recomputed in backward instead of saved: GroupNorm(+scale-shift)+SiLU outputs, resampled
 //    and dropped-out copies (memory-bound work, about half the activation memory);
 //  * forward scratch and backward scratch are separate buffers, so neither keeps the other alive.
-// Fusions every engine is asked for: the embedding add and residual add in the conv epilogue
-// (ConvFwd emb/res), scale-shift and SiLU in GroupNorm, the embedding gradient from the conv's
+// Fusions every engine is asked for: the residual add in the conv epilogue (ConvFwd res), conv1's
+// bias and embedding add in the GroupNorm after it (xbias/xemb), scale-shift and SiLU in GroupNorm, the embedding gradient from the conv's
 // filter gradient (ConvBwdFilter demb).
 //
 // Precision follows the engine: activations (and the GEMMs' weights, a bf16 copy of the master
@@ -100,6 +100,11 @@ struct Blocks {
   // convolutions leave most of the GPU idle one at a time. UNET_LANES=0 runs everything on one
   // stream.
   bool lanes = true;
+  // A ResBlock's conv1 writes h1 without its bias and timestep embedding; GN2 (forward, recompute
+  // and backward) reads h1 + b0 + e through its input offset (GroupNorm ops' xbias/xemb). h1 has
+  // no other reader, so the pass that added them goes. Off with conv_stats, whose statistics are
+  // of h1 as written.
+  bool h1_offset() const { return !conv_stats; }
   Ops* tracing = nullptr;  // the planner's tracer while planning
 
   // The timestep embedding (f32): temb = sinusoids of t, emb = MLP(temb) (+ label_emb), and the
@@ -173,6 +178,7 @@ struct Blocks {
   void resample(int updown, const Tensor& x, const Tensor& y);
   void resample_bwd(int updown, const Tensor& dy, const Tensor& dx);
   Tensor res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute = false);
+  void h1_offsets(const L& s, Tensor& xbias, Tensor& xemb) const;
   void res_conv2_input(L& s, const Tensor& n2, bool have_stats = false);
   void emb_layers_fwd();
   void emb_layers_bwd();

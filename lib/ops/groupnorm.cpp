@@ -11,20 +11,33 @@ namespace {
 
 float* opt(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
 
+// x as the op reads it (gn_read_x over every sample): x itself, or a copy with the offset added.
+template <class Op>
+const float* read_x(const Op& o, std::vector<float>& buf) {
+  if (!o.xbias.defined() && !o.xemb.defined()) return o.x.f32();
+  const size_t per = o.x.numel() / (size_t)o.x.dim[0];
+  buf.resize(o.x.numel());
+  for (int b = 0; b < (int)o.x.dim[0]; ++b) gn_read_x(o.x, o.xbias, o.xemb, b, buf.data() + b * per);
+  return buf.data();
+}
+
 void gn_fwd(const GroupNormFwd& o) {
   const Tensor& x = o.x;
-  ref::groupnorm_ss_fwd<float>(x.f32(), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.y.f32(), o.mean.f32(),
+  std::vector<float> buf;
+  ref::groupnorm_ss_fwd<float>(read_x(o, buf), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.y.f32(), o.mean.f32(),
                                o.rstd.f32(), (int)x.dim[0], (int)(x.dim[1] * x.dim[2]), (int)x.dim[3],
                                (int)o.mean.dim[1], o.silu);
 }
 void gn_apply(const GroupNormApply& o) {
   const Tensor& x = o.x;
-  ref::groupnorm_ss_apply<float>(x.f32(), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(), o.y.f32(),
+  std::vector<float> buf;
+  ref::groupnorm_ss_apply<float>(read_x(o, buf), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(), o.y.f32(),
                                  (int)x.dim[0], (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)o.mean.dim[1], o.silu);
 }
 void gn_bwd(const GroupNormBwd& o) {
   const Tensor& x = o.x;
-  ref::groupnorm_ss_bwd<float>(x.f32(), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(),
+  std::vector<float> buf;
+  ref::groupnorm_ss_bwd<float>(read_x(o, buf), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(),
                                o.dy.f32(), opt(o.dx), opt(o.dgamma), opt(o.dbeta), opt(o.dss), (int)x.dim[0],
                                (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)o.mean.dim[1], o.silu);
   if (o.add.defined() && o.dx.defined()) {
@@ -36,6 +49,22 @@ void gn_bwd(const GroupNormBwd& o) {
 }
 
 }  // namespace
+
+const float* gn_read_x(const Tensor& x, const Tensor& xbias, const Tensor& xemb, int b, float* out) {
+  const size_t HW = (size_t)x.dim[1] * x.dim[2], C = (size_t)x.dim[3];
+  const float* xb = x.f32() + (size_t)b * HW * C;
+  if (!xbias.defined() && !xemb.defined()) return xb;
+  const float* bias = xbias.defined() ? xbias.f32() : nullptr;
+  const float* emb = xemb.defined() ? xemb.f32() + (size_t)b * C : nullptr;
+  for (size_t r = 0; r < HW; ++r)
+    for (size_t c = 0; c < C; ++c) {
+      float v = xb[r * C + c];
+      if (bias) v += bias[c];
+      if (emb) v += emb[c];
+      out[r * C + c] = v;
+    }
+  return out;
+}
 
 void gn_bwd_column_sums(const GroupNormBwd& o) {
   const int B = (int)o.x.dim[0], HW = (int)(o.x.dim[1] * o.x.dim[2]), C = (int)o.x.dim[3];

@@ -30,7 +30,7 @@ void gn_run(const GroupNormFwd& o) {
   for (int b = 0; b < B; ++b) {
     GnArgs a{};
     a.HW = HW, a.C = C, a.G = G, a.silu = o.silu;
-    a.x = o.x.f32() + (size_t)b * HW * C, a.y = o.y.f32() + (size_t)b * HW * C;
+    a.x = gn_read_x(o.x, o.xbias, o.xemb, b, cpufast::thread_buffer(4, (size_t)HW * C)), a.y = o.y.f32() + (size_t)b * HW * C;
     a.gamma = o.gamma.f32(), a.beta = o.beta.f32();
     a.ss = o.ss.defined() ? o.ss.f32() + (size_t)b * 2 * C : nullptr;
     a.mean = o.mean.f32() + (size_t)b * G, a.rstd = o.rstd.f32() + (size_t)b * G;
@@ -50,7 +50,7 @@ void gn_apply_run(const GroupNormApply& o) {
   for (int b = 0; b < B; ++b) {
     GnArgs a{};
     a.HW = HW, a.C = C, a.G = G, a.silu = o.silu;
-    a.x = o.x.f32() + (size_t)b * HW * C, a.y = o.y.f32() + (size_t)b * HW * C;
+    a.x = gn_read_x(o.x, o.xbias, o.xemb, b, cpufast::thread_buffer(4, (size_t)HW * C)), a.y = o.y.f32() + (size_t)b * HW * C;
     a.gamma = o.gamma.f32(), a.beta = o.beta.f32();
     a.ss = o.ss.defined() ? o.ss.f32() + (size_t)b * 2 * C : nullptr;
     a.mean = o.mean.f32() + (size_t)b * G, a.rstd = o.rstd.f32() + (size_t)b * G;
@@ -69,7 +69,7 @@ void gn_bwd_run(const GroupNormBwd& o) {
   for (int b = 0; b < B; ++b) {
     GnArgs a{};
     a.HW = HW, a.C = C, a.G = G, a.silu = o.silu;
-    a.x = o.x.f32() + (size_t)b * HW * C, a.dy = o.dy.f32() + (size_t)b * HW * C;
+    a.x = gn_read_x(o.x, o.xbias, o.xemb, b, cpufast::thread_buffer(4, (size_t)HW * C)), a.dy = o.dy.f32() + (size_t)b * HW * C;
     a.dx = o.dx.defined() ? o.dx.f32() + (size_t)b * HW * C : nullptr;
     a.gamma = o.gamma.f32(), a.beta = o.beta.f32();
     a.ss = o.ss.defined() ? o.ss.f32() + (size_t)b * 2 * C : nullptr;
