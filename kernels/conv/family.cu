@@ -1,5 +1,6 @@
-// The conv family's CUDA variants in priority order: a direct kernel for forwards with at most 8
-// output channels (the model's last layer; narrow.cu), then cuDNN when it is present and has a
+// The conv family's CUDA variants in priority order: direct kernels for forwards with at most 8
+// output channels (the model's last layer; narrow.cu: "narrow_tc" on tensor cores for bf16 3x3,
+// "narrow" on f32 FMAs for the rest), then cuDNN when it is present and has a
 // deterministic engine for the shape (with unet's row-block epilogue and bias gradients, then
 // with the earlier elementwise ones), else unet's own im2col + cuBLAS.
 #include "cuda_engine.cuh"
