@@ -20,6 +20,9 @@
 #   lanes   filter gradients and skip convs on a second stream (UNET_LANES, default on): the
 #           bitwise test against one stream (eager and graph, tf32 and bf16), e2e bitwise resume
 #           (bf16, graphs), and the step's CUDA-event time and memory with UNET_LANES 0 and 1 (same run)
+#   fold    conv1's bias and embedding added by GN2 (GroupNorm's input offset) and the bf16 output
+#           conv on tensor cores (narrow_tc): their op tests, the goldens, e2e bitwise resume (bf16,
+#           graphs), and the step with narrow_tc against narrow (same run)
 #   profile unet profile tables, CSV/JSON and a trace
 #   pdl     programmatic dependent launch (UNET_PDL=1): the sampler's graph-vs-eager test, e2e bitwise
 #           resume with graphs (bf16), and the step's CUDA-event time with and without it (same run;
@@ -144,6 +147,12 @@ PY
       e2e_bf16 convstats UNET_CONV_STATS=1
       ab_step "UNET_CONV_STATS=0 UNET_PDL=0" "UNET_CONV_STATS=0 UNET_PDL=1" "UNET_CONV_STATS=1 UNET_PDL=0" \
         "UNET_CONV_STATS=1 UNET_PDL=1" ;;
+    fold)
+      (cd "$BUILD" && ./bin/test_groupnorm --gtest_filter='*Offset*:GroupNormVariants.*' 2>&1 | tail -n 3)
+      (cd "$BUILD" && ./bin/test_conv --gtest_filter='ConvVariants.SmallOddShapes:*Narrow*' 2>&1 | tail -n 3)
+      (cd "$BUILD" && ./bin/test_model_golden 2>&1 | tail -n 3)
+      e2e_bf16 fold
+      ab_step "UNET_KERNELS=" "UNET_KERNELS=conv_fwd=narrow" ;;
     lanes)
       (cd "$BUILD" && ./bin/test_model_golden --gtest_filter='*Lanes*' 2>&1 | tail -n 3)
       e2e_bf16 lanes UNET_LANES=1

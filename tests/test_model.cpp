@@ -248,6 +248,36 @@ TEST(Model, SamplingPlansLessMemoryThanTraining) {
   EXPECT_TRUE(train.grads().defined());
 }
 
+// Model::hold_weights (what a sampler turns on for its steps): in bf16 the GEMMs read a bf16 copy
+// of the weights; while held, only the first forward makes it, so GEMM weights changed meanwhile
+// are not seen (by design: a sampler does not change them); released, every forward makes it
+// again, and holding again starts afresh. fp32 reads the weights themselves: holding changes
+// nothing.
+TEST(Model, HeldWeightsAreCastOnceUntilReleased) {
+  for (Precision p : {Precision::BF16, Precision::FP32}) {
+    SCOPED_TRACE(precision_name(p));
+    Fixture f(cases()[0].cfg, p);
+    const std::vector<float> before = f.params;
+    std::vector<float> after = before;
+    for (float& v : after) v *= 1.5f;
+    f.model->hold_weights(true);
+    const std::vector<float> y0 = f.out(false);
+    f.eng->upload(f.model->params(), after.data());
+    const std::vector<float> y_held = f.out(false);
+    f.model->hold_weights(false);
+    const std::vector<float> y_new = f.out(false);
+    f.model->hold_weights(true);
+    const std::vector<float> y_again = f.out(false);
+    EXPECT_NE(y_new, y0);       // the new weights change the output
+    EXPECT_EQ(y_again, y_new);  // holding again: cast once more, then the same
+    if (p == Precision::BF16)  // the convolutions' held copy is of the old weights (the f32 ones,
+      EXPECT_NE(y_held, y_new);  // biases, norms and the embedding MLP, are read as they are now)
+    else
+      EXPECT_EQ(y_held, y_new);
+    f.model->hold_weights(false);
+  }
+}
+
 // plan_bytes: the arena plan() allocates, without allocating; every buffer scales with the batch
 // (what `unet sample` relies on to choose its largest batch from plan_bytes(1)).
 TEST(Model, PlanBytesPredictsThePlannedArena) {
@@ -290,13 +320,12 @@ TEST(Model, RecomputingNormalizedInputsGivesTheSameGradientsWithLessMemory) {
   }
 }
 
-// UNET_CONV_STATS=1: the conv in front of each GroupNorm (within a ResBlock, and from one layer to
-// the next, and the last layer to the out norm) also gives the norm's statistics, and the norm
-// runs as GroupNormApply; a ResBlock's conv1 then adds its bias and embedding itself (the default
-// leaves them to GN2's input offset). The same outputs and gradients up to rounding, for every
-// block kind: in fp32 within 3e-5 (the two orders of adding conv1's bias and embedding, and the
-// statistics' rounding). In bf16 the two round differently where it matters (h1 rounded with or
-// without its bias and embedding), so each is compared with the fp32 run instead, within the
+// UNET_CONV_STATS=1: the conv in front of a layer's first GroupNorm (from one layer to the next,
+// and the last layer to the out norm; a skip concatenation) also gives the norm's statistics, and the norm
+// runs as GroupNormApply. The same outputs and gradients up to the statistics' rounding, for
+// every block kind: in fp32 within 1e-5. In bf16 a statistic that differs in its last bit can
+// round an activation the other way, which this small random network carries to ~1% of the
+// output and a few % of the gradients, so there each is compared with the fp32 run, within the
 // bf16 emulation's tolerance of it (as in Bf16EmulationTracksFp32).
 TEST(Model, ConvGivenNormStatisticsGiveTheSameResults) {
   for (int k : {0, 1, 2}) {
@@ -314,8 +343,8 @@ TEST(Model, ConvGivenNormStatisticsGiveTheSameResults) {
       const std::vector<float> ya = plain.out(), yb = given.out();
       const std::vector<float> ga = plain.grads(), gb = given.grads();
       if (p == Precision::FP32) {
-        EXPECT_LT(test::rel_l2(yb, ya), 3e-5);
-        EXPECT_LT(test::rel_l2(gb, ga), 3e-5);
+        EXPECT_LT(test::rel_l2(yb, ya), 1e-5);
+        EXPECT_LT(test::rel_l2(gb, ga), 1e-5);
         continue;
       }
       // the dropout case's gradients: 2.5e-2 to 9.3e-2 over 30 seeds, either way (its dropped

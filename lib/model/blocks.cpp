@@ -180,8 +180,9 @@ void Blocks::chain_stats(L& from, L& to) const {
 
 // ---------------- forward ----------------
 void Blocks::refresh_shadow() {
-  if (A == DType::F32) return;
+  if (A == DType::F32 || (shadow_held_ && shadow_fresh_)) return;
   run(Cast{params_, shadow_});
+  if (!tracing) shadow_fresh_ = shadow_held_;  // (a traced pass casts nothing)
 }
 
 void Blocks::embedding_fwd(const Tensor& t_in, const Tensor& labels) {
@@ -266,9 +267,8 @@ Tensor Blocks::res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool r
   resample(l.updown, at(n1), at(n1r));
   return at(n1r);
 }
-// conv1's bias and (without scale-shift) embedding, when GN2 adds them to h1 (h1_offset()).
+// conv1's bias and (without scale-shift) embedding, which GN2 adds to h1.
 void Blocks::h1_offsets(const L& s, Tensor& xbias, Tensor& xemb) const {
-  if (!h1_offset()) return;
   xbias = vec(s.b0, s.l.cout);
   if (!cfg.use_scale_shift_norm) xemb = at(s.e);
 }
@@ -317,10 +317,7 @@ void Blocks::res_fwd(L& s) {
       resample(l.updown, at(s.in), at(s.xu));
       xs = at(s.xu);
     }
-    ConvFwd c1{c1in, Wc(s.w0, co, 3, ci), vec(s.b0, co), ss ? Tensor{} : at(s.e), {}, at(s.h1), 1};
-    if (h1_offset()) c1.bias = c1.emb = Tensor{};  // GN2 adds them
-    if (conv_stats) c1.mean = at(s.mean2), c1.rstd = at(s.rstd2);
-    run(c1);
+    run(ConvFwd{c1in, Wc(s.w0, co, 3, ci), {}, {}, {}, at(s.h1), 1});  // bias, emb: GN2 adds them
   }
   Tensor res = xs;
   if (s.sw != SIZE_MAX) {
@@ -328,7 +325,7 @@ void Blocks::res_fwd(L& s) {
     res = at(s.f_sk);
   }
   ScopedRange r(d, "out_layers");
-  res_conv2_input(s, s.f_n2, conv_stats);
+  res_conv2_input(s, s.f_n2);
   if (skip_side) join_lanes();
   run(with_out_stats(s, ConvFwd{at(s.f_n2), Wc(s.w2, co, 3, co), vec(s.b2, co), {}, res, at(s.out), 1}));
 }

@@ -90,9 +90,10 @@ struct Blocks {
   bool keep = true;
   uint64_t seed = 0;       // dropout
   // The convolution in front of a GroupNorm also gives the norm's statistics (ConvFwd's mean,
-  // rstd; computed in its epilogue's pass on the GPU), and the norm runs as GroupNormApply: within
-  // a ResBlock (conv1 -> GN2) and, through chain_stats, from one layer to the next (the UNet also
-  // has its skip concatenations give them). UNET_CONV_STATS=1 (opt-in until measured).
+  // rstd; computed in its epilogue's pass on the GPU), and the norm runs as GroupNormApply: through
+  // chain_stats, from one layer's last conv to the next layer's first norm (the UNet also has its
+  // skip concatenations give them). Not within a ResBlock: conv1 has no epilogue pass (below).
+  // UNET_CONV_STATS=1 (opt-in until measured).
   bool conv_stats = false;
   // Filter gradients (wgrad, bias and embedding sums) run on the side lane (Ops::lane), beside the
   // data gradient and what follows it on the main lane, joined at the end of each layer's
@@ -100,11 +101,6 @@ struct Blocks {
   // convolutions leave most of the GPU idle one at a time. UNET_LANES=0 runs everything on one
   // stream.
   bool lanes = true;
-  // A ResBlock's conv1 writes h1 without its bias and timestep embedding; GN2 (forward, recompute
-  // and backward) reads h1 + b0 + e through its input offset (GroupNorm ops' xbias/xemb). h1 has
-  // no other reader, so the pass that added them goes. Off with conv_stats, whose statistics are
-  // of h1 as written.
-  bool h1_offset() const { return !conv_stats; }
   Ops* tracing = nullptr;  // the planner's tracer while planning
 
   // The timestep embedding (f32): temb = sinusoids of t, emb = MLP(temb) (+ label_emb), and the
@@ -123,6 +119,8 @@ struct Blocks {
 
   // ---- forward ----
   void refresh_shadow();  // the bf16 weights the GEMMs read, from the f32 masters
+  // Model::hold_weights: while held, refresh_shadow casts once (the first forward after holding).
+  void hold_shadow(bool on) { shadow_held_ = on, shadow_fresh_ = false; }
   void embedding_fwd(const Tensor& t, const Tensor& labels);  // labels: read when class_cond
   void layer_fwd(L& s, const Tensor& in);
   // ---- backward ----  (d_semb: from the ResBlocks' embedding projections in embedding_bwd, or,
@@ -165,6 +163,7 @@ struct Blocks {
  private:
   const Tensor& params_;
   const Tensor& shadow_;
+  bool shadow_held_ = false, shadow_fresh_ = false;
   const Tensor& grads_;
   int next_index_ = 0;
   // With the embedding MLP (a whole network), the ResBlocks' embedding projections run as
@@ -178,6 +177,9 @@ struct Blocks {
   void resample(int updown, const Tensor& x, const Tensor& y);
   void resample_bwd(int updown, const Tensor& dy, const Tensor& dx);
   Tensor res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute = false);
+  // A ResBlock's conv1 writes h1 without its bias and timestep embedding; GN2 (forward, recompute
+  // and backward) reads h1 + b0 + e through its input offset (GroupNorm ops' xbias/xemb). h1 has
+  // no other reader, so the pass that would add them is not needed.
   void h1_offsets(const L& s, Tensor& xbias, Tensor& xemb) const;
   void res_conv2_input(L& s, const Tensor& n2, bool have_stats = false);
   void emb_layers_fwd();

@@ -329,6 +329,8 @@ void Model::forward(const Tensor& x, const Tensor& t, const Tensor& labels, cons
   I.forward(out);
 }
 
+void Model::hold_weights(bool on) { impl_->bk.hold_shadow(on); }
+
 void Model::backward(const Tensor& dout) {
   Impl& I = *impl_;
   if (!I.bk.train || dout.dim[0] != I.bk.B)

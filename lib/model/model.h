@@ -36,6 +36,10 @@ class Model : public Network {
   // Parameter gradients (overwrites grads()) from dout = dL/dout [B,H,W,Cout] f32; follows a
   // forward(train=true) of the same batch.
   void backward(const Tensor& dout);
+  // While on, the weights are taken not to change between forwards (a sampler's steps): the bf16
+  // copy the GEMMs read is made by the first forward only. Off (the default): every forward makes
+  // it. Each call to turn it on starts afresh.
+  void hold_weights(bool on);
 
   // Single-layer networks: x is the layer's input in the activation dtype, `out` is left absent
   // (the layer's output stays inside), backward's dout is in the activation dtype. The SiLU'd

@@ -111,7 +111,8 @@ struct ModelWork : Workload {
 };
 
 // ---- the model's forward as `unet sample` runs it: planned for sampling (no saved activations,
-// no gradients), eval mode (no dropout), weights as given ----
+// no gradients), eval mode (no dropout), weights as given and held (the bf16 copy of the weights
+// is made by the first, untimed, forward only, as in a sampler's steps) ----
 struct SampleWork : Workload {
   Engine& eng;
   Model model;
@@ -120,6 +121,7 @@ struct SampleWork : Workload {
       : eng(e), model(cfg, e) {
     model.plan(B, Mode::Sample);
     eng.upload(model.params(), weights.data());
+    model.hold_weights(true);
     const int R = cfg.image_size;
     x = f.make(DType::F32, {B, R, R, cfg.in_channels}, 1.7f);
     out = f.empty(DType::F32, {B, R, R, cfg.out_channels()});

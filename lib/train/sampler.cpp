@@ -105,6 +105,15 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       if (on) d.graph_drop();
     }
   } drop{dev, graph};
+  struct Hold {  // the weights stay as they are until the last step (also on an exception)
+    const std::function<void(bool)>& f;
+    explicit Hold(const std::function<void(bool)>& h) : f(h) {
+      if (f) f(true);
+    }
+    ~Hold() {
+      if (f) f(false);
+    }
+  } hold{net_.hold_weights};
   auto denoise = [&](const Tensor& x, const Tensor& t, const Tensor& y, const Tensor& out, int B) {
     if (!graph || (eager_batch != B && graph_batch != B)) {
       net_.denoise(x, t, y, out);
