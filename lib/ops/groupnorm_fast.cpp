@@ -20,22 +20,28 @@ bool any_shape(const Op&) {
   return true;
 }
 
+// Sample b's arguments of a GroupNormFwd or GroupNormApply (the same fields; x with the op's input
+// offset added, in the thread's buffer, when it has one).
+template <class Op>
+GnArgs sample_args(const Op& o, int b) {
+  const int HW = (int)(o.x.dim[1] * o.x.dim[2]), C = (int)o.x.dim[3], G = (int)o.mean.dim[1];
+  GnArgs a{};
+  a.HW = HW, a.C = C, a.G = G, a.silu = o.silu;
+  a.x = gn_read_x(o.x, o.xbias, o.xemb, b, cpufast::thread_buffer(4, (size_t)HW * C));
+  a.y = o.y.f32() + (size_t)b * HW * C;
+  a.gamma = o.gamma.f32(), a.beta = o.beta.f32();
+  a.ss = o.ss.defined() ? o.ss.f32() + (size_t)b * 2 * C : nullptr;
+  a.mean = o.mean.f32() + (size_t)b * G, a.rstd = o.rstd.f32() + (size_t)b * G;
+  return a;
+}
+
 template <int I>
 void gn_run(const GroupNormFwd& o) {
   const Kernels& K = *cpufast::kernels<I>();
   const int B = (int)o.x.dim[0], HW = (int)(o.x.dim[1] * o.x.dim[2]), C = (int)o.x.dim[3];
-  const int G = (int)o.mean.dim[1];
   const size_t n = cpufast::gn_scratch_floats(HW, C);
 #pragma omp parallel for schedule(static) if ((size_t)B * HW * C > 32768)
-  for (int b = 0; b < B; ++b) {
-    GnArgs a{};
-    a.HW = HW, a.C = C, a.G = G, a.silu = o.silu;
-    a.x = gn_read_x(o.x, o.xbias, o.xemb, b, cpufast::thread_buffer(4, (size_t)HW * C)), a.y = o.y.f32() + (size_t)b * HW * C;
-    a.gamma = o.gamma.f32(), a.beta = o.beta.f32();
-    a.ss = o.ss.defined() ? o.ss.f32() + (size_t)b * 2 * C : nullptr;
-    a.mean = o.mean.f32() + (size_t)b * G, a.rstd = o.rstd.f32() + (size_t)b * G;
-    K.gn_fwd(a, cpufast::thread_buffer(3, n));
-  }
+  for (int b = 0; b < B; ++b) K.gn_fwd(sample_args(o, b), cpufast::thread_buffer(3, n));
 }
 
 // GroupNormFwd's output from given statistics: the forward's own pass, so with the statistics the
@@ -44,18 +50,9 @@ template <int I>
 void gn_apply_run(const GroupNormApply& o) {
   const Kernels& K = *cpufast::kernels<I>();
   const int B = (int)o.x.dim[0], HW = (int)(o.x.dim[1] * o.x.dim[2]), C = (int)o.x.dim[3];
-  const int G = (int)o.mean.dim[1];
   const size_t n = cpufast::gn_scratch_floats(HW, C);
 #pragma omp parallel for schedule(static) if ((size_t)B * HW * C > 32768)
-  for (int b = 0; b < B; ++b) {
-    GnArgs a{};
-    a.HW = HW, a.C = C, a.G = G, a.silu = o.silu;
-    a.x = gn_read_x(o.x, o.xbias, o.xemb, b, cpufast::thread_buffer(4, (size_t)HW * C)), a.y = o.y.f32() + (size_t)b * HW * C;
-    a.gamma = o.gamma.f32(), a.beta = o.beta.f32();
-    a.ss = o.ss.defined() ? o.ss.f32() + (size_t)b * 2 * C : nullptr;
-    a.mean = o.mean.f32() + (size_t)b * G, a.rstd = o.rstd.f32() + (size_t)b * G;
-    K.gn_apply(a, cpufast::thread_buffer(3, n));
-  }
+  for (int b = 0; b < B; ++b) K.gn_apply(sample_args(o, b), cpufast::thread_buffer(3, n));
 }
 
 template <int I>
