@@ -22,6 +22,40 @@ namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
+// A lane's launch state (L: CudaCtx for the main lane, at construction; CudaCtx::Lane for the side
+// lane, at its first use; both have these fields): its stream, a cuBLAS handle bound to it with
+// its own workspace, the reduction scratch and the tickets.
+template <class L>
+void make_lane(L& l) {
+  CUDA_CHECK(cudaStreamCreate(&l.stream));
+  CUBLAS_CHECK(cublasCreate(&l.cublas));
+  // Order matters: cublasSetStream resets the workspace to cuBLAS's own pool.
+  CUBLAS_CHECK(cublasSetStream(l.cublas, l.stream));
+  CUDA_CHECK(cudaMalloc(&l.cublas_ws, kCublasWorkspaceBytes));
+  CUBLAS_CHECK(cublasSetWorkspace(l.cublas, l.cublas_ws, kCublasWorkspaceBytes));
+  CUBLAS_CHECK(cublasSetMathMode(l.cublas, CUBLAS_DEFAULT_MATH));  // TF32 only when asked per call
+  CUBLAS_CHECK(cublasSetAtomicsMode(l.cublas, CUBLAS_ATOMICS_NOT_ALLOWED));
+  CUDA_CHECK(cudaMalloc(&l.scratch, (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&l.tickets, CudaCtx::kTickets * sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(l.tickets, 0, CudaCtx::kTickets * sizeof(unsigned)));
+}
+// What make_lane allocates.
+constexpr size_t kLaneFixedBytes = kCublasWorkspaceBytes +
+                                   (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float) +
+                                   CudaCtx::kTickets * sizeof(unsigned);
+// Its teardown, with the lane's op workspace (no throwing): its work finished, everything freed.
+template <class L>
+void free_lane(L& l) {
+  if (l.stream) cudaStreamSynchronize(l.stream);
+  if (l.cublas) cublasDestroy(l.cublas), l.cublas = nullptr;
+  if (l.cublas_ws) cudaFree(l.cublas_ws), l.cublas_ws = nullptr;
+  if (l.ws) cudaFree(l.ws), l.ws = nullptr;
+  if (l.scratch) cudaFree(l.scratch), l.scratch = nullptr;
+  if (l.tickets) cudaFree(l.tickets), l.tickets = nullptr;
+  if (l.stream) cudaStreamDestroy(l.stream), l.stream = nullptr;
+  l.ws_bytes = l.ws_need = 0;
+}
+
 std::string no_device_reason() {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -96,19 +130,7 @@ class CudaDevice final : public Device {
       CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
       ctx.device_name = prop.name;
       ctx.prec = p;
-      CUDA_CHECK(cudaStreamCreate(&ctx.stream));
-      CUBLAS_CHECK(cublasCreate(&ctx.cublas));
-      // Order matters: cublasSetStream resets the workspace to cuBLAS's own pool.
-      CUBLAS_CHECK(cublasSetStream(ctx.cublas, ctx.stream));
-      CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspaceBytes));
-      CUBLAS_CHECK(cublasSetWorkspace(ctx.cublas, cublas_ws_, kCublasWorkspaceBytes));
-      CUBLAS_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_DEFAULT_MATH));  // TF32 only when asked per call
-      CUBLAS_CHECK(cublasSetAtomicsMode(ctx.cublas, CUBLAS_ATOMICS_NOT_ALLOWED));
-      CUDA_CHECK(cudaMalloc(&ctx.scratch, (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float)));
-      CUDA_CHECK(cudaMalloc(&ctx.tickets, CudaCtx::kTickets * sizeof(unsigned)));
-      CUDA_CHECK(cudaMemset(ctx.tickets, 0, CudaCtx::kTickets * sizeof(unsigned)));
-      fixed_ = kCublasWorkspaceBytes + (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float) +
-               CudaCtx::kTickets * sizeof(unsigned);
+      make_lane(ctx);
       for (auto& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     } catch (...) {
       release();  // a throwing constructor runs no destructor
@@ -155,9 +177,7 @@ class CudaDevice final : public Device {
     ctx.join_lanes();
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   }
-  size_t bytes_held() const override {
-    return bytes_ + fixed_ + ctx.lane_bytes();
-  }
+  size_t bytes_held() const override { return bytes_ + kLaneFixedBytes + ctx.lane_bytes(); }
   size_t bytes_free() const override {
     size_t f = 0, t = 0;
     if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
@@ -235,15 +255,8 @@ class CudaDevice final : public Device {
     blocks_.clear();
     for (void* p : host_blocks_) cudaFreeHost(p);
     host_blocks_.clear();
-    if (ctx.cublas) cublasDestroy(ctx.cublas), ctx.cublas = nullptr;
-    if (cublas_ws_) cudaFree(cublas_ws_), cublas_ws_ = nullptr;
-    if (ctx.ws) cudaFree(ctx.ws), ctx.ws = nullptr;
-    if (ctx.scratch) cudaFree(ctx.scratch), ctx.scratch = nullptr;
-    if (ctx.tickets) cudaFree(ctx.tickets), ctx.tickets = nullptr;
-    if (ctx.stream) cudaStreamDestroy(ctx.stream), ctx.stream = nullptr;
+    free_lane(ctx);
   }
-  void* cublas_ws_ = nullptr;
-  size_t fixed_ = 0;
   std::vector<void*> blocks_;
   std::vector<void*> host_blocks_;
   size_t bytes_ = 0;
@@ -307,6 +320,7 @@ namespace {
 void swap_lane(CudaCtx& c) {
   std::swap(c.stream, c.other.stream);
   std::swap(c.cublas, c.other.cublas);
+  std::swap(c.cublas_ws, c.other.cublas_ws);
   std::swap(c.ws, c.other.ws);
   std::swap(c.ws_bytes, c.other.ws_bytes);
   std::swap(c.ws_need, c.other.ws_need);
@@ -320,17 +334,7 @@ void swap_lane(CudaCtx& c) {
 // its kernels share nothing with the main lane's but the buffers the caller hands them.
 static void make_side(CudaCtx& c) {
   if (c.capturing) throw std::logic_error("the side lane must be made before a graph capture (plan memory first)");
-  CudaCtx::Lane& o = c.other;
-  CUDA_CHECK(cudaStreamCreate(&o.stream));
-  CUBLAS_CHECK(cublasCreate(&o.cublas));
-  CUBLAS_CHECK(cublasSetStream(o.cublas, o.stream));
-  CUDA_CHECK(cudaMalloc(&o.cublas_ws, kCublasWorkspaceBytes));
-  CUBLAS_CHECK(cublasSetWorkspace(o.cublas, o.cublas_ws, kCublasWorkspaceBytes));
-  CUBLAS_CHECK(cublasSetMathMode(o.cublas, CUBLAS_DEFAULT_MATH));
-  CUBLAS_CHECK(cublasSetAtomicsMode(o.cublas, CUBLAS_ATOMICS_NOT_ALLOWED));
-  CUDA_CHECK(cudaMalloc(&o.scratch, (CudaCtx::kPartialFloats + CudaCtx::kAuxFloats) * sizeof(float)));
-  CUDA_CHECK(cudaMalloc(&o.tickets, CudaCtx::kTickets * sizeof(unsigned)));
-  CUDA_CHECK(cudaMemset(o.tickets, 0, CudaCtx::kTickets * sizeof(unsigned)));
+  make_lane(c.other);
   CUDA_CHECK(cudaEventCreateWithFlags(&c.fork_ev, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&c.join_ev, cudaEventDisableTiming));
 }
@@ -370,26 +374,14 @@ void CudaCtx::alloc_workspaces() {
 
 // `other` holds a stream exactly when the side lane exists (on either lane); the two workspaces are
 // ws and other.ws in either order.
-size_t CudaCtx::lane_bytes() const {
-  const size_t side_fixed =
-      kCublasWorkspaceBytes + (kPartialFloats + kAuxFloats) * sizeof(float) + kTickets * sizeof(unsigned);
-  return ws_bytes + other.ws_bytes + (other.stream ? side_fixed : 0);
-}
+size_t CudaCtx::lane_bytes() const { return ws_bytes + other.ws_bytes + (other.stream ? kLaneFixedBytes : 0); }
 
 // Teardown (no throwing): back on the main lane, the side lane's work finished, its state freed.
 void CudaCtx::destroy_side() {
   if (on_side) swap_lane(*this);
-  Lane& o = other;
-  if (o.stream) cudaStreamSynchronize(o.stream);
-  if (o.cublas) cublasDestroy(o.cublas), o.cublas = nullptr;
-  if (o.cublas_ws) cudaFree(o.cublas_ws), o.cublas_ws = nullptr;
-  if (o.ws) cudaFree(o.ws), o.ws = nullptr;
-  if (o.scratch) cudaFree(o.scratch), o.scratch = nullptr;
-  if (o.tickets) cudaFree(o.tickets), o.tickets = nullptr;
-  if (o.stream) cudaStreamDestroy(o.stream), o.stream = nullptr;
+  free_lane(other);
   if (fork_ev) cudaEventDestroy(fork_ev), fork_ev = nullptr;
   if (join_ev) cudaEventDestroy(join_ev), join_ev = nullptr;
-  o.ws_bytes = o.ws_need = 0;
   side_pending = false;
 }
 

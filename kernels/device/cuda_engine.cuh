@@ -79,6 +79,7 @@ struct Mat {
 struct CudaCtx {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  void* cublas_ws = nullptr;  // cuBLAS's own workspace, bound to the handle
   Precision prec = Precision::TF32;
   std::string device_name;
   // Op workspace: need_workspace() at plan time grows ws_need; finalize() allocates it.
@@ -218,12 +219,6 @@ void register_linear_group(CudaOps& ops);  // the group ops' "tiled" (kernels/li
 void register_groupnorm_cuda(CudaOps& ops);  // kernels/groupnorm/family.cu: smem, fused, vec, threepass
 void register_groupnorm_fused(CudaOps& ops);  // smem and fused (kernels/groupnorm/fused.cu)
 void register_groupnorm_vec(CudaOps& ops);
-// The GroupNorm ops' optional input offset (xbias, xemb) is read by "smem" and "fused" only; the
-// older variants take the ops without it.
-template <class Op>
-bool gn_plain_input(const Op& o) {
-  return !o.xbias.defined() && !o.xemb.defined();
-}
 // GroupNorm statistics (mean, rstd [B, G]) of x [B, H, W, C], as GroupNormFwd's "fused" variant
 // computes them, for ops that also give the statistics of what they write (ConvFwd's mean/rstd);
 // groupnorm_stats_fit: whether the shape fits its scratch (kernels/groupnorm/fused.cu).
