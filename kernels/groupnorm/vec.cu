@@ -435,16 +435,17 @@ bool shapes_ok(const Tensor& x, const Tensor& mean) {
   const Dims d = dims(x, mean);
   return d.C % 2 == 0 && scratch_bytes(d.B, d.C) <= CudaCtx::kAuxFloats * 4;
 }
+// (The input offset, gn_has_offset, is read by "smem" and "fused" only.)
 bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
-  return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean) && gn_plain_input(o);
+  return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean) && !gn_has_offset(o);
 }
 bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
-  return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean) && gn_plain_input(o);
+  return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean) && !gn_has_offset(o);
 }
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
          (!o.add.defined() || o.add.dtype == o.x.dtype) && shapes_ok(o.x, o.mean) &&
-         rowblock::gn_bwd_column_sums_fit(o) && gn_plain_input(o);
+         rowblock::gn_bwd_column_sums_fit(o) && !gn_has_offset(o);
 }
 
 }  // namespace

@@ -184,6 +184,11 @@ struct GroupNormBwd {
     v.in("xbias", s.xbias), v.in("xemb", s.xemb);
   }
 };
+// Whether a GroupNorm op (Fwd, Apply, Bwd) reads its input with an offset (xbias or xemb).
+template <class Op>
+bool gn_has_offset(const Op& o) {
+  return o.xbias.defined() || o.xemb.defined();
+}
 
 // ---------------------------------------------------------------- elementwise
 struct SiluFwd {

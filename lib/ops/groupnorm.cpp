@@ -14,7 +14,7 @@ float* opt(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
 // x as the op reads it (gn_read_x over every sample): x itself, or a copy with the offset added.
 template <class Op>
 const float* read_x(const Op& o, std::vector<float>& buf) {
-  if (!o.xbias.defined() && !o.xemb.defined()) return o.x.f32();
+  if (!gn_has_offset(o)) return o.x.f32();
   const size_t per = o.x.numel() / (size_t)o.x.dim[0];
   buf.resize(o.x.numel());
   for (int b = 0; b < (int)o.x.dim[0]; ++b) gn_read_x(o.x, o.xbias, o.xemb, b, buf.data() + b * per);
