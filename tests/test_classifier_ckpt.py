@@ -4,12 +4,9 @@ guided-diffusion classifier state_dicts (round trips bit-identical, float16 conv
 classifier recognised by its names), and the one-line errors. Exit 77 = skipped.
 """
 
-import atexit
 import os
 import subprocess
 import sys
-import shutil
-import tempfile
 
 try:
     import h5py
@@ -19,14 +16,13 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-from e2e_common import BINARY, check, failures, require_binary, SRC  # noqa: E402
+from e2e_common import BINARY, check, failures, require_binary, SRC, work_dir  # noqa: E402
 import classifier_torch as ct  # noqa: E402
 from unet_ckpt import load_classifier_checkpoint  # noqa: E402
 
 require_binary()
 CKPT_PY = os.path.join(SRC, "scripts", "unet_ckpt.py")
-TMP = tempfile.mkdtemp(prefix="unet-clsckpt-")
-atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
+TMP = work_dir("unet-clsckpt-")  # removed at exit
 SEED = int(os.environ.get("UNET_TEST_SEED", np.random.SeedSequence().entropy % (1 << 31)))
 print(f"UNET_TEST_SEED={SEED}")
 

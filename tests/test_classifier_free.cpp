@@ -207,8 +207,10 @@ TEST(Guidance, ScaleOneIsConditionalScaleZeroIsNull) {
       if (!(ls && std::string(s) == "ddpm")) {
         EXPECT_LE(d0, 1e-6) << s << " learn_sigma=" << ls;
       }
-      // ... and the labels matter: conditional and unconditional samples differ.
-      EXPECT_GT(test::rel_l2(cond, uncond), 1e-3) << s;
+      // ... and the labels matter: conditional and unconditional samples differ, by far more than
+      // rounding (the equalities above hold to 1e-6). With this tiny random model the difference
+      // measured 9.3e-4 to 0.1 over 70 seeds (1e-3 failed 2 of them), hence 1e-4.
+      EXPECT_GT(test::rel_l2(cond, uncond), 1e-4) << s;
     }
   }
 }

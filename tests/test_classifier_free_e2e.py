@@ -19,13 +19,10 @@ W = 0 / W = 1 checks allow UNET_CFG_BITWISE_TOL, default 1e-6: bitwise where the
 alike in batches of B and 2B, which the CPU engine does for the batches used here, 4 and 8).
 """
 
-import atexit
 import math
 import os
 import subprocess
 import sys
-import shutil
-import tempfile
 
 try:
     import h5py
@@ -35,7 +32,7 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-from e2e_common import BINARY, check, failures, require_binary, SRC  # noqa: E402
+from e2e_common import BINARY, check, failures, require_binary, SRC, work_dir  # noqa: E402
 import diffusion_torch as dt  # noqa: E402
 from unet_ckpt import save_checkpoint  # noqa: E402
 from unet_torch import create_model  # noqa: E402
@@ -45,8 +42,7 @@ DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
 TOL = float(os.environ.get("UNET_PARITY_TOL", "1e-4"))
 BITWISE_TOL = float(os.environ.get("UNET_CFG_BITWISE_TOL", "1e-6"))
-TMP = tempfile.mkdtemp(prefix="unet-cfg-")
-atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
+TMP = work_dir("unet-cfg-")  # removed at exit
 SEED = int(os.environ.get("UNET_TEST_SEED", str(int.from_bytes(os.urandom(4), "little"))))
 print(f"UNET_TEST_SEED={SEED}")
 

@@ -197,35 +197,26 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("3x3 s2 odd", 3, 9, 3, 5, 3, 2, false, false);
   check_conv("1x1", 2, 5, 12, 20, 1, 1, false, true);
   check_conv("3x3 vec", 2, 8, 16, 32, 3, 1, true, false);
-  // The model's output layer: bf16 inputs, f32 output (no-op in f32 engines).
-  check_variants<ConvFwd>(
-      "out layer",
-      [](const Alloc& A, DType act) {
-        return fwd_op(A, act, 2, 8, 32, 3, 3, 1, false, false, DType::F32, false);
-      },
-      Tol{});
-  // The released models' output layer (192 -> 6 with learned sigma), and "narrow"'s vector path
-  // with every epilogue term and its widest output (8 channels).
-  check_variants<ConvFwd>(
-      "out layer 192->6",
-      [](const Alloc& A, DType act) {
-        return fwd_op(A, act, 3, 9, 192, 6, 3, 1, false, false, DType::F32, false);
-      },
-      Tol{});
-  // "narrow_tc" (bf16): seed64's output layer at its size (64x64: whole 2x64 tiles), and odd tiles
-  // in both directions with the learned-sigma width
-  check_variants<ConvFwd>(
-      "out layer 64x64",
-      [](const Alloc& A, DType act) {
-        return fwd_op(A, act, 2, 64, 64, 3, 3, 1, false, false, DType::F32, false);
-      },
-      Tol{});
-  check_variants<ConvFwd>(
-      "out layer 67x67 48->6",
-      [](const Alloc& A, DType act) {
-        return fwd_op(A, act, 2, 67, 48, 6, 3, 1, true, true, DType::F32, false);
-      },
-      Tol{});
+  // The model's output layer: activation inputs, an f32 output (bf16 in, f32 out in bf16 engines),
+  // forward only; B, H, Ci, Co, emb, res:
+  //  * small, and the released models' 192 -> 6 (learned sigma);
+  //  * "narrow_tc" (bf16): seed64's at its size (64x64: whole 2x64 tiles), and odd tiles in both
+  //    directions with the learned-sigma width and every epilogue term.
+  struct Out {
+    const char* what;
+    int B, H, Ci, Co;
+    bool emb, res;
+  };
+  for (const Out& c : {Out{"out layer", 2, 8, 32, 3, false, false}, Out{"out layer 192->6", 3, 9, 192, 6, false, false},
+                       Out{"out layer 64x64", 2, 64, 64, 3, false, false},
+                       Out{"out layer 67x67 48->6", 2, 67, 48, 6, true, true}})
+    check_variants<ConvFwd>(
+        c.what,
+        [&c](const Alloc& A, DType act) {
+          return fwd_op(A, act, c.B, c.H, c.Ci, c.Co, 3, 1, c.emb, c.res, DType::F32, false);
+        },
+        Tol{});
+  // "narrow"'s vector path with every epilogue term and its widest output (8 channels)
   check_conv("3x3 narrow vec", 2, 8, 64, 8, 3, 1, true, true);
   check_conv("1x1 narrow", 2, 6, 40, 7, 1, 1, true, false);
 }

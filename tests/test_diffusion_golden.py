@@ -8,12 +8,9 @@ driving the PyTorch UNet (scripts/unet_torch.py) in float64, on the same random 
 Run by ctest with env UNET_BINARY, UNET_SOURCE_DIR, PYTHONPATH=scripts. Exit 77 = skipped.
 """
 
-import atexit
 import os
 import subprocess
 import sys
-import shutil
-import tempfile
 
 try:
     import h5py
@@ -23,14 +20,13 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-from e2e_common import BINARY, check, failures, require_binary, SRC  # noqa: E402
+from e2e_common import BINARY, check, failures, require_binary, SRC, work_dir  # noqa: E402
 import diffusion_torch as dt  # noqa: E402
 from unet_ckpt import save_checkpoint  # noqa: E402
 from unet_torch import create_model  # noqa: E402
 
 require_binary()
-TMP = tempfile.mkdtemp(prefix="unet-diffusion-")
-atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
+TMP = work_dir("unet-diffusion-")  # removed at exit
 SEED = int(os.environ.get("UNET_TEST_SEED", np.random.SeedSequence().entropy % (1 << 31)))
 print(f"UNET_TEST_SEED={SEED}")
 

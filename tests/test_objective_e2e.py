@@ -14,12 +14,9 @@ Run by ctest with env UNET_BINARY, UNET_SOURCE_DIR, PYTHONPATH=scripts. Exit 77 
 On the GPU machine: UNET_TEST_DEVICE=cuda (UNET_TEST_PRECISION=fp32 keeps the 1e-4 limit).
 """
 
-import atexit
 import os
 import subprocess
 import sys
-import shutil
-import tempfile
 
 try:
     import h5py
@@ -29,7 +26,7 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-from e2e_common import BINARY, check, failures, require_binary, SRC  # noqa: E402
+from e2e_common import BINARY, check, failures, require_binary, SRC, work_dir  # noqa: E402
 import diffusion_torch as dt  # noqa: E402
 from unet_ckpt import save_checkpoint  # noqa: E402
 from unet_torch import create_model  # noqa: E402
@@ -38,8 +35,7 @@ require_binary()
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
 TOL = float(os.environ.get("UNET_PARITY_TOL", "1e-4"))
-TMP = tempfile.mkdtemp(prefix="unet-objective-")
-atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
+TMP = work_dir("unet-objective-")  # removed at exit
 
 
 # Tiny models: one thread is faster than a team (and far faster on a loaded machine); results do

@@ -9,12 +9,9 @@
 Run by ctest with env UNET_BINARY, UNET_SOURCE_DIR, PYTHONPATH=scripts. Exit 77 = skipped.
 """
 
-import atexit
 import os
 import subprocess
 import sys
-import shutil
-import tempfile
 import traceback
 
 try:
@@ -25,14 +22,11 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-SRC = os.environ.get("UNET_SOURCE_DIR", os.path.normpath(os.path.join(os.path.dirname(__file__), "..")))
-sys.path.insert(0, os.path.join(SRC, "scripts"))
+from e2e_common import BINARY, SRC, work_dir  # noqa: E402 (also puts scripts/ on the path)
 from unet_ckpt import load_checkpoint, read_flags, read_state_dict, save_checkpoint, unet_init_state_dict  # noqa
 from unet_torch import PRESETS, create_model, normalize_flags  # noqa
 
-BINARY = os.environ.get("UNET_BINARY", os.path.join(SRC, "build", "bin", "unet"))
-TMP = tempfile.mkdtemp(prefix="unet-torch-")
-atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
+TMP = work_dir("unet-torch-")  # removed at exit
 
 FULL32 = dict(image_size=32, num_channels=32, channel_mult="1,2", num_res_blocks=1, attention_resolutions="16",
               num_heads=2, num_head_channels=-1, use_new_attention_order=False, use_scale_shift_norm=True,

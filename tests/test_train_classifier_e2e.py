@@ -9,13 +9,10 @@
   --init, labels beyond --num-classes).
 CI runs it on the CPU; on the GPU machine: UNET_TEST_DEVICE=cuda [UNET_TEST_PRECISION=tf32]."""
 
-import atexit
 import os
 import signal
 import subprocess
 import sys
-import shutil
-import tempfile
 import time
 
 try:
@@ -25,12 +22,11 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-from e2e_common import BINARY, check, failures, require_binary, SRC  # noqa: E402
+from e2e_common import BINARY, check, failures, require_binary, SRC, work_dir  # noqa: E402
 require_binary()
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
-TMP = tempfile.mkdtemp(prefix="unet-clstrain-")
-atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
+TMP = work_dir("unet-clstrain-")  # removed at exit
 
 
 def unet(*args, ok=True):

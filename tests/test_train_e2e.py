@@ -6,13 +6,10 @@
 - bad input: one line naming the file, exit 1, nothing written.
 CI runs it on the CPU; on the GPU machine: UNET_TEST_DEVICE=cuda [UNET_TEST_PRECISION=tf32]."""
 
-import atexit
 import os
 import signal
 import subprocess
 import sys
-import shutil
-import tempfile
 import time
 
 try:
@@ -22,13 +19,12 @@ except ImportError as e:  # pragma: no cover
     print(f"skipping: {e}")
     sys.exit(77)
 
-from e2e_common import BINARY, check, failures, SRC  # noqa: E402
+from e2e_common import BINARY, check, failures, SRC, work_dir  # noqa: E402
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PREC = os.environ.get("UNET_TEST_PRECISION", "")
 # Dropout > 0 exercises the dropout RNG; 0 lets the GPU trainer use CUDA graphs (both are run there).
 DROPOUT = os.environ.get("UNET_TEST_DROPOUT", "0.1")
-TMP = tempfile.mkdtemp(prefix="unet-e2e-")
-atexit.register(shutil.rmtree, TMP, ignore_errors=True)  # nothing left behind in /tmp
+TMP = work_dir("unet-e2e-")  # removed at exit
 
 
 def unet(*args, ok=True):
