@@ -145,6 +145,45 @@ __global__ void epi_kernel(__nv_bfloat16* y, const float* bias, const float* emb
 
 cudnnHandle_t H;
 cudaStream_t S;
+bool g_serial = false;
+
+// A runtime-compiled plan's JSON form: its size, how long a plan takes to finalize from it, and
+// whether the restored plan writes the same bytes (the last buffer is the output).
+void serial_check(const D& plan, const D& vp, const std::vector<void*>& ptrs, const std::vector<Buf>& bufs,
+                  const char* nm) {
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(plan.d, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0, &n,
+                               nullptr) != CUDNN_STATUS_SUCCESS) {
+    std::printf("    %s: no JSON\n", nm);
+    return;
+  }
+  std::vector<char> js(n + 1, 0);
+  CK(cudnnBackendGetAttribute(plan.d, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, &n,
+                              js.data()));
+  auto t0 = std::chrono::steady_clock::now();
+  D q(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  q.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &H);
+  q.set(CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, js.data());
+  const cudnnStatus_t st = cudnnBackendFinalize(q.d);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (st != CUDNN_STATUS_SUCCESS) {
+    std::printf("    %s: JSON %lld bytes, restore failed: %s\n", nm, (long long)n, cudnnGetErrorString(st));
+    return;
+  }
+  const size_t ob = bufs[2].bytes;  // y is the third buffer in every graph here
+  void* ref;
+  cudaMalloc(&ref, ob);
+  std::vector<char> a(ob), b(ob);
+  cudnnBackendExecute(H, plan.d, vp.d);
+  cudaMemcpy(a.data(), ptrs[2], ob, cudaMemcpyDeviceToHost);
+  cudaMemset(ptrs[2], 0x55, ob);
+  const cudnnStatus_t ex = cudnnBackendExecute(H, q.d, vp.d);
+  cudaMemcpy(b.data(), ptrs[2], ob, cudaMemcpyDeviceToHost);
+  cudaFree(ref);
+  std::printf("    %s: JSON %lld bytes, restored in %.3f s, run %s, output %s; head %.80s\n", nm, (long long)n, s,
+              ex == CUDNN_STATUS_SUCCESS ? "ok" : cudnnGetErrorString(ex), a == b ? "bitwise equal" : "DIFFERS",
+              js.data());
+}
 
 // Times every engine config of the graph made of ops; returns best ms (or -1).
 double run_graph(const char* name, std::vector<cudnnBackendDescriptor_t> ops, const std::vector<Buf>& bufs,
@@ -243,6 +282,7 @@ double run_graph(const char* name, std::vector<cudnnBackendDescriptor_t> ops, co
       std::snprintf(nm, sizeof nm, "%s#%lld%s", mode == CUDNN_HEUR_MODE_A ? "A" : "F", (long long)gidx,
                     rt ? "rt" : "");
       if (best < 0 || ms < best) best = ms, *best_name = nm;
+      if (rt && g_serial) serial_check(p, vp, ptrs, bufs, nm);
       if (rt && fin_s > 0.5) std::printf("    (%s finalize %.1f s)\n", nm, fin_s);
       cudaEventDestroy(e0), cudaEventDestroy(e1);
       if (wsp) cudaFree(wsp);
@@ -361,11 +401,37 @@ void one_test(int prec, Sh s, int B, int kind) {
 
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IONBF, 0);
-  const Sh shapes[] = {{64, 64, 64}, {64, 128, 64}, {32, 128, 128}, {16, 192, 192}, {8, 256, 256}};
+  const Sh seed64[] = {{64, 64, 64}, {64, 128, 64}, {32, 128, 128}, {16, 192, 192}, {8, 256, 256}};
+  const Sh in256[] = {{256, 256, 256}, {128, 256, 256}, {64, 512, 512}, {32, 512, 512}, {16, 1024, 1024}, {8, 1024, 1024}};
   const int B = argc > 1 ? std::atoi(argv[1]) : 32;
+  // argv[2]: "serial" = the imagenet256 shapes, bf16, conv / separate epilogue / bias+res, with the
+  // JSON round trip of each runtime-compiled plan
+  g_serial = argc > 2 && std::string(argv[2]) == "serial";
+  if (g_serial) {
+    for (const Sh& s : in256) {
+      std::printf("B%d %dx%d %d->%d\n", B, s.H, s.H, s.Ci, s.Co);
+      for (int kind : {0, 1, 4}) {
+        const pid_t pid = fork();
+        if (pid == 0) {
+          try {
+            one_test(0, s, B, kind);
+          } catch (...) {
+            std::printf("  kind %d threw\n", kind);
+          }
+          std::fflush(stdout);
+          _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+      }
+    }
+    return 0;
+  }
+  const Sh* shapes = seed64;
   for (int prec = 0; prec < 2; ++prec) {
     std::printf("=== %s\n", prec == 0 ? "bf16" : "f32 (tf32 allowed)");
-    for (const Sh& s : shapes) {
+    for (int si = 0; si < 5; ++si) {
+      const Sh& s = shapes[si];
       std::printf("B%d %dx%d %d->%d\n", B, s.H, s.H, s.Ci, s.Co);
       for (int kind = 0; kind <= 6; ++kind) {
         const pid_t pid = fork();

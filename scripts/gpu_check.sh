@@ -23,6 +23,11 @@
 #   fold    conv1's bias and embedding added by GN2 (GroupNorm's input offset) and the bf16 output
 #           conv on tensor cores (narrow_tc): their op tests, the goldens, e2e bitwise resume (bf16,
 #           graphs), and the step with narrow_tc against narrow (same run)
+#   epi     conv bias + residual inside cuDNN's graph (variant cudnn_epi, runtime-compiled engines,
+#           plans kept as JSON): its op tests, the goldens, e2e bitwise resume (bf16, graphs), the
+#           first run's planning time with an empty cache and with the filled one, and against
+#           cudnn_fused (same run): the seed64 step, and sampling's forward at seed64 b64,
+#           imagenet64 b64 and imagenet256 b16 (bf16)
 #   profile unet profile tables, CSV/JSON and a trace
 #   pdl     programmatic dependent launch (UNET_PDL=1): the sampler's graph-vs-eager test, e2e bitwise
 #           resume with graphs (bf16), and the step's CUDA-event time with and without it (same run;
@@ -153,6 +158,27 @@ PY
       (cd "$BUILD" && ./bin/test_model_golden 2>&1 | tail -n 3)
       e2e_bf16 fold
       ab_step "UNET_KERNELS=" "UNET_KERNELS=conv_fwd=narrow" ;;
+    epi)
+      (cd "$BUILD" && ./bin/test_conv --gtest_filter='ConvVariants.CudnnEpi*:ConvVariants.SmallOddShapes:ConvVariants.Fused*:ConvVariants.Narrow*' 2>&1 | tail -n 3)
+      (cd "$BUILD" && ./bin/test_model_golden 2>&1 | tail -n 3)
+      e2e_bf16 epi
+      export UNET_CUDNN_CACHE="$OUT/epi-plans.txt"
+      rm -rf "$UNET_CUDNN_CACHE" "$UNET_CUDNN_CACHE.d"
+      for r in empty filled; do
+        TIMEFORMAT="imagenet256 b16 forward profile, $r cache: %R s"
+        time "$U" profile --preset imagenet256 --layer model --pass forward --batch-size 16 --precision bf16 \
+          --iters 3 --warmup 1 --no-plain-timing > "$OUT/epi_first_$r.txt" 2>&1
+      done
+      echo "fused shapes: $(grep -c epi "$UNET_CUDNN_CACHE"), of them faster: $(grep epi "$UNET_CUDNN_CACHE" | grep -vc '|-')"
+      ab_step "UNET_KERNELS=" "UNET_KERNELS=conv_fwd=cudnn_fused"
+      for cfg in "seed64 64" "imagenet64 64" "imagenet256 16"; do
+        set -- $cfg
+        for r in 1 2; do for k in "" conv_fwd=cudnn_fused; do
+          echo "$1 b$2 forward bf16 ${k:-default}: $(UNET_KERNELS=$k "$U" profile --preset $1 --layer model --pass forward \
+            --batch-size $2 --precision bf16 --iters 10 --warmup 3 2>&1 | grep -E 'CUDA-graph|without the profiler' | tr '\n' ' ')"
+        done; done
+      done
+      unset UNET_CUDNN_CACHE ;;
     lanes)
       (cd "$BUILD" && ./bin/test_model_golden --gtest_filter='*Lanes*' 2>&1 | tail -n 3)
       e2e_bf16 lanes UNET_LANES=1

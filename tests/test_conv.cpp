@@ -2,11 +2,18 @@
 //  * the reference vs a direct 7-loop convolution in PyTorch layout, and vs finite differences;
 //  * the fused epilogue (bias, per-sample embedding, residual) and the embedding gradient;
 //  * the float engine vs the double template, absent outputs skipped;
-//  * every CUDA variant vs the CPU engine at odd small shapes and at every seed64 shape;
+//  * every CUDA variant vs the CPU engine at odd small shapes and at every seed64 shape; the
+//    cuDNN-fused epilogue (cudnn_epi) forced, and its plan restored from JSON by a second engine;
 //  * every fast CPU variant (avx512, avx2) vs the CPU reference at odd small shapes and at every
 //    tiny32 shape, bitwise independent of the thread count; the default choice and the forced
 //    reference (conv=ref).
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include <sys/stat.h>
 
 #include "ops_common.h"
 
@@ -349,6 +356,90 @@ TEST(ConvVariants, FusedEpilogueAndBiasSumsMatchCudnn) {
       ++checked;
     }
   EXPECT_GT(checked, 20);
+}
+
+// "cudnn_epi" (bias and residual inside the cuDNN graph, runtime-compiled engines), forced by name
+// whether or not it timed faster at these shapes: against the CPU reference at the precision's
+// tolerance, bitwise run to run, and the plan a second engine restores from the JSON the first
+// saved (the same file, not rewritten) gives the same bits as the first engine's. Shapes: seed64's conv2 (bias +
+// residual) at 16x16, a 1x1 skip conv (bias only), and an odd size.
+TEST(ConvVariants, CudnnEpiFusesBiasAndResidual) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = test::temp_dir("cudnn-epi");
+  const std::string cache = dir + "/plans.txt";
+  const char* old = std::getenv("UNET_CUDNN_CACHE");
+  const std::string saved = old ? old : "";
+  setenv("UNET_CUDNN_CACHE", cache.c_str(), 1);
+  struct Case {
+    int B, H, Ci, Co, k;
+    bool res;
+  };
+  int checked = 0;
+  size_t jsons = 0;
+  for (Precision p : {Precision::TF32, Precision::BF16})
+    for (const Case& c : {Case{4, 16, 64, 64, 3, true}, Case{3, 8, 96, 64, 1, false}, Case{2, 9, 32, 48, 3, true}}) {
+      SCOPED_TRACE(std::string(precision_name(p)) + " B" + std::to_string(c.B) + " " + std::to_string(c.H) + " " +
+                   std::to_string(c.Ci) + "->" + std::to_string(c.Co) + " k" + std::to_string(c.k));
+      Engine& cpu = cpu_engine(p == Precision::BF16 ? Precision::BF16 : Precision::FP32);
+      std::vector<std::vector<uint8_t>> ys;
+      auto inodes = [&] {  // the JSON files by inode: a rewrite (temporary + rename) changes it
+        std::map<std::string, uintmax_t> m;
+        std::error_code ec;  // no folder yet: no files
+        for (const auto& e : std::filesystem::directory_iterator(cache + ".d", ec)) {
+          struct stat st;
+          if (::stat(e.path().c_str(), &st) == 0) m[e.path().string()] = st.st_ino;
+        }
+        return m;
+      };
+      std::map<std::string, uintmax_t> before;
+      for (int round = 0; round < 2; ++round) {  // round 1: a new engine, the plan from the JSON
+        if (round == 1) before = inodes();
+        std::unique_ptr<Engine> g = make_cuda_engine(p);
+        ASSERT_TRUE(g);
+        Alloc ca = [&](DType t, std::initializer_list<int64_t> d) { return cpu.alloc(t, d); };
+        Alloc ga = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
+        const DType act = g->act_dtype();
+        ConvFwd co = fwd_op(ca, act, c.B, c.H, c.Ci, c.Co, c.k, 1, false, c.res);
+        const ConvFwd go = fwd_op(ga, act, c.B, c.H, c.Ci, c.Co, c.k, 1, false, c.res);
+        randomize(cpu, co, test_seed() + 13 * (checked / 2) + 5);  // the same inputs in both rounds
+        const auto in = inputs_of(cpu, co);
+        load_inputs(cpu, co, in);
+        cpu.base_ops().run_variant(co, "ref");
+        const std::vector<float> want = to_host(cpu, co.y);
+        for (int rep = 0; rep < 2; ++rep) {
+          load_inputs(*g, go, in);
+          poison(*g, go.y);
+          g->base_ops().run_variant(go, "cudnn_epi");
+          g->device().sync();
+          ys.push_back(raw(*g, go.y));
+          if (rep == 0 && round == 0) {
+            const double e = rel_l2(to_host(*g, go.y), want);
+            std::printf("[cudnn_epi] %s %s rel err %.2e\n", precision_name(p), describe(go).c_str(), e);
+            EXPECT_LE(e, Tol{}.for_precision(p)) << describe(go);
+          }
+        }
+        EXPECT_TRUE(ys[ys.size() - 1] == ys[ys.size() - 2]) << "differs between two runs";
+        ++checked;
+      }
+      EXPECT_TRUE(ys.front() == ys.back()) << "the restored plan's output differs";
+      const auto after = inodes();
+      EXPECT_TRUE(before == after) << "the second engine compiled and saved the plan again";
+      // A JSON per (shape, precision) where cuDNN serializes the chosen engine (its runtime-
+      // compiled ones; a precompiled engine is simply finalized again, cheaply).
+      std::printf("[cudnn_epi] %s JSON plans so far: %zu\n", precision_name(p), after.size());
+      jsons = after.size();
+    }
+  std::ifstream f(cache);
+  const std::string lines((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::printf("%s", lines.c_str());
+  EXPECT_GE(jsons, 3u);
+  EXPECT_NE(lines.find("epi3|"), std::string::npos);  // bias + residual
+  EXPECT_NE(lines.find("epi1|"), std::string::npos);  // bias only
+  if (old)
+    setenv("UNET_CUDNN_CACHE", saved.c_str(), 1);
+  else
+    unsetenv("UNET_CUDNN_CACHE");
+  EXPECT_EQ(checked, 12);
 }
 
 // ConvFwd's optional GroupNorm statistics of y (mean, rstd [B, G]): every variant against the CPU

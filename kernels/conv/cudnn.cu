@@ -11,7 +11,12 @@
 //    (UNET_CUDNN_CACHE, default ~/.cache/unet/cudnn-plans.txt) keyed by GPU, cuDNN version,
 //    precision and op, so later runs skip the timing.
 //  * ConvFwd's epilogue (bias, per-sample embedding, residual) and ConvBwdFilter's db/demb run as
-//    the engine's own kernels after the cuDNN call. bf16 wgrad writes a bf16 dW into the
+//    the engine's own kernels after the cuDNN call, except in variant "cudnn_epi": there bias and
+//    residual are part of the cuDNN graph (conv -> + bias -> + res, one kernel of cuDNN's
+//    runtime-compiled engines), kept for a shape only where it timed faster than the conv and
+//    unet's epilogue pass. Those engines are compiled with NVRTC when planned (0.5-2 s each), so
+//    the chosen plan is also stored as cuDNN's JSON form beside the cache file and restored from
+//    it by later runs (~2 ms). bf16 wgrad writes a bf16 dW into the
 //    workspace (cuDNN wants the filter in the data type) which is widened into the f32 gradient.
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -152,6 +157,12 @@ struct State {
   std::map<std::string, std::shared_ptr<Plan>> plans;  // nullptr: cuDNN cannot run this op
   std::map<std::string, int> file_cache;               // key -> candidate index
   bool file_loaded = false;
+  struct Epi {                    // variant cudnn_epi's choice for a fused shape
+    bool decided = false, wins = false;
+    int idx = -1;                 // the fastest candidate
+    std::shared_ptr<Plan> plan;   // built when it runs (or was timed in this process)
+  };
+  std::map<std::string, Epi> epi;
   ~State() {
     plans.clear();
     if (handle) lib().cudnnDestroy(handle);
@@ -179,8 +190,9 @@ State& state(CudaCtx& ctx) {
 cudnnDataType_t dt(DType t) { return t == DType::BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
 
 // NHWC activation [N,H,W,C] as cuDNN's [N,C,H,W] dims with NHWC strides; KRSC filter likewise.
-Desc tensor(int64_t uid, DType t, int64_t n, int64_t h, int64_t w, int64_t c) {
+Desc tensor(int64_t uid, DType t, int64_t n, int64_t h, int64_t w, int64_t c, bool is_virtual = false) {
   Desc d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  if (is_virtual) d.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
   const cudnnDataType_t ty = dt(t);
   const int64_t dims[4] = {n, c, h, w}, strides[4] = {h * w * c, 1, w * c, c}, align = 16;
   d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ty);
@@ -192,10 +204,16 @@ Desc tensor(int64_t uid, DType t, int64_t n, int64_t h, int64_t w, int64_t c) {
   return d;
 }
 
+// The fused epilogue terms of a forward graph (variant cudnn_epi): bits of kEpiBias, kEpiRes.
+constexpr int kEpiBias = 1, kEpiRes = 2;
+// uids: x 1, w 2, y 3, bias 4, res 5; the graph's virtual f32 intermediates 10, 11.
+constexpr int64_t kUidBias = 4, kUidRes = 5;
+
 struct Shape {
   Kind kind;
   DType t;
   int64_t B, H, W, Ci, Ho, Wo, Co, k, s;
+  int epi = 0;
 };
 
 std::string shape_key(const Shape& s, Precision p) {
@@ -204,15 +222,55 @@ std::string shape_key(const Shape& s, Precision p) {
                 dtype_name(s.t), precision_name(p), (long long)s.B, (long long)s.H, (long long)s.W,
                 (long long)s.Ci, (long long)s.Ho, (long long)s.Wo, (long long)s.Co, (long long)s.k,
                 (long long)s.s);
-  return b;
+  return s.epi ? std::string(b) + " epi" + std::to_string(s.epi) : std::string(b);
+}
+
+// y = conv + bias (+ res) as pointwise ADDs in f32 after the conv (kept in the vector; returns
+// them in graph order).
+std::vector<cudnnBackendDescriptor_t> epilogue_ops(const Shape& s, Desc& conv_y, std::vector<Desc>& keep) {
+  std::vector<cudnnBackendDescriptor_t> ops;
+  auto add = [&](Desc& a, Desc b, Desc& y) {
+    Desc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    const cudnnPointwiseMode_t mode = CUDNN_POINTWISE_ADD;
+    const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    pw.set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    check(pw.finalize(), "pointwise");
+    Desc op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, a);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
+    op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    check(op.finalize(), "pointwise operation");
+    ops.push_back(op.d);
+    keep.push_back(std::move(pw));
+    keep.push_back(std::move(b));
+    keep.push_back(std::move(op));
+  };
+  Desc* cur = &conv_y;
+  if (s.epi & kEpiBias) {
+    Desc bias = tensor(kUidBias, DType::F32, 1, 1, 1, s.Co);
+    if (s.epi & kEpiRes) {
+      keep.push_back(tensor(11, DType::F32, s.B, s.Ho, s.Wo, s.Co, true));
+      Desc& mid = keep.back();
+      add(*cur, std::move(bias), mid);
+      cur = &mid;
+    } else {
+      add(*cur, std::move(bias), keep[2]);  // keep[2]: y
+    }
+  }
+  if (s.epi & kEpiRes) add(*cur, tensor(kUidRes, s.t, s.B, s.Ho, s.Wo, s.Co), keep[2]);
+  return ops;
 }
 
 // The operation graph of one convolution (x uid 1, w uid 2, y uid 3).
 std::vector<Desc> graph(const Shape& s, cudnnHandle_t h) {
   std::vector<Desc> v;
+  v.reserve(32);  // epilogue_ops keeps references into it
   v.push_back(tensor(1, s.t, s.B, s.H, s.W, s.Ci));
   v.push_back(tensor(2, s.t, s.Co, s.k, s.k, s.Ci));
   v.push_back(tensor(3, s.t, s.B, s.Ho, s.Wo, s.Co));
+  if (s.epi) v.push_back(tensor(10, DType::F32, s.B, s.Ho, s.Wo, s.Co, true));  // the conv's f32 result
   Desc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const int64_t nd = 2, pad[2] = {s.k / 2, s.k / 2}, dil[2] = {1, 1}, str[2] = {s.s, s.s};
   const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
@@ -235,7 +293,7 @@ std::vector<Desc> graph(const Shape& s, cudnnHandle_t h) {
     case Fwd:
       op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, v[0]);
       op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, v[1]);
-      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, v[2]);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, s.epi ? v[3] : v[2]);
       op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
       op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
       op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
@@ -258,8 +316,11 @@ std::vector<Desc> graph(const Shape& s, cudnnHandle_t h) {
       break;
   }
   check(op.finalize(), "operation");
+  std::vector<cudnnBackendDescriptor_t> ops{op.d};
+  if (s.epi)
+    for (auto d : epilogue_ops(s, v[3], v)) ops.push_back(d);
   Desc g(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op.d);
+  g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)ops.size(), ops.data());
   g.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
   check(g.finalize(), "operation graph");
   v.push_back(std::move(conv));
@@ -269,7 +330,7 @@ std::vector<Desc> graph(const Shape& s, cudnnHandle_t h) {
 }
 
 // Does the engine of this config meet unet's rules for the precision?
-bool acceptable(const Desc& cfg, DType t, Precision p) {
+bool acceptable(const Desc& cfg, DType t, Precision p, bool allow_rt) {
   Desc eng(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   int64_t n = 0;
   if (lib().cudnnBackendGetAttribute(cfg.d, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
@@ -304,7 +365,7 @@ bool acceptable(const Desc& cfg, DType t, Precision p) {
   lib().cudnnBackendGetAttribute(eng.d, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
                                  CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &n, beh);
   for (int64_t i = 0; i < n; ++i)
-    if (beh[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) return false;  // NVRTC at plan time: skipped
+    if (beh[i] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION && !allow_rt) return false;  // NVRTC at plan time
   return true;
 }
 
@@ -371,6 +432,119 @@ void store_cache(const std::string& prefix, const std::string& key, int idx) {
   if (f) f << prefix << key << "|" << idx << "\n";
 }
 
+// cuDNN's heuristics (mode A) for an operation graph: its engine configs, best first.
+struct Heur {
+  Desc heur;
+  std::vector<Desc> cfgs;
+};
+Heur heuristics(const Desc& graph) {
+  Heur h{Desc(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR), {}};
+  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  h.heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+  h.heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  check(h.heur.finalize(), "heuristics");
+  int64_t n = 0;
+  check(lib().cudnnBackendGetAttribute(h.heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                       &n, nullptr),
+        "heuristics count");
+  for (int64_t i = 0; i < n; ++i) h.cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (auto& c : h.cfgs) raw.push_back(c.d);
+  int64_t got = 0;
+  check(lib().cudnnBackendGetAttribute(h.heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n,
+                                       &got, raw.data()),
+        "heuristics results");
+  h.cfgs.resize((size_t)std::max<int64_t>(0, std::min(got, n)));
+  return h;
+}
+
+int64_t workspace_of(const Desc& plan) {
+  int64_t ws = 0, c = 0;
+  check(lib().cudnnBackendGetAttribute(plan.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &c,
+                                       &ws),
+        "workspace size");
+  return ws;
+}
+
+// Candidate plans, in heuristic order, that meet the rules and finalize (at most `most`).
+struct Cand {
+  size_t cfg;
+  Desc plan;
+  int64_t ws;
+};
+std::vector<Cand> candidates(State& st, const Heur& h, const Shape& s, Precision p, bool allow_rt, size_t most) {
+  std::vector<Cand> cands;
+  for (size_t i = 0; i < h.cfgs.size() && cands.size() < most; ++i) {
+    if (!acceptable(h.cfgs[i], s.t, p, allow_rt)) continue;
+    Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, h.cfgs[i]);
+    plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &st.handle);
+    if (plan.finalize() != CUDNN_STATUS_SUCCESS) continue;
+    const int64_t ws = workspace_of(plan);
+    if (ws > (int64_t(1) << 30)) continue;  // a GiB of workspace is not worth it
+    cands.push_back({i, std::move(plan), ws});
+  }
+  return cands;
+}
+
+// Device buffers for timing candidates at plan time (allocation is allowed there), filled with
+// non-zero data (timings on zeros can flatter a kernel).
+struct Scratch {
+  std::vector<void*> p;
+  void* add(size_t bytes, int fill, cudaStream_t stream) {
+    void* q = nullptr;
+    if (bytes) {
+      CUDA_CHECK(cudaMalloc(&q, bytes));
+      CUDA_CHECK(cudaMemsetAsync(q, fill, bytes, stream));
+    }
+    p.push_back(q);
+    return q;
+  }
+  ~Scratch() {
+    cudaDeviceSynchronize();
+    for (void* q : p)
+      if (q) cudaFree(q);
+  }
+};
+
+// Milliseconds per call of run() (once untimed, then three timed); a negative result when the
+// untimed call fails.
+template <class F>
+float time_ms(cudaStream_t stream, F&& run) {
+  if (!run()) return -1.f;
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaEventRecord(e0, stream));
+  for (int r = 0; r < 3; ++r) run();
+  CUDA_CHECK(cudaEventRecord(e1, stream));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms / 3;
+}
+
+// A variant pack of (uid, pointer) pairs and the workspace.
+Desc variant_pack(std::initializer_list<std::pair<int64_t, const void*>> bufs, void* ws) {
+  std::vector<void*> ptrs;
+  std::vector<int64_t> uids;
+  for (auto [u, q] : bufs)
+    if (q) uids.push_back(u), ptrs.push_back(const_cast<void*>(q));
+  Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  vp.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, (int64_t)ptrs.size(), ptrs.data());
+  vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, (int64_t)uids.size(), uids.data());
+  vp.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+  check(vp.finalize(), "variant pack");
+  return vp;
+}
+
+std::string cache_prefix(const CudaCtx& ctx) {
+  // "c64": choices among up to 64 candidates (entries of the 8-candidate days are not reused)
+  return ctx.device_name + "|" + std::to_string(lib().version) + "|c64|";
+}
+
 // Builds (and on a cache miss times) the plan of an op shape; nullptr when cuDNN cannot run it.
 std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
   State& st = state(ctx);
@@ -378,53 +552,16 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
   auto it = st.plans.find(key);
   if (it != st.plans.end()) return it->second;
   if (ctx.capturing) throw std::logic_error("cuDNN plan built inside a graph capture (plan memory first)");
-  // "c64": choices among up to 64 candidates (entries of the 8-candidate days are not reused)
-  const std::string prefix = ctx.device_name + "|" + std::to_string(lib().version) + "|c64|";
+  const std::string prefix = cache_prefix(ctx);
   load_cache(st, prefix);
   std::shared_ptr<Plan> best;
   try {
     std::vector<Desc> g = graph(s, st.handle);
-    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g.back());
-    heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    check(heur.finalize(), "heuristics");
-    int64_t n = 0;
-    check(lib().cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                         0, &n, nullptr),
-          "heuristics count");
-    std::vector<Desc> cfgs;
-    for (int64_t i = 0; i < n; ++i) cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (auto& c : cfgs) raw.push_back(c.d);
-    int64_t got = 0;
-    check(lib().cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                         n, &got, raw.data()),
-          "heuristics results");
-    // Candidate plans, in heuristic order, that meet the rules and finalize.
-    struct Cand {
-      size_t cfg;
-      Desc plan;
-      int64_t ws;
-    };
-    std::vector<Cand> cands;
+    Heur h = heuristics(g.back());
     // Up to 64 candidates (every one cuDNN 9.19 lists for seed64's shapes): the first 8 of the
     // heuristics' order missed faster engines; measured (H200, same run, seed64 b32 step) tf32
     // 15.91 -> 15.73 ms, bf16 9.17 -> 9.01 ms, the same memory. Timing them is once per shape.
-    constexpr size_t kMaxCandidates = 64;
-    for (int64_t i = 0; i < got && cands.size() < kMaxCandidates; ++i) {
-      if (!acceptable(cfgs[i], s.t, ctx.prec)) continue;
-      Desc p(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      p.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfgs[i]);
-      p.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &st.handle);
-      if (p.finalize() != CUDNN_STATUS_SUCCESS) continue;
-      int64_t ws = 0, c = 0;
-      check(lib().cudnnBackendGetAttribute(p.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                           &c, &ws),
-            "workspace size");
-      if (ws > (int64_t(1) << 30)) continue;  // a GiB of workspace is not worth it
-      cands.push_back({(size_t)i, std::move(p), ws});
-    }
+    std::vector<Cand> cands = candidates(st, h, s, ctx.prec, false, 64);
     if (!cands.empty()) {
       size_t pick = 0;
       auto cached_pick = [&]() {
@@ -439,56 +576,30 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
       if (cached_pick() >= 0) {
         pick = (size_t)cached_pick();
       } else if (cands.size() > 1) {
-        // Time every candidate on scratch buffers (plan time: allocation is allowed here).
         const size_t es = dtype_size(s.t);
-        const size_t nx = (size_t)s.B * s.H * s.W * s.Ci * es, nw = (size_t)s.Co * s.k * s.k * s.Ci * es,
-                     ny = (size_t)s.B * s.Ho * s.Wo * s.Co * es;
         int64_t wsmax = 0;
         for (auto& c : cands) wsmax = std::max(wsmax, c.ws);
-        void *bx = nullptr, *bw = nullptr, *by = nullptr, *bws = nullptr;
-        CUDA_CHECK(cudaMalloc(&bx, nx));
-        CUDA_CHECK(cudaMalloc(&bw, nw));
-        CUDA_CHECK(cudaMalloc(&by, ny));
-        if (wsmax) CUDA_CHECK(cudaMalloc(&bws, wsmax));
-        // Non-zero data (timings on zeros can flatter a kernel).
-        CUDA_CHECK(cudaMemsetAsync(bx, 0x3c, nx, ctx.stream));
-        CUDA_CHECK(cudaMemsetAsync(bw, 0x3a, nw, ctx.stream));
-        CUDA_CHECK(cudaMemsetAsync(by, 0x3b, ny, ctx.stream));
-        cudaEvent_t e0, e1;
-        CUDA_CHECK(cudaEventCreate(&e0));
-        CUDA_CHECK(cudaEventCreate(&e1));
+        Scratch sc;
+        void* bx = sc.add((size_t)s.B * s.H * s.W * s.Ci * es, 0x3c, ctx.stream);
+        void* bw = sc.add((size_t)s.Co * s.k * s.k * s.Ci * es, 0x3a, ctx.stream);
+        void* by = sc.add((size_t)s.B * s.Ho * s.Wo * s.Co * es, 0x3b, ctx.stream);
+        void* bws = sc.add((size_t)wsmax, 0, ctx.stream);
+        const Desc vp = variant_pack({{1, bx}, {2, bw}, {3, by}}, bws);
         float best_ms = 1e30f;
         for (size_t i = 0; i < cands.size(); ++i) {
-          void* ptrs[3] = {bx, bw, by};
-          const int64_t uids[3] = {1, 2, 3};
-          Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-          vp.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
-          vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
-          vp.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &bws);
-          check(vp.finalize(), "variant pack");
-          if (lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d) != CUDNN_STATUS_SUCCESS) continue;
-          CUDA_CHECK(cudaEventRecord(e0, ctx.stream));
-          for (int r = 0; r < 3; ++r)
-            check(lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d), "execute");
-          CUDA_CHECK(cudaEventRecord(e1, ctx.stream));
-          CUDA_CHECK(cudaEventSynchronize(e1));
-          float ms = 0;
-          CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-          if (ms < best_ms) best_ms = ms, pick = i;
+          const float ms = time_ms(ctx.stream, [&] {
+            return lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d) == CUDNN_STATUS_SUCCESS;
+          });
+          if (ms >= 0 && ms < best_ms) best_ms = ms, pick = i;
         }
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-        CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-        cudaFree(bx), cudaFree(bw), cudaFree(by);
-        if (bws) cudaFree(bws);
         store_cache(prefix, key, (int)pick);
       }
       best = std::make_shared<Plan>();
       best->ws = cands[pick].ws;
       best->plan = std::move(cands[pick].plan);
       best->keep = std::move(g);
-      best->keep.push_back(std::move(heur));
-      best->keep.push_back(std::move(cfgs[cands[pick].cfg]));
+      best->keep.push_back(std::move(h.heur));
+      best->keep.push_back(std::move(h.cfgs[cands[pick].cfg]));
     }
   } catch (const std::runtime_error&) {
     cudaGetLastError();
@@ -502,26 +613,21 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
 // a repeated call (every eager step, every sampling step) costs a map lookup instead of building
 // and finalizing a descriptor.
 struct PackKey {
-  const void *x, *w, *y, *ws;
-  bool operator<(const PackKey& o) const { return std::tie(x, w, y, ws) < std::tie(o.x, o.w, o.y, o.ws); }
+  const void *x, *w, *y, *bias, *res, *ws;
+  bool operator<(const PackKey& o) const {
+    return std::tie(x, w, y, bias, res, ws) < std::tie(o.x, o.w, o.y, o.bias, o.res, o.ws);
+  }
 };
 
-void execute(CudaCtx& ctx, const Plan& p, const void* x, const void* w, const void* y) {
+void execute(CudaCtx& ctx, const Plan& p, const void* x, const void* w, const void* y, const void* bias = nullptr,
+             const void* res = nullptr) {
   State& st = state(ctx);
   static thread_local std::map<PackKey, Desc> packs;
-  const PackKey key{x, w, y, ctx.ws};
+  const PackKey key{x, w, y, bias, res, ctx.ws};
   auto it = packs.find(key);
   if (it == packs.end()) {
     if (packs.size() > 4096) packs.clear();
-    void* ptrs[3] = {const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
-    const int64_t uids[3] = {1, 2, 3};
-    void* ws = ctx.ws;
-    Desc vp(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-    vp.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
-    vp.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
-    vp.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-    check(vp.finalize(), "variant pack");
-    it = packs.emplace(key, std::move(vp)).first;
+    it = packs.emplace(key, variant_pack({{1, x}, {2, w}, {3, y}, {kUidBias, bias}, {kUidRes, res}}, ctx.ws)).first;
   }
   check(lib().cudnnBackendExecute(st.handle, p.plan.d, it->second.d), "execute");
 }
@@ -707,6 +813,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <class T, int V>
+void launch_epilogue(CudaCtx& ctx, T* y, const float* bias, const float* emb, const T* res, int B, int R, int C) {
+  const rowblock::Plan p = rowblock::plan(epilogue_kernel<T, V>, B, R, C, V, 2);
+  epilogue_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(y, bias, emb, res, R, C, p.Cl, p.L, p.rps);
+  KERNEL_CHECK();
+}
+
 // y's epilogue terms, for rowblock::stats_rows: y (in place) + bias + emb + res, added in
 // epilogue_kernel's order (so y is bitwise the same).
 template <class T, int V>
@@ -760,10 +873,7 @@ void conv_fwd_fused(const ConvFwd& o, CudaCtx& ctx) {
                                    o.y, o.mean, o.rstd);
         return;
       }
-      const rowblock::Plan p = rowblock::plan(epilogue_kernel<T, V>, B, R, C, V, 2);
-      epilogue_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(dptr<T>(o.y), dptr<float>(o.bias), dptr<float>(o.emb),
-                                                               dptr<T>(o.res), R, C, p.Cl, p.L, p.rps);
-      KERNEL_CHECK();
+      launch_epilogue<T, V>(ctx, dptr<T>(o.y), dptr<float>(o.bias), dptr<float>(o.emb), dptr<T>(o.res), B, R, C);
     });
   });
 }
@@ -780,11 +890,212 @@ bool filter_fused_ok(const ConvBwdFilter& o, const CudaCtx& c) {
   return (!(o.db.defined() || o.demb.defined()) || rowblock::column_sums_fit(o.dy)) && filter_ok(o, c);
 }
 
+// ---- variant "cudnn_epi": bias and residual inside the cuDNN graph (see the top of the file).
+// Measured with scripts/cudnn_fusion_probe.cu (H100, cuDNN 9.19, bf16, batch 16, 256x256, 256
+// channels): conv 1.57 ms + unet's epilogue pass 0.60 ms against 1.71 ms fused; each runtime-
+// compiled candidate took 0.5-2 s to finalize, restoring one from its JSON 1-2 ms.
+
+Shape epi_shape(const ConvFwd& o) {
+  Shape s = fwd_shape(o);
+  s.epi = (o.bias.defined() ? kEpiBias : 0) | (o.res.defined() ? kEpiRes : 0);
+  return s;
+}
+
+// Candidates finalized (so compiled) per fused shape when it is first timed.
+constexpr size_t kEpiCandidates = 4;
+
+std::string json_path(const std::string& prefix, const std::string& key) {
+  const std::string c = cache_path();
+  if (c.empty()) return "";
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the cache line's key
+  for (unsigned char ch : prefix + key) h = (h ^ ch) * 1099511628211ull;
+  char b[24];
+  std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h);
+  return c + ".d/" + b + ".json";
+}
+
+// A plan restored from the JSON save_plan wrote; nullptr when there is none or cuDNN refuses it.
+std::shared_ptr<Plan> restore_plan(State& st, const std::string& path) {
+  if (path.empty()) return nullptr;
+  std::ifstream f(path, std::ios::binary);
+  const std::string js((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (js.empty()) return nullptr;
+  auto p = std::make_shared<Plan>();
+  p->plan = Desc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  p->plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &st.handle);
+  if (lib().cudnnBackendSetAttribute(p->plan.d, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+                                     (int64_t)js.size(), js.data()) != CUDNN_STATUS_SUCCESS ||
+      p->plan.finalize() != CUDNN_STATUS_SUCCESS)
+    return nullptr;
+  p->ws = workspace_of(p->plan);
+  return p;
+}
+
+// Best effort, like the cache file: written to a temporary name, then renamed into place.
+void save_plan(const Desc& plan, const std::string& path) {
+  if (path.empty()) return;
+  int64_t n = 0;
+  if (lib().cudnnBackendGetAttribute(plan.d, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0, &n,
+                                     nullptr) != CUDNN_STATUS_SUCCESS ||
+      n <= 0)
+    return;
+  std::string js((size_t)n, '\0');
+  if (lib().cudnnBackendGetAttribute(plan.d, CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, &n,
+                                     js.data()) != CUDNN_STATUS_SUCCESS)
+    return;
+  while (!js.empty() && js.back() == '\0') js.pop_back();
+  make_cache_dir(path);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << js;
+    if (!f) {
+      ::unlink(tmp.c_str());
+      return;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+}
+
+// The fused shape's choice: decided from the cache file, else by timing up to kEpiCandidates
+// fused plans against the plain conv's plan followed by unet's epilogue kernel. need_plan: also
+// build (restore) the fused plan when the choice was read from the file.
+State::Epi& epi_choice(CudaCtx& ctx, const Shape& s, bool need_plan) {
+  State& st = state(ctx);
+  const std::string key = shape_key(s, ctx.prec);
+  State::Epi& e = st.epi[key];
+  if (e.decided && (e.plan || !need_plan)) return e;
+  if (ctx.capturing) throw std::logic_error("cuDNN plan built inside a graph capture (plan memory first)");
+  Shape plain_shape = s;
+  plain_shape.epi = 0;
+  const std::shared_ptr<Plan> plain = plan_for(ctx, plain_shape);  // before the lock: it may take it
+  const std::string prefix = cache_prefix(ctx), path = json_path(prefix, key);
+  load_cache(st, prefix);
+  try {
+    auto from_file = [&]() {
+      auto c = st.file_cache.find(key);
+      if (c == st.file_cache.end()) return false;
+      e.decided = true;
+      e.wins = c->second >= 0;
+      e.idx = c->second >= 0 ? c->second : -1 - c->second;  // a losing choice is stored as -1 - idx
+      return true;
+    };
+    std::unique_ptr<CacheLock> lock;
+    if (!e.decided && !from_file()) {  // another rank may be timing it now
+      lock = std::make_unique<CacheLock>(cache_path());
+      read_cache(st, prefix);
+      from_file();
+    }
+    if (e.decided) {
+      if (!need_plan && !e.wins) return e;
+      if ((e.plan = restore_plan(st, path))) return e;
+    }
+    kernel_notice_once("unet: compiling cuDNN's fused convolution kernels for new shapes (once; kept in " +
+                       cache_path() + ".d)");
+    std::vector<Desc> g = graph(s, st.handle);
+    Heur h = heuristics(g.back());
+    std::vector<Cand> cands = candidates(st, h, s, ctx.prec, true, e.decided ? (size_t)e.idx + 1 : kEpiCandidates);
+    if (cands.empty() || (e.decided && (size_t)e.idx >= cands.size())) {
+      e.decided = true;
+      e.wins = false;
+      return e;
+    }
+    if (!e.decided) {
+      const size_t es = dtype_size(s.t), ny = (size_t)s.B * s.Ho * s.Wo * s.Co;
+      int64_t wsmax = plain ? plain->ws : 0;
+      for (auto& c : cands) wsmax = std::max(wsmax, c.ws);
+      Scratch sc;
+      void* bx = sc.add((size_t)s.B * s.H * s.W * s.Ci * es, 0x3c, ctx.stream);
+      void* bw = sc.add((size_t)s.Co * s.k * s.k * s.Ci * es, 0x3a, ctx.stream);
+      void* by = sc.add(ny * es, 0x3b, ctx.stream);
+      void* bb = (s.epi & kEpiBias) ? sc.add((size_t)s.Co * 4, 0x3d, ctx.stream) : nullptr;
+      void* br = (s.epi & kEpiRes) ? sc.add(ny * es, 0x3e, ctx.stream) : nullptr;
+      void* bws = sc.add((size_t)wsmax, 0, ctx.stream);
+      const Desc vp = variant_pack({{1, bx}, {2, bw}, {3, by}, {kUidBias, bb}, {kUidRes, br}}, bws);
+      float best_ms = 1e30f;
+      size_t pick = 0;
+      for (size_t i = 0; i < cands.size(); ++i) {
+        const float ms = time_ms(ctx.stream, [&] {
+          return lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d) == CUDNN_STATUS_SUCCESS;
+        });
+        if (ms >= 0 && ms < best_ms) best_ms = ms, pick = i;
+      }
+      float plain_ms = 1e30f;
+      if (plain) {
+        const Desc pvp = variant_pack({{1, bx}, {2, bw}, {3, by}}, bws);
+        const int B = (int)s.B, R = (int)(s.Ho * s.Wo), C = (int)s.Co;
+        plain_ms = time_ms(ctx.stream, [&] {
+          if (lib().cudnnBackendExecute(st.handle, plain->plan.d, pvp.d) != CUDNN_STATUS_SUCCESS) return false;
+          with_act(s.t, [&](auto tag) {
+            using T = decltype(tag);
+            rowblock::with_width<T>(rowblock::wide_ok<T>(C, {by, br}), [&](auto vtag) {
+              launch_epilogue<T, decltype(vtag)::value>(ctx, static_cast<T*>(by), static_cast<const float*>(bb),
+                                                        nullptr, static_cast<const T*>(br), B, R, C);
+            });
+          });
+          return true;
+        });
+        if (plain_ms < 0) plain_ms = 1e30f;
+      }
+      e.decided = true;
+      e.wins = best_ms < plain_ms;
+      e.idx = (int)pick;
+      store_cache(prefix, key, e.wins ? e.idx : -1 - e.idx);
+    }
+    Cand& c = cands[(size_t)e.idx];
+    save_plan(c.plan, path);
+    e.plan = std::make_shared<Plan>();
+    e.plan->ws = c.ws;
+    e.plan->plan = std::move(c.plan);
+    e.plan->keep = std::move(g);
+    e.plan->keep.push_back(std::move(h.heur));
+    e.plan->keep.push_back(std::move(h.cfgs[c.cfg]));
+  } catch (const std::runtime_error&) {
+    cudaGetLastError();
+    e.decided = true;  // cuDNN refused the fused graph: the other variants run it
+    e.wins = false;
+    e.plan = nullptr;
+  }
+  return e;
+}
+
+// Not in fp32 (its engines would use TF32); not with the embedding (a per-sample term: the probe's
+// engine failed with a misaligned address) or the statistics epilogue.
+bool epi_ok(const ConvFwd& o, const CudaCtx& c) {
+  if (c.prec == Precision::FP32 || o.y.dtype != o.x.dtype || o.emb.defined() || o.mean.defined() ||
+      !(o.bias.defined() || o.res.defined()) || !available())
+    return false;
+  return epi_choice(const_cast<CudaCtx&>(c), epi_shape(o), false).wins;
+}
+
+const Plan& epi_plan(const ConvFwd& o, CudaCtx& c) {
+  const State::Epi& e = epi_choice(c, epi_shape(o), true);
+  if (!e.plan) throw std::runtime_error("cuDNN has no fused engine for " + describe(o));
+  return *e.plan;
+}
+
+size_t epi_ws(const ConvFwd& o, const CudaCtx& c) {
+  // the plain conv's too: conv_fwd_epi falls back to it for unaligned buffers
+  return std::max(epi_plan(o, const_cast<CudaCtx&>(c)).ws, plan_for(const_cast<CudaCtx&>(c), fwd_shape(o))->ws);
+}
+
+void conv_fwd_epi(const ConvFwd& o, CudaCtx& ctx) {
+  // The graph declares 16-byte alignment; the chooser's choice is per shape, not per pointer.
+  if (!aligned16(o.x.data) || !aligned16(o.w.data) || !aligned16(o.y.data) ||
+      (o.bias.defined() && !aligned16(o.bias.data)) || (o.res.defined() && !aligned16(o.res.data)))
+    return conv_fwd_fused(o, ctx);
+  execute(ctx, epi_plan(o, ctx), o.x.data, o.w.data, o.y.data, o.bias.data, o.res.data);
+}
+
 }  // namespace
 
 void destroy_cudnn(CudaCtx& ctx) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_states.erase(&ctx);
+}
+
+void register_conv_cudnn_epi(CudaOps& ops) {
+  ops.variants<ConvFwd>().push_back({"cudnn_epi", epi_ok, conv_fwd_epi, epi_ws});
 }
 
 void register_conv_cudnn_fused(CudaOps& ops) {

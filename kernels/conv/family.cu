@@ -1,7 +1,8 @@
 // The conv family's CUDA variants in priority order: direct kernels for forwards with at most 8
 // output channels (the model's last layer; narrow.cu: "narrow_tc" on tensor cores for bf16 3x3,
 // "narrow" on f32 FMAs for the rest), then cuDNN when it is present and has a
-// deterministic engine for the shape (with unet's row-block epilogue and bias gradients, then
+// deterministic engine for the shape (forwards with bias / residual as one fused cuDNN kernel
+// where that timed faster, then with unet's row-block epilogue and bias gradients, then
 // with the earlier elementwise ones), else unet's own im2col + cuBLAS.
 #include "cuda_engine.cuh"
 
@@ -9,6 +10,7 @@ namespace unet {
 
 void register_conv_cuda(CudaOps& ops) {
   register_conv_narrow(ops);
+  register_conv_cudnn_epi(ops);
   register_conv_cudnn_fused(ops);
   register_conv_cudnn(ops);
   register_conv_im2col(ops);
