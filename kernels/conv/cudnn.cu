@@ -33,6 +33,7 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -473,16 +474,48 @@ struct Cand {
   int64_t ws;
 };
 std::vector<Cand> candidates(State& st, const Heur& h, const Shape& s, Precision p, bool allow_rt, size_t most) {
-  std::vector<Cand> cands;
-  for (size_t i = 0; i < h.cfgs.size() && cands.size() < most; ++i) {
-    if (!acceptable(h.cfgs[i], s.t, p, allow_rt)) continue;
+  // A finalized plan of config i, or an empty Desc when cuDNN refuses it.
+  auto finalize = [&](size_t i) {
     Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, h.cfgs[i]);
     plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &st.handle);
-    if (plan.finalize() != CUDNN_STATUS_SUCCESS) continue;
-    const int64_t ws = workspace_of(plan);
-    if (ws > (int64_t(1) << 30)) continue;  // a GiB of workspace is not worth it
-    cands.push_back({i, std::move(plan), ws});
+    return plan.finalize() == CUDNN_STATUS_SUCCESS ? std::move(plan) : Desc();
+  };
+  std::vector<Cand> cands;
+  size_t next = 0;
+  while (cands.size() < most && next < h.cfgs.size()) {
+    // The next configs that meet the rules, as many as are still wanted. Runtime-compiled ones
+    // are finalized in parallel threads (each is an NVRTC compilation, 0.5-2 s of one CPU
+    // core); the others one by one, in order.
+    std::vector<size_t> batch;
+    for (; next < h.cfgs.size() && cands.size() + batch.size() < most; ++next)
+      if (acceptable(h.cfgs[next], s.t, p, allow_rt)) {
+        batch.push_back(next);
+        if (!allow_rt) {
+          ++next;
+          break;
+        }
+      }
+    std::vector<Desc> plans(batch.size());
+    if (batch.size() == 1) {
+      plans[0] = finalize(batch[0]);
+    } else {
+      std::vector<std::thread> threads;
+      for (size_t j = 0; j < batch.size(); ++j)
+        threads.emplace_back([&, j] {
+          try {
+            plans[j] = finalize(batch[j]);
+          } catch (const std::runtime_error&) {  // refused: stays empty
+          }
+        });
+      for (auto& t : threads) t.join();
+    }
+    for (size_t j = 0; j < batch.size(); ++j) {
+      if (!plans[j].d) continue;
+      const int64_t ws = workspace_of(plans[j]);
+      if (ws > (int64_t(1) << 30)) continue;  // a GiB of workspace is not worth it
+      cands.push_back({batch[j], std::move(plans[j]), ws});
+    }
   }
   return cands;
 }
@@ -990,8 +1023,10 @@ State::Epi& epi_choice(CudaCtx& ctx, const Shape& s, bool need_plan) {
       if (!need_plan && !e.wins) return e;
       if ((e.plan = restore_plan(st, path))) return e;
     }
-    kernel_notice_once("unet: compiling cuDNN's fused convolution kernels for new shapes (once; kept in " +
-                       cache_path() + ".d)");
+    kernel_notice_once(cache_path().empty()
+                           ? "unet: compiling cuDNN's fused convolution kernels (no cache folder: HOME is unset)"
+                           : "unet: compiling cuDNN's fused convolution kernels for new shapes (once; kept in " +
+                                 cache_path() + ".d)");
     std::vector<Desc> g = graph(s, st.handle);
     Heur h = heuristics(g.back());
     std::vector<Cand> cands = candidates(st, h, s, ctx.prec, true, e.decided ? (size_t)e.idx + 1 : kEpiCandidates);
