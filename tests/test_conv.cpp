@@ -207,8 +207,9 @@ TEST(ConvVariants, SmallOddShapes) {
   // The model's output layer: activation inputs, an f32 output (bf16 in, f32 out in bf16 engines),
   // forward only; B, H, Ci, Co, emb, res:
   //  * small, and the released models' 192 -> 6 (learned sigma);
-  //  * "narrow_tc" (bf16): seed64's at its size (64x64: whole 2x64 tiles), and odd tiles in both
-  //    directions with the learned-sigma width and every epilogue term.
+  //  * "narrow_tc" (bf16): seed64's at its size (64x64: whole 2x64 tiles), odd tiles in both
+  //    directions with the learned-sigma width and every epilogue term, and channels in several
+  //    chunks of 64 (imagenet256's 256, and 208 = 3 x 64 + 16).
   struct Out {
     const char* what;
     int B, H, Ci, Co;
@@ -216,7 +217,9 @@ TEST(ConvVariants, SmallOddShapes) {
   };
   for (const Out& c : {Out{"out layer", 2, 8, 32, 3, false, false}, Out{"out layer 192->6", 3, 9, 192, 6, false, false},
                        Out{"out layer 64x64", 2, 64, 64, 3, false, false},
-                       Out{"out layer 67x67 48->6", 2, 67, 48, 6, true, true}})
+                       Out{"out layer 67x67 48->6", 2, 67, 48, 6, true, true},
+                       Out{"out layer 256->6", 1, 20, 256, 6, false, false},
+                       Out{"out layer 208->3", 2, 13, 208, 3, true, true}})
     check_variants<ConvFwd>(
         c.what,
         [&c](const Alloc& A, DType act) {

@@ -209,21 +209,26 @@ bool narrow_ok(const ConvFwd& o, const CudaCtx&) {
 // Measured on the H100 (seed64 batch 32, 64 -> 3 at 64x64, bf16): "narrow" took 53 us, 8.5
 // TFLOP/s of FMAs for 17 MB of input: its per-element conversions, index arithmetic and the
 // nine-fold re-reads of each input vector cost more than the multiplies. Here a block of four
-// warps takes 2 output rows x 64 columns: the 4 input rows they read (66 columns, every channel,
-// zero padding included) and the weights go to shared memory once, and each warp runs the 3x3
+// warps takes 2 output rows x 64 columns: the 4 input rows they read (66 columns, zero padding
+// included) and the weights go to shared memory (by chunks of channels, below), and each warp runs the 3x3
 // taps as an implicit GEMM on bf16 tensor cores (wmma m32n8k16: 32 pixels x 8 outputs, the
 // weights zero-padded from Co to 8 columns), f32 accumulation in a fixed order (deterministic),
 // then the epilogue in f32 before the one rounding, as "narrow".
+//
+// The channels go through shared memory in chunks of 64 (input and weights of one chunk, then its
+// MMAs, then the next), so a block needs 56 KB whatever Ci is: with every channel at once,
+// imagenet256's 256-channel output layer took 184 KB per block (one block per SM, 2.0 ms of its
+// 77 ms forward).
 constexpr int kTcCols = 64, kTcRows = 2, kTcWarps = 4;
 constexpr int kTcInCols = kTcCols + 2, kTcInRows = kTcRows + 2;
-constexpr int kTcMaxCi = 256;
+constexpr int kTcChunk = 64;
 
-// Input pixels in shared memory are Ci + 16 channels apart: 32-byte aligned rows for the fragment
-// loads, and consecutive pixels 8 banks apart (at a stride of Ci, a multiple of 64 bytes, the rows
-// of a fragment all hit the same banks).
-__host__ __device__ inline int tc_stride(int Ci) { return Ci + 16; }
-size_t tc_smem_bytes(int Ci) {
-  return (size_t)kTcInRows * kTcInCols * tc_stride(Ci) * 2 + (size_t)9 * Ci * 8 * 2 + (size_t)kTcWarps * 32 * 8 * 4;
+// Input pixels in shared memory are kTcChunk + 16 channels apart: 32-byte aligned rows for the
+// fragment loads, and consecutive pixels 8 banks apart (at a stride that is a multiple of 128
+// bytes, the rows of a fragment all hit the same banks).
+constexpr int kTcStride = kTcChunk + 16;
+size_t tc_smem_bytes() {
+  return (size_t)kTcInRows * kTcInCols * kTcStride * 2 + (size_t)9 * kTcChunk * 8 * 2 + (size_t)kTcWarps * 32 * 8 * 4;
 }
 
 template <class TY, int CO>
@@ -235,51 +240,55 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   using namespace nvcuda;
   const int Co = CO ? CO : Co_rt;
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  const int ps = tc_stride(Ci);
-  bf16* sx = reinterpret_cast<bf16*>(tc_smem);                  // [kTcInRows][kTcInCols][ps]
-  bf16* sw = sx + (size_t)kTcInRows * kTcInCols * ps;           // [9 * Ci][8]
-  float* so = reinterpret_cast<float*>(sw + (size_t)9 * Ci * 8);  // [warp][32][8]
+  constexpr int ps = kTcStride;
+  bf16* sx = reinterpret_cast<bf16*>(tc_smem);                        // [kTcInRows][kTcInCols][ps]
+  bf16* sw = sx + (size_t)kTcInRows * kTcInCols * ps;                 // [9 * kc][8]
+  float* so = reinterpret_cast<float*>(sw + (size_t)9 * kTcChunk * 8);  // [warp][32][8]
   const int t = threadIdx.x, nt = blockDim.x;
   const int x0 = blockIdx.x * kTcCols, y0 = blockIdx.y * kTcRows, b = blockIdx.z;
-  const int cv = Ci / 8;  // 16-byte chunks per pixel
-  for (int i = t; i < kTcInRows * kTcInCols * cv; i += nt) {
-    const int c = i % cv, r = i / cv, col = r % kTcInCols, row = r / kTcInCols;
-    const int iy = y0 - 1 + row, ix = x0 - 1 + col;
-    bf16* dst = sx + (size_t)r * ps + c * 8;
-    if (iy >= 0 && iy < H && ix >= 0 && ix < W)
-      __pipeline_memcpy_async(dst, x + (((size_t)b * H + iy) * W + ix) * Ci + c * 8, 16);
-    else
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-  }
-  // B[tap * Ci + ci][n] = w[n][tap][ci] (w is [Co][3][3][Ci]), zero for n >= Co: zeros first, then
-  // w read as 16-byte vectors (a few independent loads per thread; element loads, each waited
-  // for before the next, made this fill the kernel's longest phase) scattered into the columns
-  uint4* sw4 = reinterpret_cast<uint4*>(sw);
-  for (int i = t; i < 9 * Ci; i += nt) sw4[i] = make_uint4(0, 0, 0, 0);
-  __syncthreads();
-  for (int i = t; i < Co * 9 * cv; i += nt) {
-    const uint4 q = *reinterpret_cast<const uint4*>(w + (size_t)i * 8);
-    const bf16* e = reinterpret_cast<const bf16*>(&q);
-    const int n = i / (9 * cv), kk0 = (i - n * 9 * cv) * 8;  // kk = tap * Ci + ci (cv divides Ci)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) sw[(kk0 + j) * 8 + n] = e[j];
-  }
-  __pipeline_commit();
-  __pipeline_wait_prior(0);
-  __syncthreads();
   const int warp = t / 32, wr = warp / 2, wc = (warp % 2) * 32;
   wmma::fragment<wmma::accumulator, 32, 8, 16, float> acc;
   wmma::fill_fragment(acc, 0.f);
   wmma::fragment<wmma::matrix_a, 32, 8, 16, bf16, wmma::row_major> fa;
   wmma::fragment<wmma::matrix_b, 32, 8, 16, bf16, wmma::row_major> fb;
-  for (int tap = 0; tap < 9; ++tap) {
-    const int ky = tap / 3, kx = tap % 3;
-    const bf16* arow = sx + ((size_t)(wr + ky) * kTcInCols + wc + kx) * ps;
-    const bf16* brow = sw + (size_t)tap * Ci * 8;
-    for (int k0 = 0; k0 < Ci; k0 += 16) {
-      wmma::load_matrix_sync(fa, arow + k0, ps);
-      wmma::load_matrix_sync(fb, brow + (size_t)k0 * 8, 8);
-      wmma::mma_sync(acc, fa, fb, acc);
+  // B's columns n >= Co stay zero through every chunk (the chunks write columns n < Co only)
+  uint4* sw4 = reinterpret_cast<uint4*>(sw);
+  for (int i = t; i < 9 * kTcChunk; i += nt) sw4[i] = make_uint4(0, 0, 0, 0);
+  for (int c0 = 0; c0 < Ci; c0 += kTcChunk) {
+    const int kc = min(kTcChunk, Ci - c0), cv = kc / 8;  // channels, 16-byte vectors per pixel
+    __syncthreads();  // the zeros above, or the previous chunk's fragment loads, are done
+    for (int i = t; i < kTcInRows * kTcInCols * cv; i += nt) {
+      const int c = i % cv, r = i / cv, col = r % kTcInCols, row = r / kTcInCols;
+      const int iy = y0 - 1 + row, ix = x0 - 1 + col;
+      bf16* dst = sx + (size_t)r * ps + c * 8;
+      if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+        __pipeline_memcpy_async(dst, x + (((size_t)b * H + iy) * W + ix) * Ci + c0 + c * 8, 16);
+      else
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+    // B[tap * kc + ci][n] = w[n][tap][c0 + ci] (w is [Co][3][3][Ci]): w read as 16-byte vectors (a
+    // few independent loads per thread; element loads, each waited for before the next, made this
+    // fill the kernel's longest phase) scattered into the columns
+    for (int i = t; i < Co * 9 * cv; i += nt) {
+      const int n = i / (9 * cv), rem = i - n * 9 * cv, tap = rem / cv, v = rem - tap * cv;
+      const uint4 q = *reinterpret_cast<const uint4*>(w + ((size_t)n * 9 + tap) * Ci + c0 + v * 8);
+      const bf16* e = reinterpret_cast<const bf16*>(&q);
+      const int kk0 = tap * kc + v * 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sw[(kk0 + j) * 8 + n] = e[j];
+    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int tap = 0; tap < 9; ++tap) {
+      const int ky = tap / 3, kx = tap % 3;
+      const bf16* arow = sx + ((size_t)(wr + ky) * kTcInCols + wc + kx) * ps;
+      const bf16* brow = sw + (size_t)tap * kc * 8;
+      for (int k0 = 0; k0 < kc; k0 += 16) {
+        wmma::load_matrix_sync(fa, arow + k0, ps);
+        wmma::load_matrix_sync(fb, brow + (size_t)k0 * 8, 8);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
     }
   }
   float* o = so + warp * 32 * 8;
@@ -303,11 +312,11 @@ template <class TY, int CO>
 void launch_tc(const ConvFwd& o, CudaCtx& ctx) {
   auto kern = narrow_tc_kernel<TY, CO>;
   const int B = (int)o.x.dim[0], H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3];
-  const size_t smem = tc_smem_bytes(Ci);
-  static size_t smem_set = 48 * 1024;  // per instantiation
-  if (smem > smem_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem_bytes(kTcMaxCi)));
-    smem_set = tc_smem_bytes(kTcMaxCi);
+  const size_t smem = tc_smem_bytes();
+  static bool smem_set = false;  // per instantiation
+  if (!smem_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    smem_set = true;
   }
   const dim3 grid((W + kTcCols - 1) / kTcCols, (H + kTcRows - 1) / kTcRows, B);
   kern<<<grid, kTcWarps * 32, smem, ctx.stream>>>(dptr<bf16>(o.x), dptr<bf16>(o.w), dptr<float>(o.bias),
@@ -330,12 +339,11 @@ void narrow_tc_fwd(const ConvFwd& o, CudaCtx& ctx) {
 }
 
 // bf16 only (f32 inputs stay on "narrow"'s f32 FMAs: fp32 must not use TF32, and tf32 gains
-// little on a layer this small); 3x3 stride 1, Ci a multiple of 16 up to 256 (shared memory),
-// 16-byte aligned input rows.
+// little on a layer this small); 3x3 stride 1, Ci a multiple of 16, 16-byte aligned input rows.
 bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
   const int64_t Ci = o.x.dim[3];
   return narrow_ok(o, c) && o.x.dtype == DType::BF16 && o.w.dim[1] == 3 && o.stride == 1 && Ci % 16 == 0 &&
-         Ci <= kTcMaxCi && aligned16(o.x.data) && aligned16(o.w.data) && o.x.dim[1] == o.y.dim[1] &&
+         aligned16(o.x.data) && aligned16(o.w.data) && o.x.dim[1] == o.y.dim[1] &&
          o.x.dim[2] == o.y.dim[2];
 }
 
