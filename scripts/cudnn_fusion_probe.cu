@@ -2,6 +2,8 @@
 // this GPU, and how fast, against the plain convolution and a separate epilogue pass.
 //   nvcc -O2 -arch=sm_90 -std=c++17 -include cuda_bf16.h scripts/cudnn_fusion_probe.cu -o probe -lcudnn
 //   ./probe 32        (batch; on the GPU machine with LD_LIBRARY_PATH at PyTorch's nvidia/cudnn/lib)
+//   ./probe 16 serial (imagenet256's shapes: conv, epilogue pass, fused, and each runtime-compiled
+//                      plan's JSON round trip: size, restore time, same output)
 // Each graph runs in its own process (a failing engine leaves a sticky CUDA error). Runtime-
 // compiled engines (NVRTC) are allowed here, unlike in kernels/conv/cudnn.cu. Findings
 // (H100, cuDNN 9.19, 2026-11-23) are in README.md's speed section.
@@ -404,49 +406,36 @@ int main(int argc, char** argv) {
   const Sh seed64[] = {{64, 64, 64}, {64, 128, 64}, {32, 128, 128}, {16, 192, 192}, {8, 256, 256}};
   const Sh in256[] = {{256, 256, 256}, {128, 256, 256}, {64, 512, 512}, {32, 512, 512}, {16, 1024, 1024}, {8, 1024, 1024}};
   const int B = argc > 1 ? std::atoi(argv[1]) : 32;
+  // Each graph in its own process (a failing engine leaves a sticky CUDA error).
+  auto isolated = [&](int prec, const Sh& s, int kind) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      try {
+        one_test(prec, s, B, kind);
+      } catch (...) {
+        std::printf("  kind %d threw\n", kind);
+      }
+      std::fflush(stdout);
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+  };
   // argv[2]: "serial" = the imagenet256 shapes, bf16, conv / separate epilogue / bias+res, with the
   // JSON round trip of each runtime-compiled plan
   g_serial = argc > 2 && std::string(argv[2]) == "serial";
   if (g_serial) {
     for (const Sh& s : in256) {
       std::printf("B%d %dx%d %d->%d\n", B, s.H, s.H, s.Ci, s.Co);
-      for (int kind : {0, 1, 4}) {
-        const pid_t pid = fork();
-        if (pid == 0) {
-          try {
-            one_test(0, s, B, kind);
-          } catch (...) {
-            std::printf("  kind %d threw\n", kind);
-          }
-          std::fflush(stdout);
-          _exit(0);
-        }
-        int status = 0;
-        waitpid(pid, &status, 0);
-      }
+      for (int kind : {0, 1, 4}) isolated(0, s, kind);
     }
     return 0;
   }
-  const Sh* shapes = seed64;
   for (int prec = 0; prec < 2; ++prec) {
     std::printf("=== %s\n", prec == 0 ? "bf16" : "f32 (tf32 allowed)");
-    for (int si = 0; si < 5; ++si) {
-      const Sh& s = shapes[si];
+    for (const Sh& s : seed64) {
       std::printf("B%d %dx%d %d->%d\n", B, s.H, s.H, s.Ci, s.Co);
-      for (int kind = 0; kind <= 6; ++kind) {
-        const pid_t pid = fork();
-        if (pid == 0) {
-          try {
-            one_test(prec, s, B, kind);
-          } catch (...) {
-            std::printf("  kind %d threw\n", kind);
-          }
-          std::fflush(stdout);
-          _exit(0);
-        }
-        int status = 0;
-        waitpid(pid, &status, 0);
-      }
+      for (int kind = 0; kind <= 6; ++kind) isolated(prec, s, kind);
     }
   }
   return 0;
