@@ -364,7 +364,8 @@ TEST(ConvVariants, FusedEpilogueAndBiasSumsMatchCudnn) {
 // "cudnn_epi" (bias and residual inside the cuDNN graph, runtime-compiled engines), forced by name
 // whether or not it timed faster at these shapes: against the CPU reference at the precision's
 // tolerance, bitwise run to run, and the plan a second engine restores from the JSON the first
-// saved (the same file, not rewritten) gives the same bits as the first engine's. Shapes: seed64's conv2 (bias +
+// saved (the same file, not rewritten) gives the same bits as the first engine's; a damaged JSON
+// is compiled again and replaced, with the same bits. Shapes: seed64's conv2 (bias +
 // residual) at 16x16, a 1x1 skip conv (bias only), and an odd size.
 TEST(ConvVariants, CudnnEpiFusesBiasAndResidual) {
   SKIP_WITHOUT_GPU();
@@ -394,9 +395,19 @@ TEST(ConvVariants, CudnnEpiFusesBiasAndResidual) {
         }
         return m;
       };
-      std::map<std::string, uintmax_t> before;
-      for (int round = 0; round < 2; ++round) {  // round 1: a new engine, the plan from the JSON
+      std::map<std::string, uintmax_t> before, after;
+      // round 1: a new engine, the plan from the JSON; round 2: the JSON files cut in half, so the
+      // plan is compiled (and saved) again
+      for (int round = 0; round < 3; ++round) {
         if (round == 1) before = inodes();
+        if (round == 2) {
+          after = inodes();
+          for (const auto& kv : after) {
+            std::ifstream in(kv.first, std::ios::binary);
+            const std::string js((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+            std::ofstream(kv.first, std::ios::binary | std::ios::trunc) << js.substr(0, js.size() / 2);
+          }
+        }
         std::unique_ptr<Engine> g = make_cuda_engine(p);
         ASSERT_TRUE(g);
         Alloc ca = [&](DType t, std::initializer_list<int64_t> d) { return cpu.alloc(t, d); };
@@ -404,7 +415,7 @@ TEST(ConvVariants, CudnnEpiFusesBiasAndResidual) {
         const DType act = g->act_dtype();
         ConvFwd co = fwd_op(ca, act, c.B, c.H, c.Ci, c.Co, c.k, 1, false, c.res);
         const ConvFwd go = fwd_op(ga, act, c.B, c.H, c.Ci, c.Co, c.k, 1, false, c.res);
-        randomize(cpu, co, test_seed() + 13 * (checked / 2) + 5);  // the same inputs in both rounds
+        randomize(cpu, co, test_seed() + 13 * (checked / 3) + 5);  // the same inputs in every round
         const auto in = inputs_of(cpu, co);
         load_inputs(cpu, co, in);
         cpu.base_ops().run_variant(co, "ref");
@@ -424,9 +435,10 @@ TEST(ConvVariants, CudnnEpiFusesBiasAndResidual) {
         EXPECT_TRUE(ys[ys.size() - 1] == ys[ys.size() - 2]) << "differs between two runs";
         ++checked;
       }
-      EXPECT_TRUE(ys.front() == ys.back()) << "the restored plan's output differs";
-      const auto after = inodes();
+      EXPECT_TRUE(ys[0] == ys[2]) << "the restored plan's output differs";
+      EXPECT_TRUE(ys[0] == ys[4]) << "the plan compiled after a damaged JSON gives other bits";
       EXPECT_TRUE(before == after) << "the second engine compiled and saved the plan again";
+      EXPECT_FALSE(after == inodes()) << "the damaged JSON was not replaced";
       // A JSON per (shape, precision) where cuDNN serializes the chosen engine (its runtime-
       // compiled ones; a precompiled engine is simply finalized again, cheaply).
       std::printf("[cudnn_epi] %s JSON plans so far: %zu\n", precision_name(p), after.size());
@@ -442,7 +454,7 @@ TEST(ConvVariants, CudnnEpiFusesBiasAndResidual) {
     setenv("UNET_CUDNN_CACHE", saved.c_str(), 1);
   else
     unsetenv("UNET_CUDNN_CACHE");
-  EXPECT_EQ(checked, 12);
+  EXPECT_EQ(checked, 18);
 }
 
 // ConvFwd's optional GroupNorm statistics of y (mean, rstd [B, G]): every variant against the CPU
