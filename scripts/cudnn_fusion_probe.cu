@@ -2,8 +2,9 @@
 // this GPU, and how fast, against the plain convolution and a separate epilogue pass.
 //   nvcc -O2 -arch=sm_90 -std=c++17 -include cuda_bf16.h scripts/cudnn_fusion_probe.cu -o probe -lcudnn
 //   ./probe 32        (batch; on the GPU machine with LD_LIBRARY_PATH at PyTorch's nvidia/cudnn/lib)
-//   ./probe 16 serial (imagenet256's shapes: conv, epilogue pass, fused, and each runtime-compiled
-//                      plan's JSON round trip: size, restore time, same output)
+//   ./probe 16 serial (imagenet256's shapes: conv, epilogue pass, fused, fused with the per-(sample,
+//                      channel) sums of y and y^2 that GroupNorm's statistics need (kind 7, not yet
+//                      run), and each runtime-compiled plan's JSON round trip)
 // Each graph runs in its own process (a failing engine leaves a sticky CUDA error). Runtime-
 // compiled engines (NVRTC) are allowed here, unlike in kernels/conv/cudnn.cu. Findings
 // (H100, cuDNN 9.19, 2026-11-23) are in README.md's speed section.
@@ -78,6 +79,24 @@ cudnnBackendDescriptor_t pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescri
   CK(cudnnBackendFinalize(op.d));
   keep.push_back(std::move(pw));
   keep.push_back(std::move(op));
+  return keep.back().d;
+}
+
+// y[n, c, 1, 1] = sum over (h, w) of x[n, c, h, w], in f32
+cudnnBackendDescriptor_t reduction(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+  D red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+  const cudnnReduceTensorOp_t op = CUDNN_REDUCE_TENSOR_ADD;
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  red.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &op);
+  red.set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+  CK(cudnnBackendFinalize(red.d));
+  D o(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+  o.setd(CUDNN_ATTR_OPERATION_REDUCTION_DESC, red);
+  o.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+  o.set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+  CK(cudnnBackendFinalize(o.d));
+  keep.push_back(std::move(red));
+  keep.push_back(std::move(o));
   return keep.back().d;
 }
 
@@ -383,6 +402,28 @@ void one_test(int prec, Sh s, int B, int kind) {
     run_graph(nm, ops, bufs, true, &bn);
     return;
   }
+  if (kind == 7) {  // bias + res, and the per-(sample, channel) sums of y and y^2 (GroupNorm's statistics)
+    int64_t ux, uw, uy, ub, ur, us1, us2;
+    auto x = tensor(T, B, s.Ci, s.H, s.H, false, &ux);
+    auto w = tensor(T, s.Co, s.Ci, 3, 3, false, &uw);
+    auto c0 = tensor(F, B, s.Co, s.H, s.H, true);
+    auto bias = tensor(F, 1, s.Co, 1, 1, false, &ub);
+    auto c1 = tensor(F, B, s.Co, s.H, s.H, true);
+    auto res = tensor(T, B, s.Co, s.H, s.H, false, &ur);
+    auto c2 = tensor(F, B, s.Co, s.H, s.H, true);
+    auto y = tensor(T, B, s.Co, s.H, s.H, false, &uy);
+    auto c3 = tensor(F, B, s.Co, s.H, s.H, true);
+    auto s1 = tensor(F, B, s.Co, 1, 1, false, &us1);
+    auto s2 = tensor(F, B, s.Co, 1, 1, false, &us2);
+    run_graph("epi bias+res+sums", {conv_op(x, w, c0), pointwise(CUDNN_POINTWISE_ADD, c0, bias, c1),
+                                     pointwise(CUDNN_POINTWISE_ADD, c1, res, c2),
+                                     pointwise(CUDNN_POINTWISE_IDENTITY, c2, nullptr, y), reduction(c2, s1),
+                                     pointwise(CUDNN_POINTWISE_MUL, c2, c2, c3), reduction(c3, s2)},
+              {{ux, nx * es}, {uw, nw * es}, {uy, ny * es}, {ub, (size_t)s.Co * 4}, {ur, ny * es},
+               {us1, (size_t)B * s.Co * 4}, {us2, (size_t)B * s.Co * 4}},
+              true, &bn);
+    return;
+  }
   if (kind == 6) {  // per-channel prologue + swish
     int64_t ux, uw, uy, ua, ubb;
     auto x = tensor(T, B, s.Ci, s.H, s.H, false, &ux);
@@ -427,7 +468,7 @@ int main(int argc, char** argv) {
   if (g_serial) {
     for (const Sh& s : in256) {
       std::printf("B%d %dx%d %d->%d\n", B, s.H, s.H, s.Ci, s.Co);
-      for (int kind : {0, 1, 4}) isolated(0, s, kind);
+      for (int kind : {0, 1, 4, 7}) isolated(0, s, kind);
     }
     return 0;
   }
@@ -435,7 +476,7 @@ int main(int argc, char** argv) {
     std::printf("=== %s\n", prec == 0 ? "bf16" : "f32 (tf32 allowed)");
     for (const Sh& s : seed64) {
       std::printf("B%d %dx%d %d->%d\n", B, s.H, s.H, s.Ci, s.Co);
-      for (int kind = 0; kind <= 6; ++kind) isolated(prec, s, kind);
+      for (int kind = 0; kind <= 7; ++kind) isolated(prec, s, kind);
     }
   }
   return 0;
