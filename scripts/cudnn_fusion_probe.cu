@@ -64,6 +64,14 @@ cudnnBackendDescriptor_t tensor(cudnnDataType_t ty, int64_t n, int64_t c, int64_
   return keep.back().d;
 }
 
+// Finalizes op (which references sub) and keeps both alive; returns op.
+cudnnBackendDescriptor_t keep_op(D sub, D op) {
+  CK(cudnnBackendFinalize(op.d));
+  keep.push_back(std::move(sub));
+  keep.push_back(std::move(op));
+  return keep.back().d;
+}
+
 cudnnBackendDescriptor_t pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
                                    cudnnBackendDescriptor_t y) {
   D pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
@@ -76,10 +84,7 @@ cudnnBackendDescriptor_t pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescri
   op.set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
   if (b) op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
   op.set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-  CK(cudnnBackendFinalize(op.d));
-  keep.push_back(std::move(pw));
-  keep.push_back(std::move(op));
-  return keep.back().d;
+  return keep_op(std::move(pw), std::move(op));
 }
 
 // y[n, c, 1, 1] = sum over (h, w) of x[n, c, h, w], in f32
@@ -94,10 +99,7 @@ cudnnBackendDescriptor_t reduction(cudnnBackendDescriptor_t x, cudnnBackendDescr
   o.setd(CUDNN_ATTR_OPERATION_REDUCTION_DESC, red);
   o.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
   o.set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-  CK(cudnnBackendFinalize(o.d));
-  keep.push_back(std::move(red));
-  keep.push_back(std::move(o));
-  return keep.back().d;
+  return keep_op(std::move(red), std::move(o));
 }
 
 cudnnBackendDescriptor_t conv_op(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y) {
@@ -121,10 +123,7 @@ cudnnBackendDescriptor_t conv_op(cudnnBackendDescriptor_t x, cudnnBackendDescrip
   op.setd(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
   op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
   op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  CK(cudnnBackendFinalize(op.d));
-  keep.push_back(std::move(conv));
-  keep.push_back(std::move(op));
-  return keep.back().d;
+  return keep_op(std::move(conv), std::move(op));
 }
 
 struct Buf {

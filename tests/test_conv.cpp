@@ -371,9 +371,7 @@ TEST(ConvVariants, CudnnEpiFusesBiasAndResidual) {
   SKIP_WITHOUT_GPU();
   const std::string dir = test::temp_dir("cudnn-epi");
   const std::string cache = dir + "/plans.txt";
-  const char* old = std::getenv("UNET_CUDNN_CACHE");
-  const std::string saved = old ? old : "";
-  setenv("UNET_CUDNN_CACHE", cache.c_str(), 1);
+  const test::ScopedEnv cache_env("UNET_CUDNN_CACHE", cache.c_str());
   struct Case {
     int B, H, Ci, Co, k;
     bool res;
@@ -450,10 +448,6 @@ TEST(ConvVariants, CudnnEpiFusesBiasAndResidual) {
   EXPECT_GE(jsons, 3u);
   EXPECT_NE(lines.find("epi3|"), std::string::npos);  // bias + residual
   EXPECT_NE(lines.find("epi1|"), std::string::npos);  // bias only
-  if (old)
-    setenv("UNET_CUDNN_CACHE", saved.c_str(), 1);
-  else
-    unsetenv("UNET_CUDNN_CACHE");
   EXPECT_EQ(checked, 18);
 }
 

@@ -331,11 +331,7 @@ namespace {
 bool same(const Batch& a, const Batch& b) {
   return a.step == b.step && a.x0 == b.x0 && a.noise == b.noise && a.t == b.t && a.labels == b.labels;
 }
-struct EnvGuard {
-  std::string name;
-  EnvGuard(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~EnvGuard() { unsetenv(name.c_str()); }
-};
+using EnvGuard = test::ScopedEnv;
 }  // namespace
 
 TEST(Streaming, StreamedBatchesEqualResidentOnes) {

@@ -405,19 +405,7 @@ TEST(Resume, LossSecondMomentHistoryIsCheckedBeforeTraining) {
 }
 
 // ---- the environment ----------------------------------------------------------------------------
-namespace {
-// Sets (value != nullptr) or unsets a variable for the scope.
-struct EnvVar {
-  std::string name;
-  EnvVar(const char* n, const char* v) : name(n) {
-    if (v)
-      setenv(n, v, 1);
-    else
-      unsetenv(n);
-  }
-  ~EnvVar() { unsetenv(name.c_str()); }
-};
-}  // namespace
+using EnvVar = test::ScopedEnv;
 
 TEST(Environment, EveryVariableIsParsedOrRefusedNamingIt) {
   {

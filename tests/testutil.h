@@ -1,6 +1,8 @@
 // Shared test helpers: fresh random inputs, relative errors, temp dirs, running the CLI.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,30 @@ std::vector<float> random_params(const ParamTable& t, uint64_t seed);
 
 // A fresh empty directory under the test temp dir, removed at process exit.
 std::string temp_dir(const std::string& tag);
+
+// Sets (value != nullptr) or unsets an environment variable for the scope; restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_.c_str(), old_->c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
 
 struct RunResult {
   int code;

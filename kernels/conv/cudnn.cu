@@ -573,6 +573,40 @@ Desc variant_pack(std::initializer_list<std::pair<int64_t, const void*>> bufs, v
   return vp;
 }
 
+// Scratch x, w and y of a conv shape.
+struct ConvBuffers {
+  void *x, *w, *y;
+};
+ConvBuffers conv_buffers(Scratch& sc, const Shape& s, cudaStream_t stream) {
+  const size_t es = dtype_size(s.t);
+  return {sc.add((size_t)s.B * s.H * s.W * s.Ci * es, 0x3c, stream),
+          sc.add((size_t)s.Co * s.k * s.k * s.Ci * es, 0x3a, stream),
+          sc.add((size_t)s.B * s.Ho * s.Wo * s.Co * es, 0x3b, stream)};
+}
+
+// The fastest candidate on the variant pack's buffers, and its milliseconds (1e30 when none ran).
+std::pair<size_t, float> fastest(State& st, cudaStream_t stream, const std::vector<Cand>& cands, const Desc& vp) {
+  std::pair<size_t, float> best{0, 1e30f};
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const float ms = time_ms(stream, [&] {
+      return lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d) == CUDNN_STATUS_SUCCESS;
+    });
+    if (ms >= 0 && ms < best.second) best = {i, ms};
+  }
+  return best;
+}
+
+// The chosen candidate as a Plan that keeps alive what its plan references.
+std::shared_ptr<Plan> adopt(Cand& c, std::vector<Desc>&& graph, Heur& h) {
+  auto p = std::make_shared<Plan>();
+  p->ws = c.ws;
+  p->plan = std::move(c.plan);
+  p->keep = std::move(graph);
+  p->keep.push_back(std::move(h.heur));
+  p->keep.push_back(std::move(h.cfgs[c.cfg]));
+  return p;
+}
+
 std::string cache_prefix(const CudaCtx& ctx) {
   // "c64": choices among up to 64 candidates (entries of the 8-candidate days are not reused)
   return ctx.device_name + "|" + std::to_string(lib().version) + "|c64|";
@@ -609,30 +643,15 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
       if (cached_pick() >= 0) {
         pick = (size_t)cached_pick();
       } else if (cands.size() > 1) {
-        const size_t es = dtype_size(s.t);
         int64_t wsmax = 0;
         for (auto& c : cands) wsmax = std::max(wsmax, c.ws);
         Scratch sc;
-        void* bx = sc.add((size_t)s.B * s.H * s.W * s.Ci * es, 0x3c, ctx.stream);
-        void* bw = sc.add((size_t)s.Co * s.k * s.k * s.Ci * es, 0x3a, ctx.stream);
-        void* by = sc.add((size_t)s.B * s.Ho * s.Wo * s.Co * es, 0x3b, ctx.stream);
-        void* bws = sc.add((size_t)wsmax, 0, ctx.stream);
-        const Desc vp = variant_pack({{1, bx}, {2, bw}, {3, by}}, bws);
-        float best_ms = 1e30f;
-        for (size_t i = 0; i < cands.size(); ++i) {
-          const float ms = time_ms(ctx.stream, [&] {
-            return lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d) == CUDNN_STATUS_SUCCESS;
-          });
-          if (ms >= 0 && ms < best_ms) best_ms = ms, pick = i;
-        }
+        const ConvBuffers b = conv_buffers(sc, s, ctx.stream);
+        const Desc vp = variant_pack({{1, b.x}, {2, b.w}, {3, b.y}}, sc.add((size_t)wsmax, 0, ctx.stream));
+        pick = fastest(st, ctx.stream, cands, vp).first;
         store_cache(prefix, key, (int)pick);
       }
-      best = std::make_shared<Plan>();
-      best->ws = cands[pick].ws;
-      best->plan = std::move(cands[pick].plan);
-      best->keep = std::move(g);
-      best->keep.push_back(std::move(h.heur));
-      best->keep.push_back(std::move(h.cfgs[cands[pick].cfg]));
+      best = adopt(cands[pick], std::move(g), h);
     }
   } catch (const std::runtime_error&) {
     cudaGetLastError();
@@ -846,11 +865,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <class T, int V>
-void launch_epilogue(CudaCtx& ctx, T* y, const float* bias, const float* emb, const T* res, int B, int R, int C) {
-  const rowblock::Plan p = rowblock::plan(epilogue_kernel<T, V>, B, R, C, V, 2);
-  epilogue_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(y, bias, emb, res, R, C, p.Cl, p.L, p.rps);
-  KERNEL_CHECK();
+// y (dtype t, [B, R, C]) += bias + emb + res: epilogue_kernel at the widest vector y and res allow.
+void launch_epilogue(CudaCtx& ctx, DType t, void* y, const float* bias, const float* emb, const void* res, int B,
+                     int R, int C) {
+  with_act(t, [&](auto tag) {
+    using T = decltype(tag);
+    rowblock::with_width<T>(rowblock::wide_ok<T>(C, {y, res}), [&](auto vtag) {
+      constexpr int V = decltype(vtag)::value;
+      const rowblock::Plan p = rowblock::plan(epilogue_kernel<T, V>, B, R, C, V, 2);
+      epilogue_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(static_cast<T*>(y), bias, emb,
+                                                               static_cast<const T*>(res), R, C, p.Cl, p.L, p.rps);
+      KERNEL_CHECK();
+    });
+  });
 }
 
 // y's epilogue terms, for rowblock::stats_rows: y (in place) + bias + emb + res, added in
@@ -896,17 +923,15 @@ void conv_fwd_fused(const ConvFwd& o, CudaCtx& ctx) {
     return;
   }
   const int B = (int)o.y.dim[0], R = (int)(o.y.dim[1] * o.y.dim[2]), C = (int)o.y.dim[3];
-  with_act(o.y.dtype, [&](auto tag) {
+  if (!o.mean.defined())
+    return launch_epilogue(ctx, o.y.dtype, o.y.data, dptr<float>(o.bias), dptr<float>(o.emb), o.res.data, B, R, C);
+  with_act(o.y.dtype, [&](auto tag) {  // the epilogue and the statistics of its result in one pass
     using T = decltype(tag);
     rowblock::with_width<T>(rowblock::wide_ok<T>(C, {o.y.data, o.res.data}), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      if (o.mean.defined()) {  // the epilogue and the statistics of its result in one pass
-        rowblock::stats_rows<T, V>(ctx, EpilogueSrc<T, V>{dptr<T>(o.y), dptr<float>(o.bias), dptr<float>(o.emb),
-                                                          dptr<T>(o.res), C},
-                                   o.y, o.mean, o.rstd);
-        return;
-      }
-      launch_epilogue<T, V>(ctx, dptr<T>(o.y), dptr<float>(o.bias), dptr<float>(o.emb), dptr<T>(o.res), B, R, C);
+      rowblock::stats_rows<T, V>(
+          ctx, EpilogueSrc<T, V>{dptr<T>(o.y), dptr<float>(o.bias), dptr<float>(o.emb), dptr<T>(o.res), C}, o.y,
+          o.mean, o.rstd);
     });
   });
 }
@@ -1036,55 +1061,34 @@ State::Epi& epi_choice(CudaCtx& ctx, const Shape& s, bool need_plan) {
       return e;
     }
     if (!e.decided) {
-      const size_t es = dtype_size(s.t), ny = (size_t)s.B * s.Ho * s.Wo * s.Co;
       int64_t wsmax = plain ? plain->ws : 0;
       for (auto& c : cands) wsmax = std::max(wsmax, c.ws);
       Scratch sc;
-      void* bx = sc.add((size_t)s.B * s.H * s.W * s.Ci * es, 0x3c, ctx.stream);
-      void* bw = sc.add((size_t)s.Co * s.k * s.k * s.Ci * es, 0x3a, ctx.stream);
-      void* by = sc.add(ny * es, 0x3b, ctx.stream);
-      void* bb = (s.epi & kEpiBias) ? sc.add((size_t)s.Co * 4, 0x3d, ctx.stream) : nullptr;
-      void* br = (s.epi & kEpiRes) ? sc.add(ny * es, 0x3e, ctx.stream) : nullptr;
-      void* bws = sc.add((size_t)wsmax, 0, ctx.stream);
-      const Desc vp = variant_pack({{1, bx}, {2, bw}, {3, by}, {kUidBias, bb}, {kUidRes, br}}, bws);
-      float best_ms = 1e30f;
-      size_t pick = 0;
-      for (size_t i = 0; i < cands.size(); ++i) {
-        const float ms = time_ms(ctx.stream, [&] {
-          return lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d) == CUDNN_STATUS_SUCCESS;
-        });
-        if (ms >= 0 && ms < best_ms) best_ms = ms, pick = i;
-      }
-      float plain_ms = 1e30f;
+      const ConvBuffers b = conv_buffers(sc, s, ctx.stream);
+      void* bias = (s.epi & kEpiBias) ? sc.add((size_t)s.Co * 4, 0x3d, ctx.stream) : nullptr;
+      void* res = (s.epi & kEpiRes) ? sc.add((size_t)s.B * s.Ho * s.Wo * s.Co * dtype_size(s.t), 0x3e, ctx.stream)
+                                    : nullptr;
+      void* ws = sc.add((size_t)wsmax, 0, ctx.stream);
+      const Desc vp = variant_pack({{1, b.x}, {2, b.w}, {3, b.y}, {kUidBias, bias}, {kUidRes, res}}, ws);
+      const auto [pick, fused_ms] = fastest(st, ctx.stream, cands, vp);
+      float plain_ms = -1.f;
       if (plain) {
-        const Desc pvp = variant_pack({{1, bx}, {2, bw}, {3, by}}, bws);
-        const int B = (int)s.B, R = (int)(s.Ho * s.Wo), C = (int)s.Co;
+        const Desc pvp = variant_pack({{1, b.x}, {2, b.w}, {3, b.y}}, ws);
         plain_ms = time_ms(ctx.stream, [&] {
           if (lib().cudnnBackendExecute(st.handle, plain->plan.d, pvp.d) != CUDNN_STATUS_SUCCESS) return false;
-          with_act(s.t, [&](auto tag) {
-            using T = decltype(tag);
-            rowblock::with_width<T>(rowblock::wide_ok<T>(C, {by, br}), [&](auto vtag) {
-              launch_epilogue<T, decltype(vtag)::value>(ctx, static_cast<T*>(by), static_cast<const float*>(bb),
-                                                        nullptr, static_cast<const T*>(br), B, R, C);
-            });
-          });
+          launch_epilogue(ctx, s.t, b.y, static_cast<const float*>(bias), nullptr, res, (int)s.B,
+                          (int)(s.Ho * s.Wo), (int)s.Co);
           return true;
         });
-        if (plain_ms < 0) plain_ms = 1e30f;
       }
       e.decided = true;
-      e.wins = best_ms < plain_ms;
+      e.wins = fused_ms < (plain_ms < 0 ? 1e30f : plain_ms);
       e.idx = (int)pick;
       store_cache(prefix, key, e.wins ? e.idx : -1 - e.idx);
     }
     Cand& c = cands[(size_t)e.idx];
     save_plan(c.plan, path);
-    e.plan = std::make_shared<Plan>();
-    e.plan->ws = c.ws;
-    e.plan->plan = std::move(c.plan);
-    e.plan->keep = std::move(g);
-    e.plan->keep.push_back(std::move(h.heur));
-    e.plan->keep.push_back(std::move(h.cfgs[c.cfg]));
+    e.plan = adopt(c, std::move(g), h);
   } catch (const std::runtime_error&) {
     cudaGetLastError();
     e.decided = true;  // cuDNN refused the fused graph: the other variants run it
