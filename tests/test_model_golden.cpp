@@ -13,6 +13,7 @@
 #include "layout.h"
 #include "model.h"
 #include "testutil.h"
+#include "train_step.h"
 
 using namespace unet;
 
@@ -214,5 +215,82 @@ TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {
       for (size_t i = 0; i < one.size(); ++i) differ += std::memcmp(&one[i], &two[i], sizeof(float)) != 0;
       EXPECT_EQ(differ, 0u);
     }
+  }
+}
+
+namespace {
+// Three seed64 training steps (B = 4; the first eager, then a captured graph replayed twice):
+// the weights, AdamW moments and EMA after them, flat.
+std::vector<float> seed64_steps(Precision prec, uint64_t seed, bool* early) {
+  auto eng = make_cuda_engine(prec);
+  if (!eng) return {};
+  const ModelConfig cfg = preset("seed64");
+  Model model(cfg, *eng);
+  Optimizer opt(*eng, model.arena_floats(), OptimizerOptions{});
+  const int B = 4;
+  TrainStep step(*eng, model, opt, B);
+  *early = step.updates_early();
+  const std::vector<float> w = test::random_params(model.table(), seed);
+  eng->upload(model.params(), w.data());
+  opt.init_ema(model.params());
+  const size_t img = (size_t)B * cfg.image_size * cfg.image_size * cfg.in_channels;
+  const std::vector<float> x0 = test::randn(img, seed + 1), noise = test::randn(img, seed + 2);
+  eng->upload(step.x0, x0.data());
+  eng->upload(step.noise, noise.data());
+  const Diffusion d(cfg.diffusion_steps, cfg.noise_schedule, cfg.learn_sigma);
+  const std::vector<int> ts = {5, 300, 640, 997};
+  step.set_timesteps(d, ts.data(), nullptr);
+  eng->ops().run(Fill{model.grads(), NAN});  // an update that reads a gradient early reads NaN
+  step.enqueue(11);
+  Device& dev = eng->device();
+  dev.graph_begin();
+  step.enqueue(12);
+  dev.graph_end();
+  dev.graph_launch();
+  dev.graph_launch();
+  const size_t n = model.arena_floats();
+  std::vector<float> r(4 * n);
+  eng->download(r.data(), model.params());
+  opt.save(r.data() + n, r.data() + 2 * n, r.data() + 3 * n);
+  return r;
+}
+}  // namespace
+
+// With lanes (and no clipping, one process, one micro-batch) the optimizer updates each range of
+// weights on its own stream as soon as the backward has finalized its gradients; each element's
+// update is the one the whole-arena pass gives it, so weights, moments and EMA are bitwise those
+// of one stream (UNET_LANES=0, which also updates at the end), after eager and graph steps.
+TEST(ModelGolden, CudaEarlyOptimizerUpdatesGiveTheSameStateBitwise) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device found";
+  const uint64_t seed = test::test_seed();
+  for (Precision prec : {Precision::TF32, Precision::BF16}) {
+    SCOPED_TRACE(precision_name(prec));
+    bool early = true;
+    std::vector<float> one;
+    {
+      test::ScopedEnv lanes("UNET_LANES", "0");
+      one = seed64_steps(prec, seed, &early);
+    }
+    EXPECT_FALSE(early);
+    bool early2 = false;
+    const std::vector<float> two = seed64_steps(prec, seed, &early2);
+    EXPECT_TRUE(early2);
+    ASSERT_FALSE(one.empty());
+    ASSERT_EQ(one.size(), two.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < one.size(); ++i) differ += std::memcmp(&one[i], &two[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u);
+    // every parameter (not the arena's padding) finite in all four, and most weights moved
+    const ParamTable tab = build_param_table(preset("seed64"));
+    const std::vector<float> w = test::random_params(tab, seed);
+    const size_t n = one.size() / 4;
+    size_t bad = 0, moved = 0, total = 0;
+    for (const auto& p : tab.params)
+      for (size_t i = p.offset; i < p.offset + p.numel; ++i) {
+        for (int k = 0; k < 4; ++k) bad += !std::isfinite(two[k * n + i]);
+        moved += two[i] != w[i], ++total;
+      }
+    EXPECT_EQ(bad, 0u);
+    EXPECT_GT(moved, total / 2);
   }
 }

@@ -62,7 +62,7 @@ TEST(Optimizer, AdamWTwoStepsMatchTorch) {
   d.run(Fill{step, 0.f});
   for (const V* g : {&g1, &g2}) {
     d.run(AdamWSchedule{step, hyper, lr, wd, b1, b2, 0});
-    d.run(AdamW{P, d.put(*g), M, Vv, hyper, GS, 0.9f, 0.999f, 1e-8f});
+    d.run(AdamW{P, d.put(*g), M, Vv, hyper, GS, 0.9f, 0.999f, 1e-8f, {}, 0.f});
   }
   int32_t steps = 0;
   d.eng->download(&steps, step);
@@ -114,26 +114,29 @@ TEST(OptimizerVariants, AllOps) {
           return SumSquares{A(DType::F32, {n}), A(DType::F32, {1})};
         },
         f32);
-    check_variants<AdamW>(
-        "adamw " + w,
-        [n](const Alloc& A, DType) {
-          return AdamW{A(DType::F32, {n}),
-                       A(DType::F32, {n}),
-                       A(DType::F32, {n}),
-                       A(DType::F32, {n}),
-                       A(DType::F32, {4}),
-                       A(DType::F32, {1}),
-                       0.9f,
-                       0.999f,
-                       1e-8f};
-        },
-        f32, [](Engine& e, AdamW& o) {  // moments >= 0 and a sane schedule
-          std::vector<float> v = test::to_host(e, o.v), h = {0.999f, 1e-3f, 0.3f, 1e-4f}, s = {0.7f};
-          for (float& x : v) x = x * x;
-          test::from_host(e, o.v, v);
-          e.upload(o.hyper, h.data());
-          e.upload(o.scale, s.data());
-        });
+    for (bool ema : {false, true})  // with the EMA in the same pass (the optimizer's), and without
+      check_variants<AdamW>(
+          std::string(ema ? "adamw + ema " : "adamw ") + w,
+          [n, ema](const Alloc& A, DType) {
+            return AdamW{A(DType::F32, {n}),
+                         A(DType::F32, {n}),
+                         A(DType::F32, {n}),
+                         A(DType::F32, {n}),
+                         A(DType::F32, {4}),
+                         A(DType::F32, {1}),
+                         0.9f,
+                         0.999f,
+                         1e-8f,
+                         ema ? A(DType::F32, {n}) : Tensor{},
+                         0.995f};
+          },
+          f32, [](Engine& e, AdamW& o) {  // moments >= 0 and a sane schedule
+            std::vector<float> v = test::to_host(e, o.v), h = {0.999f, 1e-3f, 0.3f, 1e-4f}, s = {0.7f};
+            for (float& x : v) x = x * x;
+            test::from_host(e, o.v, v);
+            e.upload(o.hyper, h.data());
+            e.upload(o.scale, s.data());
+          });
     check_variants<Ema>(
         "ema " + w,
         [n](const Alloc& A, DType) {

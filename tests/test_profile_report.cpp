@@ -516,7 +516,8 @@ TEST(Flops, LinearAttentionAdamw) {
   EXPECT_EQ((AttentionBwd{qkv, out, lse, out, qkv, false}.flops()), 2.5 * matmul + B * heads * 5 * T * T);
   const Tensor p(nullptr, DType::F32, {1000}), h(nullptr, DType::F32, {4}), sc(nullptr, DType::F32, {1});
   // reads p, g, m, v (and 4 + 1 scalars); writes p, m, v
-  EXPECT_EQ(flops::cost(AdamW{p, p, p, p, h, sc}).bytes, 4.0 * (1000 * 7 + 5));
+  EXPECT_EQ(flops::cost(AdamW{p, p, p, p, h, sc, 0.9f, 0.999f, 1e-8f, {}, 0.f}).bytes, 4.0 * (1000 * 7 + 5));
+  EXPECT_EQ(flops::cost(AdamW{p, p, p, p, h, sc, 0.9f, 0.999f, 1e-8f, p, 0.99f}).bytes, 4.0 * (1000 * 9 + 5));
 }
 
 TEST(Flops, CountingOpsForwardsAndAttributes) {

@@ -131,6 +131,10 @@ class CudaDevice final : public Device {
       ctx.device_name = prop.name;
       ctx.prec = p;
       make_lane(ctx);
+      // (stream priorities, lanes high and this one low, measured no different on the H100)
+      CUDA_CHECK(cudaStreamCreate(&ctx.aside_stream));
+      CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_fork_ev, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_join_ev, cudaEventDisableTiming));
       for (auto& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     } catch (...) {
       release();  // a throwing constructor runs no destructor
@@ -169,12 +173,12 @@ class CudaDevice final : public Device {
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.stream));
   }
   void download(void* dst, const void* src, size_t bytes) override {
-    ctx.join_lanes();
+    ctx.join_all();
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx.stream));
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   }
   void sync() override {
-    ctx.join_lanes();
+    ctx.join_all();
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   }
   size_t bytes_held() const override { return bytes_ + kLaneFixedBytes + ctx.lane_bytes(); }
@@ -188,7 +192,7 @@ class CudaDevice final : public Device {
   }
 
   uint64_t fence() override {
-    ctx.join_lanes();
+    ctx.join_all();
     ++fence_id_;
     CUDA_CHECK(cudaEventRecord(fences_[fence_id_ % kFences], ctx.stream));
     return fence_id_;
@@ -203,14 +207,14 @@ class CudaDevice final : public Device {
   bool capturing() const override { return ctx.capturing; }
   void* native_stream() override { return ctx.stream; }
   void graph_begin() override {
-    ctx.join_lanes();
+    ctx.join_all();
     ctx.alloc_workspaces();  // nothing may allocate inside the capture
     // Thread-local mode: other threads (the data loader) may use the CUDA API meanwhile.
     CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
     ctx.capturing = true;
   }
   void graph_end() override {
-    ctx.join_lanes();  // a capture must end with every forked stream joined
+    ctx.join_all();  // a capture must end with every forked stream joined
     ctx.capturing = false;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
@@ -246,6 +250,11 @@ class CudaDevice final : public Device {
   void release() {
     // No throwing here: errors on teardown are ignored.
     ctx.destroy_side();
+    if (ctx.on_aside) ctx.stream = ctx.aside_saved, ctx.on_aside = false;
+    if (ctx.aside_stream) cudaStreamSynchronize(ctx.aside_stream), cudaStreamDestroy(ctx.aside_stream);
+    for (cudaEvent_t* e : {&ctx.aside_fork_ev, &ctx.aside_join_ev})
+      if (*e) cudaEventDestroy(*e), *e = nullptr;
+    ctx.aside_stream = nullptr;
     if (ctx.stream) cudaStreamSynchronize(ctx.stream);
     destroy_cudnn(ctx);
     if (graph_) cudaGraphExecDestroy(graph_), graph_ = nullptr;
@@ -287,6 +296,8 @@ class CudaEngineOps final : public CudaOps {
   void finalize() override { ctx_.alloc_workspaces(); }
   void lane(bool side) override { ctx_.use_lane(side); }
   void join() override { ctx_.join_lanes(); }
+  void aside(bool on) override { ctx_.use_aside(on); }
+  void join_aside() override { ctx_.join_aside(); }
 };
 
 }  // namespace
@@ -357,6 +368,29 @@ void CudaCtx::join_lanes() {
   CUDA_CHECK(cudaEventRecord(join_ev, other.stream));
   CUDA_CHECK(cudaStreamWaitEvent(stream, join_ev, 0));
   side_pending = false;
+}
+
+void CudaCtx::use_aside(bool on) {
+  if (on == on_aside) return;
+  if (on) {
+    if (on_side) throw std::logic_error("the optimizer's stream forks from the main lane");
+    // it starts after everything issued so far on the main lane
+    CUDA_CHECK(cudaEventRecord(aside_fork_ev, stream));
+    CUDA_CHECK(cudaStreamWaitEvent(aside_stream, aside_fork_ev, 0));
+    aside_saved = stream, stream = aside_stream;
+    aside_pending = true;
+  } else {
+    stream = aside_saved;
+  }
+  on_aside = on;
+}
+
+void CudaCtx::join_aside() {
+  use_aside(false);
+  if (!aside_pending) return;
+  CUDA_CHECK(cudaEventRecord(aside_join_ev, aside_stream));
+  CUDA_CHECK(cudaStreamWaitEvent(stream, aside_join_ev, 0));
+  aside_pending = false;
 }
 
 void CudaCtx::alloc_workspaces() {

@@ -120,6 +120,18 @@ struct CudaCtx {
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   void use_lane(bool side);
   void join_lanes();
+  // The optimizer's stream (Ops::aside): a third stream for ops that use nothing of a lane but
+  // its stream (elementwise maps), forked from the main lane by use_aside(true) and joined back by
+  // join_aside() only, so the side lane's joins at every layer leave it running.
+  cudaStream_t aside_stream = nullptr, aside_saved = nullptr;
+  cudaEvent_t aside_fork_ev = nullptr, aside_join_ev = nullptr;
+  bool on_aside = false, aside_pending = false;
+  void use_aside(bool on);
+  void join_aside();
+  void join_all() {  // before the host reads, syncs or a capture begins or ends
+    join_lanes();
+    join_aside();
+  }
   void alloc_workspaces();    // alloc_workspace() for both lanes
   size_t lane_bytes() const;  // both lanes' op workspaces and the side lane's own buffers
   void destroy_side();

@@ -39,6 +39,12 @@ __global__ void schedule_kernel(int32_t* step, float* hyper, double lr, double w
 
 // PyTorch AdamW (single-tensor path), g scaled by *grad_scale:
 //   p *= hyper[0];  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= hyper[1] m / (sqrt(v)/hyper[2] + eps).
+// ema = rate ema + (1 - rate) p, rounded the same way wherever it is computed (Ema, and AdamW's
+// fused EMA): one product, then one fused multiply-add.
+__device__ __forceinline__ float ema_one(float e, float p, float rate, float r1) {
+  return __fmaf_rn(rate, e, __fmul_rn(r1, p));
+}
+
 struct AdamWF {
   float* p;
   const float* g;
@@ -47,6 +53,8 @@ struct AdamWF {
   const float* grad_scale;
   const float* hyper;
   float beta1, beta2, eps;
+  float* e;  // the EMA, updated from the new p in the same pass (optional)
+  float rate, r1;
   __device__ void one(float& pi, float gi, float& mi, float& vi, float gs) const {
     gi *= gs;
     mi = beta1 * mi + (1.f - beta1) * gi;
@@ -63,11 +71,18 @@ struct AdamWF {
     st4(p, j, pp);
     st4(m, j, mm);
     st4(v, j, vv);
+    if (e) {
+      const float4 a = ld4(e, j);
+      st4(e, j,
+          make_float4(ema_one(a.x, pp.x, rate, r1), ema_one(a.y, pp.y, rate, r1), ema_one(a.z, pp.z, rate, r1),
+                      ema_one(a.w, pp.w, rate, r1)));
+    }
   }
   __device__ void scalar(size_t i) const {
     const float gs = grad_scale ? *grad_scale : 1.f;
     float pi = p[i], mi = m[i], vi = v[i];
     one(pi, g[i], mi, vi, gs);
+    if (e) e[i] = ema_one(e[i], pi, rate, r1);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -81,10 +96,10 @@ struct EmaF {
   __device__ void vec4(size_t j) const {
     const float4 a = ld4(e, j), b = ld4(p, j);
     st4(e, j,
-        make_float4(rate * a.x + r1 * b.x, rate * a.y + r1 * b.y, rate * a.z + r1 * b.z,
-                    rate * a.w + r1 * b.w));
+        make_float4(ema_one(a.x, b.x, rate, r1), ema_one(a.y, b.y, rate, r1), ema_one(a.z, b.z, rate, r1),
+                    ema_one(a.w, b.w, rate, r1)));
   }
-  __device__ void scalar(size_t i) const { e[i] = rate * e[i] + r1 * p[i]; }
+  __device__ void scalar(size_t i) const { e[i] = ema_one(e[i], p[i], rate, r1); }
 };
 
 void sumsq(const SumSquares& o, CudaCtx& ctx) {
@@ -111,8 +126,12 @@ void adamw(const AdamW& o, CudaCtx& ctx) {
                  dptr<float>(o.hyper),
                  o.beta1,
                  o.beta2,
-                 o.eps};
-  launch_map(f, o.p.numel(), aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v),
+                 o.eps,
+                 dptr<float>(o.ema),
+                 o.ema_rate,
+                 1.f - o.ema_rate};
+  launch_map(f, o.p.numel(),
+             aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v) && (!f.e || aligned16(f.e)),
              ctx.stream);
 }
 void ema(const Ema& o, CudaCtx& ctx) {

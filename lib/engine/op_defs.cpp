@@ -489,11 +489,12 @@ void AdamWSchedule::check() const {
 }
 double AdamWSchedule::flops() const { return 16; }
 void AdamW::check() const {
-  req(*this, f32(p) && f32(g) && f32(m) && f32(v) && f32(hyper) && f32(scale), "f32 only");
+  req(*this, f32(p) && f32(g) && f32(m) && f32(v) && f32(hyper) && f32(scale) && f32(ema), "f32 only");
   req(*this, g.numel() == p.numel() && m.numel() == p.numel() && v.numel() == p.numel() && hyper.numel() >= 3,
       "p, g, m, v of one size; hyper [3]");
+  req(*this, !ema.defined() || ema.numel() == p.numel(), "ema of p's size");
 }
-double AdamW::flops() const { return 16.0 * p.numel(); }
+double AdamW::flops() const { return (ema.defined() ? 19.0 : 16.0) * p.numel(); }
 void Ema::check() const { req(*this, f32(ema) && f32(p) && ema.numel() == p.numel(), "f32 of one size"); }
 double Ema::flops() const { return 3.0 * p.numel(); }
 

@@ -56,6 +56,13 @@ class Ops {
   // run everything in issue order.
   virtual void lane(bool side) { (void)side; }
   virtual void join() {}
+  // The optimizer's lane: aside(true): the ops that follow run on a third stream, after
+  // everything issued so far on the main lane and concurrently with both lanes, until aside(false);
+  // join_aside(): what follows on the main lane waits for it (join() does not; the engine joins
+  // it before the host reads or syncs). Only for ops that need nothing of a lane but its stream
+  // (the optimizer's elementwise updates), issued from the main lane.
+  virtual void aside(bool on) { (void)on; }
+  virtual void join_aside() {}
   // Every op name and family this table knows -> the names of its variants (what UNET_KERNELS /
   // --kernels may force). Empty: not a variant table (a wrapper), nothing to check against.
   virtual std::map<std::string, std::vector<std::string>> variant_names() { return {}; }

@@ -45,6 +45,8 @@ class Planner::Tracer final : public OpsAdapter<Planner::Tracer> {
     p_.region_close();
     inner_.join();
   }
+  void aside(bool on) override { inner_.aside(on); }
+  void join_aside() override { inner_.join_aside(); }
   template <class Op>
   size_t handle_prepare(const Op& op) {
     return inner_.prepare(op);

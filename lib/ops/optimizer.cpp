@@ -18,6 +18,7 @@ void schedule(const AdamWSchedule& o) {
 void adamw(const AdamW& o) {
   ref::adamw<float>(o.p.f32(), o.g.f32(), o.m.f32(), o.v.f32(), o.p.numel(), o.hyper.f32(), o.beta1, o.beta2,
                     o.eps, o.scale.defined() ? o.scale.f32() : nullptr);
+  if (o.ema.defined()) ref::ema<float>(o.ema.f32(), o.p.f32(), o.ema_rate, o.p.numel());
 }
 void ema(const Ema& o) { ref::ema<float>(o.ema.f32(), o.p.f32(), o.rate, o.p.numel()); }
 

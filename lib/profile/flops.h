@@ -67,6 +67,8 @@ class CountingOps final : public OpsAdapter<CountingOps> {
   void finalize() override { in_.finalize(); }
   void lane(bool side) override { in_.lane(side); }
   void join() override { in_.join(); }
+  void aside(bool on) override { in_.aside(on); }
+  void join_aside() override { in_.join_aside(); }
 
  private:
   Ops& in_;

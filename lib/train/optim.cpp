@@ -1,5 +1,7 @@
 #include "optim.h"
 
+#include <stdexcept>
+
 #include "adamw_schedule.h"
 
 namespace unet {
@@ -38,14 +40,51 @@ void Optimizer::save(float* m, float* v, float* ema) const {
   eng_.download(ema, ema_);
 }
 
+namespace {
+Tensor slice(const Tensor& t, size_t lo, size_t hi) {  // elements [lo, hi) of a flat f32 tensor
+  Tensor r = t;
+  r.data = static_cast<float*>(t.data) + lo;
+  r.dim[0] = (int64_t)(hi - lo);
+  return r;
+}
+}  // namespace
+
+// AdamW and the EMA (one pass) over [lo, hi); scaled: by the clip scale (else by nothing: the
+// same bits as a scale of 1).
+void Optimizer::update(const Tensor& params, const Tensor& grads, size_t lo, size_t hi, bool scaled) {
+  if (hi <= lo) return;
+  eng_.ops().run(AdamW{slice(params, lo, hi), slice(grads, lo, hi), slice(m_, lo, hi), slice(v_, lo, hi), hyper_,
+                       scaled ? scale_ : Tensor{}, (float)o_.beta1, (float)o_.beta2, (float)o_.eps,
+                       slice(ema_, lo, hi), (float)o_.ema_rate});
+}
+
 void Optimizer::step(const Tensor& params, const Tensor& grads) {
   Ops& ops = eng_.ops();
   ops.run(SumSquares{grads, sumsq_});
   ops.run(ClipScale{sumsq_, norm_, scale_, (float)o_.grad_clip});
-  ops.run(AdamWSchedule{count_, hyper_, o_.lr, o_.weight_decay, o_.beta1, o_.beta2, o_.warmup});
-  ops.run(AdamW{params, grads, m_, v_, hyper_, scale_, (float)o_.beta1, (float)o_.beta2, (float)o_.eps});
-  ops.run(Ema{ema_, params, (float)o_.ema_rate});
+  if (early_) {
+    update(params, grads, 0, done_, false);
+    early_ = false;
+  } else {
+    ops.run(AdamWSchedule{count_, hyper_, o_.lr, o_.weight_decay, o_.beta1, o_.beta2, o_.warmup});
+    update(params, grads, 0, n_, true);
+  }
   ops.run(Add{norm_sum_, norm_, norm_sum_});
+}
+
+void Optimizer::begin_early() {
+  if (!can_update_early()) throw std::logic_error("early updates need clipping off");
+  eng_.ops().run(AdamWSchedule{count_, hyper_, o_.lr, o_.weight_decay, o_.beta1, o_.beta2, o_.warmup});
+  early_ = true, done_ = n_;
+}
+
+void Optimizer::update_from(const Tensor& params, const Tensor& grads, size_t first) {
+  // ranges of at least kEarlyMin parameters (16 MB of state and gradient): smaller ones wait for
+  // the next (measured: one launch per layer made the updates slower than the single pass)
+  constexpr size_t kEarlyMin = size_t(1) << 20;
+  if (!early_ || first >= done_ || done_ - first < kEarlyMin) return;
+  update(params, grads, first, done_, false);
+  done_ = first;
 }
 
 void Optimizer::reset_norm_sum() { eng_.ops().run(Fill{norm_sum_, 0.f}); }

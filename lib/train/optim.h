@@ -35,6 +35,15 @@ class Optimizer {
   // norm to norm_sum(). No host synchronisation.
   void step(const Tensor& params, const Tensor& grads);
 
+  // The same update in pieces, as the backward finalizes the gradients (only without clipping:
+  // then AdamW needs no global norm, and every element gets bitwise the update step() gives it):
+  // begin_early() enqueues the step's schedule; update_from(params, grads, first) AdamW and EMA
+  // for [first, the previous first) (the backward finalizes the gradients from the arena's end
+  // down); step() then updates what is left below and adds the norm.
+  bool can_update_early() const { return o_.grad_clip <= 0; }
+  void begin_early();
+  void update_from(const Tensor& params, const Tensor& grads, size_t first);
+
   Tensor ema() const { return ema_; }
   Tensor norm_sum() const { return norm_sum_; }  // f32 [1], reset with reset_norm_sum()
   void reset_norm_sum();
@@ -46,6 +55,9 @@ class Optimizer {
   size_t n_;
   OptimizerOptions o_;
   Tensor m_, v_, ema_, count_, hyper_, sumsq_, norm_, scale_, norm_sum_;
+  bool early_ = false;  // begin_early() called; [done_, n_) updated
+  size_t done_ = 0;
+  void update(const Tensor& params, const Tensor& grads, size_t lo, size_t hi, bool scaled);
 };
 
 }  // namespace unet

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "env_vars.h"
 #include "rng.h"
 #include "util.h"
 
@@ -22,20 +23,42 @@ StepBase::StepBase(Engine& eng, Network& net, Optimizer& opt, int B, int microba
     throw UserError("--microbatch " + std::to_string(m_) + " does not divide --batch-size " +
                     std::to_string(B));
   if (m_ < B_) acc_ = eng.alloc(DType::F32, {(int64_t)net.arena_floats()});
+  set_hooks();
 }
 
 void StepBase::set_communicator(Communicator* comm) {
   comm_ = comm && comm->size() > 1 ? comm : nullptr;
+  set_hooks();
+}
+
+void StepBase::set_hooks() {
+  early_ = false;
   // Buckets during backward only with one micro-batch: with several, the sum is final after the
   // last one (update reduces it whole).
-  if (comm_ && !acc_.defined())
+  if (comm_ && !acc_.defined()) {
     net_.set_grad_ready_hook([c = comm_](size_t first_final) { c->grads_ready(first_final); });
-  else
+    return;
+  }
+  early_ = !comm_ && !acc_.defined() && opt_.can_update_early() && eng_.is_cuda() && env_lanes();
+  if (!early_) {
     net_.set_grad_ready_hook(nullptr);
+    return;
+  }
+  net_.set_grad_ready_hook([this](size_t first_final) {
+    if (!armed_) return;  // a backward outside a training step
+    Ops& ops = eng_.ops();
+    ops.aside(true);
+    opt_.update_from(net_.params(), net_.grads(), first_final);
+    ops.aside(false);
+  });
 }
 
 void StepBase::grads_begin() {
   if (comm_ && !acc_.defined()) comm_->begin_grads(net_.grads());
+  if (early_) {
+    opt_.begin_early();
+    armed_ = true;
+  }
 }
 
 void StepBase::grads_end(int micro) {
@@ -57,6 +80,8 @@ void StepBase::update() {
   }
   ScopedRange r(eng_.device(), "optimizer");
   opt_.step(net_.params(), acc_.defined() ? acc_ : net_.grads());
+  if (armed_) eng_.ops().join_aside();  // the next forward reads the weights
+  armed_ = false;
 }
 
 void StepBase::enqueue(uint64_t dropout_seed) {

@@ -45,6 +45,10 @@ class StepBase {
   void update();                        // gradient average, optimizer (clip, AdamW, EMA)
   void enqueue(uint64_t dropout_seed);  // every micro-batch, then update
 
+  // Whether the optimizer updates each range of weights as the backward finalizes its gradients
+  // (on the engine's optimizer stream; see set_hooks).
+  bool updates_early() const { return early_; }
+
   // Data-parallel training: the gradients are averaged over the ranks between backward and the
   // optimizer (in buckets during backward where the communicator can and there is one
   // micro-batch). nullptr: one process.
@@ -64,6 +68,14 @@ class StepBase {
   Communicator* comm_ = nullptr;
   int B_, m_;
   Tensor acc_;
+
+ private:
+  // The network's grad-ready hook: the all-reduce's buckets, or (one process, one micro-batch,
+  // no clipping, a CUDA engine with lanes) the optimizer's update of each finalized range on the
+  // engine's optimizer stream (Ops::aside) while the backward goes on, so the step does not end
+  // with a whole AdamW + EMA pass over the weights. armed_: between grads_begin() and update().
+  void set_hooks();
+  bool early_ = false, armed_ = false;
 };
 
 // The diffusion model's step: q_sample, model forward, guided-diffusion's loss, backward.
