@@ -3,7 +3,8 @@
   log_loss_dict columns (loss, acc1, acc5, per-quartile, val_* with --val-data), accuracies in [0, 1];
 - noised training: timesteps in every quartile, validation columns filled;
 - exact resume: 6 steps straight equals 3 + --resume to 6, bitwise (weights, EMA, AdamW moments) and in
-  metrics.csv (validation included), with micro-batches and an EMA;
+  metrics.csv (validation included), with micro-batches and an EMA; on the GPU, the optimizer's updates
+  during the backward (no clipping) give bitwise the weights of one stream;
 - SIGINT saves a checkpoint; the checkpoint is a classifier PyTorch loads and `unet sample --classifier` uses;
 - bad inputs: one line naming the file, exit 1 (unlabelled dataset, image size mismatch, a diffusion model as
   --init, labels beyond --num-classes).
@@ -144,6 +145,22 @@ def main():
              *common)
     check(r.returncode == 0 and "noised off (checkpoint: noised on)" in r.stderr and "not continue exactly" in r.stderr,
           f"overriding a recorded setting warns: {r.stderr.strip()}")
+
+    # On the GPU without --grad-clip the optimizer updates each range of weights during the backward on its
+    # own stream (UNET_LANES=0: one stream, updated at the end): bitwise the same weights, EMA and moments.
+    if DEVICE == "cuda":
+        e1, e2 = os.path.join(TMP, "e1"), os.path.join(TMP, "e2")
+        ea = ["--batch-size", "4", "--steps", "4", "--log-every", "1", "--ema-rate", "0.99", "--seed", "5", *dev()]
+        unet("train-classifier", data, *net, "-o", e1, *ea)
+        os.environ["UNET_LANES"] = "0"
+        try:
+            unet("train-classifier", data, *net, "-o", e2, *ea)
+        finally:
+            del os.environ["UNET_LANES"]
+        t1, t2 = tensors(os.path.join(e1, "latest.h5")), tensors(os.path.join(e2, "latest.h5"))
+        diff = [k for k in t1 if k != "@state" and (k not in t2 or not np.array_equal(t1[k], t2[k]))]
+        check(t1.keys() == t2.keys() and not diff and "ema" in str(list(t1)),
+              f"updates during the backward == one stream, bitwise ({len(t1)} tensors; differing: {diff[:3]})")
 
     # Data-parallel (two CPU ranks, rank 0's TCP reduction): the run of one process, up to the order of
     # the gradient sum.

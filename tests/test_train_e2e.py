@@ -93,6 +93,23 @@ def main():
     rb = open(os.path.join(b, "metrics.csv")).read().splitlines()
     check([l.split(",")[:3] for l in ra] == [l.split(",")[:3] for l in rb], "metrics (loss, grad norm) identical")
 
+    # Without --grad-clip the GPU updates each range of weights during the backward on the optimizer's own
+    # stream: 4 straight == 2 + resume to 4 == 4 on one stream (UNET_LANES=0, updated at the end), bitwise.
+    if DEVICE == "cuda":
+        nc = [x for x in common if x not in ("--grad-clip", "1.0")]
+        e1, e2, e3 = (os.path.join(TMP, n) for n in ("early1", "early2", "early3"))
+        unet("train", data, "--init", init, "-o", e1, "--steps", "4", *nc)
+        unet("train", data, "--init", init, "-o", e2, "--steps", "2", *nc)
+        r = unet("train", data, "--resume", os.path.join(e2, "latest.h5"), "--steps", "4", *nc)
+        r3 = subprocess.run([BINARY, "train", data, "--init", init, "-o", e3, "--steps", "4", *nc],
+                            capture_output=True, text=True, env=dict(os.environ, UNET_LANES="0"))
+        check(r.returncode == 0 and r3.returncode == 0, "no clipping: runs, resume, one stream")
+        t1, t2, t3 = (tensors(os.path.join(e, "latest.h5")) for e in (e1, e2, e3))
+        diff = [k for k in t1 if k != "@state" and not (k in t2 and k in t3 and np.array_equal(t1[k], t2[k])
+                                                        and np.array_equal(t1[k], t3[k]))]
+        check(t1.keys() == t2.keys() == t3.keys() and not diff,
+              f"updates during the backward: resume and one stream bitwise ({len(t1)} tensors; differing: {diff[:3]})")
+
     # UNET_RECOMPUTE=1 (what the plan falls back to when the kept activations do not fit): the memory
     # line says so and the 6 steps give the same weights as run `a`, which kept them (bitwise here:
     # the same kernels over the same saved statistics).
