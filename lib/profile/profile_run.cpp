@@ -66,6 +66,7 @@ struct Workload {
   virtual void forward() = 0;
   virtual void backward() {}
   virtual void update() {}
+  virtual void backward_only() {}  // before a --pass backward loop (no update follows)
   virtual bool has_backward() const { return true; }
   std::string describe;
 };
@@ -108,6 +109,8 @@ struct ModelWork : Workload {
   void forward() override { step.forward(1234); }
   void backward() override { step.backward(); }
   void update() override { step.update(); }
+  // the backward alone, without the optimizer's updates it would otherwise start during it
+  void backward_only() override { step.allow_early_updates(false); }
 };
 
 // ---- the model's forward as `unet sample` runs it: planned for sampling (no saved activations,
@@ -396,7 +399,7 @@ std::string run_profile(const ProfileRequest& a) {
       w->update();
     }
   };
-  if (pass == "backward") w->forward();  // saved activations for the backward-only loop
+  if (pass == "backward") w->backward_only(), w->forward();  // saved activations for the backward-only loop
 
   // CUDA graphs: the timed kernels are replays of one captured iteration, as `unet train` runs
   // its step. Ranges (external correlation ids) only tag eager launches, so the layer table

@@ -39,7 +39,7 @@ void StepBase::set_hooks() {
     net_.set_grad_ready_hook([c = comm_](size_t first_final) { c->grads_ready(first_final); });
     return;
   }
-  early_ = !comm_ && !acc_.defined() && opt_.can_update_early() && eng_.is_cuda() && env_lanes();
+  early_ = allow_early_ && !comm_ && !acc_.defined() && opt_.can_update_early() && eng_.is_cuda() && env_lanes();
   if (!early_) {
     net_.set_grad_ready_hook(nullptr);
     return;

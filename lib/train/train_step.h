@@ -48,6 +48,10 @@ class StepBase {
   // Whether the optimizer updates each range of weights as the backward finalizes its gradients
   // (on the engine's optimizer stream; see set_hooks).
   bool updates_early() const { return early_; }
+  void allow_early_updates(bool on) {  // (on by default where it applies)
+    allow_early_ = on;
+    set_hooks();
+  }
 
   // Data-parallel training: the gradients are averaged over the ranks between backward and the
   // optimizer (in buckets during backward where the communicator can and there is one
@@ -75,7 +79,7 @@ class StepBase {
   // engine's optimizer stream (Ops::aside) while the backward goes on, so the step does not end
   // with a whole AdamW + EMA pass over the weights. armed_: between grads_begin() and update().
   void set_hooks();
-  bool early_ = false, armed_ = false;
+  bool early_ = false, armed_ = false, allow_early_ = true;
 };
 
 // The diffusion model's step: q_sample, model forward, guided-diffusion's loss, backward.
