@@ -26,6 +26,8 @@ StepBase::StepBase(Engine& eng, Network& net, Optimizer& opt, int B, int microba
   set_hooks();
 }
 
+StepBase::~StepBase() { net_.set_grad_ready_hook(nullptr); }
+
 void StepBase::set_communicator(Communicator* comm) {
   comm_ = comm && comm->size() > 1 ? comm : nullptr;
   set_hooks();

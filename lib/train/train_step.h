@@ -30,7 +30,7 @@ class StepBase {
   // `microbatch` 0 = the whole batch B; it must divide B (UserError). The derived step plans the
   // network for microbatch() samples.
   StepBase(Engine& eng, Network& net, Optimizer& opt, int B, int microbatch);
-  virtual ~StepBase() = default;
+  virtual ~StepBase();  // takes its grad-ready hook off the network (which outlives the step)
   StepBase(const StepBase&) = delete;
   StepBase& operator=(const StepBase&) = delete;
 
