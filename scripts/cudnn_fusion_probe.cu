@@ -3,8 +3,9 @@
 //   nvcc -O2 -arch=sm_90 -std=c++17 -include cuda_bf16.h scripts/cudnn_fusion_probe.cu -o probe -lcudnn
 //   ./probe 32        (batch; on the GPU machine with LD_LIBRARY_PATH at PyTorch's nvidia/cudnn/lib)
 //   ./probe 16 serial (imagenet256's shapes: conv, epilogue pass, fused, fused with the per-(sample,
-//                      channel) sums of y and y^2 that GroupNorm's statistics need (kind 7, not yet
-//                      run), and each runtime-compiled plan's JSON round trip)
+//                      channel) sums of y and y^2 that GroupNorm's statistics need (kind 7: slower
+//                      than a separate statistics pass, README), and each runtime-compiled plan's
+//                      JSON round trip)
 // Each graph runs in its own process (a failing engine leaves a sticky CUDA error). Runtime-
 // compiled engines (NVRTC) are allowed here, unlike in kernels/conv/cudnn.cu. Findings
 // (H100, cuDNN 9.19, 2026-11-23) are in README.md's speed section.

@@ -71,7 +71,11 @@ TEST(Ops, CostFromTheFieldList) {
   EXPECT_DOUBLE_EQ(c.flops, 2.0 * 2 * 64 * 32 * 9 * 16 + 2 * 64 * 32);
   EXPECT_DOUBLE_EQ(c.bytes, 2.0 * (2 * 64 * 16 + 32 * 9 * 16 + 2 * 64 * 32) + 4 * 32);
   Tensor e(a, DType::F32, {100});
-  EXPECT_DOUBLE_EQ(flops::cost(Ema{e, e, 0.5f}).bytes, 3 * 400.0);  // ema read and written, p read
+  // AdamW with its EMA: p, m, v, ema read and written, g read, 4 hyper + 1 scale read
+  EXPECT_DOUBLE_EQ(flops::cost(AdamW{e, e, e, e, Tensor(a, DType::F32, {4}), Tensor(a, DType::F32, {1}), 0.9f,
+                                     0.999f, 1e-8f, e, 0.5f})
+                       .bytes,
+                   4.0 * (9 * 100 + 5));
 }
 
 // A variant table of two Fill variants: "narrow" only for f32, "wide" for everything.

@@ -39,8 +39,7 @@ __global__ void schedule_kernel(int32_t* step, float* hyper, double lr, double w
 
 // PyTorch AdamW (single-tensor path), g scaled by *grad_scale:
 //   p *= hyper[0];  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= hyper[1] m / (sqrt(v)/hyper[2] + eps).
-// ema = rate ema + (1 - rate) p, rounded the same way wherever it is computed (Ema, and AdamW's
-// fused EMA): one product, then one fused multiply-add.
+// ema = rate ema + (1 - rate) p: one product, then one fused multiply-add.
 __device__ __forceinline__ float ema_one(float e, float p, float rate, float r1) {
   return __fmaf_rn(rate, e, __fmul_rn(r1, p));
 }
@@ -89,19 +88,6 @@ struct AdamWF {
   }
 };
 
-struct EmaF {
-  float* e;
-  const float* p;
-  float rate, r1;
-  __device__ void vec4(size_t j) const {
-    const float4 a = ld4(e, j), b = ld4(p, j);
-    st4(e, j,
-        make_float4(ema_one(a.x, b.x, rate, r1), ema_one(a.y, b.y, rate, r1), ema_one(a.z, b.z, rate, r1),
-                    ema_one(a.w, b.w, rate, r1)));
-  }
-  __device__ void scalar(size_t i) const { e[i] = ema_one(e[i], p[i], rate, r1); }
-};
-
 void sumsq(const SumSquares& o, CudaCtx& ctx) {
   const size_t n = o.x.numel();
   const size_t n4 = aligned16(o.x.data) ? n / 4 : 0;
@@ -134,10 +120,6 @@ void adamw(const AdamW& o, CudaCtx& ctx) {
              aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v) && (!f.e || aligned16(f.e)),
              ctx.stream);
 }
-void ema(const Ema& o, CudaCtx& ctx) {
-  launch_map(EmaF{dptr<float>(o.ema), dptr<float>(o.p), o.rate, 1.f - o.rate}, o.p.numel(),
-             aligned16(o.ema.data) && aligned16(o.p.data), ctx.stream);
-}
 
 }  // namespace
 
@@ -146,7 +128,6 @@ void register_optimizer_cuda(CudaOps& ops) {
   ops.variants<ClipScale>().push_back({"cuda", nullptr, clip, nullptr});
   ops.variants<AdamWSchedule>().push_back({"cuda", nullptr, schedule, nullptr});
   ops.variants<AdamW>().push_back({"cuda", nullptr, adamw, nullptr});
-  ops.variants<Ema>().push_back({"cuda", nullptr, ema, nullptr});
 }
 
 }  // namespace unet

@@ -495,7 +495,5 @@ void AdamW::check() const {
   req(*this, !ema.defined() || ema.numel() == p.numel(), "ema of p's size");
 }
 double AdamW::flops() const { return (ema.defined() ? 19.0 : 16.0) * p.numel(); }
-void Ema::check() const { req(*this, f32(ema) && f32(p) && ema.numel() == p.numel(), "f32 of one size"); }
-double Ema::flops() const { return 3.0 * p.numel(); }
 
 }  // namespace unet

@@ -589,7 +589,8 @@ struct AdamWSchedule {
 };
 // PyTorch AdamW (single-tensor path) with g = grad * scale[0]:
 //   p *= hyper[0]; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= hyper[1] m / (sqrt(v)/hyper[2] + eps).
-struct AdamW {  // ema (optional): then also Ema{ema, p, ema_rate} of the updated p, in the same pass
+// ema (optional): the weights' EMA from the updated p in the same pass, ema = ema_rate ema + (1 - ema_rate) p.
+struct AdamW {
   UNET_OP("adamw", "optimizer")
   Tensor p, g, m, v, hyper, scale;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
@@ -600,15 +601,6 @@ struct AdamW {  // ema (optional): then also Ema{ema, p, ema_rate} of the update
     v.inout("p", s.p), v.in("g", s.g), v.inout("m", s.m), v.inout("v", s.v), v.in("hyper", s.hyper);
     v.in("scale", s.scale), v.param("beta1", s.beta1), v.param("beta2", s.beta2);
     v.param("eps", s.eps), v.inout("ema", s.ema), v.param("ema_rate", s.ema_rate);
-  }
-};
-struct Ema {  // ema = rate ema + (1 - rate) p
-  UNET_OP("ema", "optimizer")
-  Tensor ema, p;
-  float rate = 0;
-  template <class S, class V>
-  static void fields(S& s, V& v) {
-    v.inout("ema", s.ema), v.in("p", s.p), v.param("rate", s.rate);
   }
 };
 
@@ -624,7 +616,7 @@ struct Ema {  // ema = rate ema + (1 - rate) p
               X(PoolTokensFwd) X(PoolTokensBwd) X(PoolSelectFwd) X(PoolSelectBwd) X(DropoutFwd)             \
                   X(DropoutBwd) X(MseLoss) X(DiffusionLoss) X(LossStats) X(CrossEntropy) X(ClassifierStats) \
                       X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(SumSquares) X(ClipScale)       \
-                          X(AdamWSchedule) X(AdamW) X(Ema)
+                          X(AdamWSchedule) X(AdamW)
 
 // ---- generic views of an op, from fields() ----
 enum class Role { In, Out, InOut };

@@ -20,7 +20,6 @@ void adamw(const AdamW& o) {
                     o.eps, o.scale.defined() ? o.scale.f32() : nullptr);
   if (o.ema.defined()) ref::ema<float>(o.ema.f32(), o.p.f32(), o.ema_rate, o.p.numel());
 }
-void ema(const Ema& o) { ref::ema<float>(o.ema.f32(), o.p.f32(), o.rate, o.p.numel()); }
 
 }  // namespace
 
@@ -29,7 +28,6 @@ void register_optimizer_cpu(CpuOps& ops) {
   ops.variants<ClipScale>().push_back(cpu_ref<ClipScale, clip>());
   ops.variants<AdamWSchedule>().push_back(cpu_ref<AdamWSchedule, schedule>());
   ops.variants<AdamW>().push_back(cpu_ref<AdamW, adamw>());
-  ops.variants<Ema>().push_back(cpu_ref<Ema, ema>());
 }
 
 }  // namespace unet

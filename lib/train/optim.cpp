@@ -40,22 +40,14 @@ void Optimizer::save(float* m, float* v, float* ema) const {
   eng_.download(ema, ema_);
 }
 
-namespace {
-Tensor slice(const Tensor& t, size_t lo, size_t hi) {  // elements [lo, hi) of a flat f32 tensor
-  Tensor r = t;
-  r.data = static_cast<float*>(t.data) + lo;
-  r.dim[0] = (int64_t)(hi - lo);
-  return r;
-}
-}  // namespace
-
 // AdamW and the EMA (one pass) over [lo, hi); scaled: by the clip scale (else by nothing: the
 // same bits as a scale of 1).
 void Optimizer::update(const Tensor& params, const Tensor& grads, size_t lo, size_t hi, bool scaled) {
   if (hi <= lo) return;
-  eng_.ops().run(AdamW{slice(params, lo, hi), slice(grads, lo, hi), slice(m_, lo, hi), slice(v_, lo, hi), hyper_,
-                       scaled ? scale_ : Tensor{}, (float)o_.beta1, (float)o_.beta2, (float)o_.eps,
-                       slice(ema_, lo, hi), (float)o_.ema_rate});
+  const size_t n = hi - lo;
+  eng_.ops().run(AdamW{params.flat(lo, n), grads.flat(lo, n), m_.flat(lo, n), v_.flat(lo, n), hyper_,
+                       scaled ? scale_ : Tensor{}, (float)o_.beta1, (float)o_.beta2, (float)o_.eps, ema_.flat(lo, n),
+                       (float)o_.ema_rate});
 }
 
 void Optimizer::step(const Tensor& params, const Tensor& grads) {
