@@ -26,25 +26,32 @@ namespace rowblock {
 // ---- V-channel vectors: V = 16 bytes of the type, or 1 ----
 template <class T, int V>
 struct Vec;
+// Raw: the vector as loaded (ld), unpacked to floats later (unpack): a loop that keeps several
+// rows in flight holds them packed (bf16: 4 registers a row instead of 8).
 template <class T>
 struct Vec<T, 1> {
+  using Raw = T;
+  __device__ static Raw ld(const T* p) { return *p; }
+  __device__ static void unpack(const Raw& u, float* v) { v[0] = ldf(&u, 0); }
   __device__ static void load(const T* p, float* v) { v[0] = ldf(p, 0); }
   __device__ static void store(T* p, const float* v) { stf(p, 0, v[0]); }
 };
 template <>
 struct Vec<float, 4> {
-  __device__ static void load(const float* p, float* v) {
-    const float4 u = *reinterpret_cast<const float4*>(p);
-    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-  }
+  using Raw = float4;
+  __device__ static Raw ld(const float* p) { return *reinterpret_cast<const float4*>(p); }
+  __device__ static void unpack(const Raw& u, float* v) { v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w; }
+  __device__ static void load(const float* p, float* v) { unpack(ld(p), v); }
   __device__ static void store(float* p, const float* v) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   }
 };
 template <>
 struct Vec<bf16, 8> {
-  __device__ static void load(const bf16* p, float* v) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
+  using Raw = uint4;
+  __device__ static Raw ld(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
+  __device__ static void load(const bf16* p, float* v) { unpack(ld(p), v); }
+  __device__ static void unpack(const Raw& u, float* v) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
