@@ -65,33 +65,36 @@ TEST(Resample, AvgPool2x2) {
 
 TEST(ResampleVariants, SmallAndSeed64Shapes) {
   SKIP_WITHOUT_GPU();
-  for (auto [B, H, C] : {std::tuple{2, 3, 5}, std::tuple{2, 4, 8}, std::tuple{32, 8, 256},
-                         std::tuple{32, 32, 128}, std::tuple{32, 16, 192}}) {
-    const std::string w = std::to_string(B) + "x" + std::to_string(H) + "x" + std::to_string(C);
+  // (B, H, W, C) of the small tensor; rectangular and odd ones for the 2x2 block kernel's indexing
+  for (auto [B, H, W, C] : {std::tuple{2, 3, 3, 5}, std::tuple{2, 4, 4, 8}, std::tuple{32, 8, 8, 256},
+                            std::tuple{32, 32, 32, 128}, std::tuple{32, 16, 16, 192}, std::tuple{3, 5, 7, 16},
+                            std::tuple{2, 6, 1, 24}}) {
+    const std::string w = std::to_string(B) + "x" + std::to_string(H) + "x" + std::to_string(W) + "x" +
+                          std::to_string(C);
     // Pure data movement / sums of 4 in a fixed order: bitwise equal, except bf16 where the CPU
     // emulation rounds the same f32 sum (also exact).
     check_variants<UpsampleFwd>(
         "up " + w,
-        [&, B = B, H = H, C = C](const Alloc& A, DType act) {
-          return UpsampleFwd{A(act, {B, H, H, C}), A(act, {B, 2 * H, 2 * H, C})};
+        [&, B = B, H = H, W = W, C = C](const Alloc& A, DType act) {
+          return UpsampleFwd{A(act, {B, H, W, C}), A(act, {B, 2 * H, 2 * W, C})};
         },
         Tol{0, 0, 0});
     check_variants<UpsampleBwd>(
         "up bwd " + w,
-        [&, B = B, H = H, C = C](const Alloc& A, DType act) {
-          return UpsampleBwd{A(act, {B, 2 * H, 2 * H, C}), A(act, {B, H, H, C})};
+        [&, B = B, H = H, W = W, C = C](const Alloc& A, DType act) {
+          return UpsampleBwd{A(act, {B, 2 * H, 2 * W, C}), A(act, {B, H, W, C})};
         },
         Tol{1e-7, 1e-7, 5e-3});
     check_variants<AvgPoolFwd>(
         "pool " + w,
-        [&, B = B, H = H, C = C](const Alloc& A, DType act) {
-          return AvgPoolFwd{A(act, {B, 2 * H, 2 * H, C}), A(act, {B, H, H, C})};
+        [&, B = B, H = H, W = W, C = C](const Alloc& A, DType act) {
+          return AvgPoolFwd{A(act, {B, 2 * H, 2 * W, C}), A(act, {B, H, W, C})};
         },
         Tol{1e-7, 1e-7, 5e-3});
     check_variants<AvgPoolBwd>(
         "pool bwd " + w,
-        [&, B = B, H = H, C = C](const Alloc& A, DType act) {
-          return AvgPoolBwd{A(act, {B, H, H, C}), A(act, {B, 2 * H, 2 * H, C})};
+        [&, B = B, H = H, W = W, C = C](const Alloc& A, DType act) {
+          return AvgPoolBwd{A(act, {B, H, W, C}), A(act, {B, 2 * H, 2 * W, C})};
         },
         Tol{0, 0, 0});
   }
