@@ -16,14 +16,19 @@ Sampling (64 images, one DDPM step = one forward + the posterior update):
                             CUDA-event ms per step
 
 PyTorch's wall time on this class of machine is dominated by host overhead; compare against its
-kernel sum (what a PyTorch user with CUDA graphs would approach). Run on the GPU machine:
+kernel sum (what a PyTorch user with CUDA graphs would approach). unet's GPU time is its CUDA
+events without the profiler attached (`unet profile`'s last line). Run on the GPU machine:
 
     python3 scripts/bench.py --unet build/bin/unet [--out DIR] [--skip-compile]
+
+DIR/bench.md is rewritten after every row, and a run stopped by SIGTERM or Ctrl-C prints the rows
+it measured, so a time limit (the whole run takes ~10 minutes) loses only the row in progress.
 """
 import argparse
 import csv
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,15 +63,23 @@ def run(cmd):
 
 
 def unet_profile(unet, precision, batch, pass_="step", preset="seed64"):
-    """(kernel sum ms, CUDA events ms, device memory GB) of CUDA-graph replays."""
+    """(kernel sum ms, CUDA events ms, device memory GB) of CUDA-graph replays: the kernel sum
+    from the profiled replays, the CUDA events from `unet profile`'s timing without the profiler
+    attached (CUPTI's records add ~0.3 ms to a step) where it printed one."""
     out = run([unet, "profile", "--preset", preset, "--layer", "model", "--batch-size", str(batch), "--precision",
-               precision, "--pass", pass_, "--no-plain-timing"])
+               precision, "--pass", pass_])
+    return parse_profile(out)
+
+
+def parse_profile(out):
     m = re.search(r"CUDA-graph replays: kernel sum ([0-9.]+) ms/iter.*CUDA events ([0-9.]+) ms/iter", out)
+    plain = re.search(r"without the profiler attached \(graph replays\): CUDA events ([0-9.]+) ms/iter", out)
     mem = re.search(r"Device memory held: ([0-9.]+) GB", out)
     if not m:
         print(out[-2000:])
         raise SystemExit("unet profile: no CUDA-graph line")
-    return float(m.group(1)), float(m.group(2)), float(mem.group(1)) if mem else float("nan")
+    return (float(m.group(1)), float((plain or m).group(1 if plain else 2)),
+            float(mem.group(1)) if mem else float("nan"))
 
 
 def unet_train_wall(unet, data, precision, steps, batch, workdir):
@@ -245,6 +258,20 @@ def main():
     import torch
     gpu = torch.cuda.get_device_name(0)
     train, samp = [], []
+    head = f"seed64, 64x64, on {gpu}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+
+    def save():  # after every row: a run stopped by a time limit keeps what it measured
+        if a.out:
+            os.makedirs(a.out, exist_ok=True)
+            open(os.path.join(a.out, "bench.md"), "w").write(render(head, a.batch, a.sample_n, train, samp) + "\n")
+
+    def stopped(signum, frame):
+        print(f"\nstopped (signal {signum}); the rows measured so far:\n", flush=True)
+        print(render(head, a.batch, a.sample_n, train, samp), flush=True)
+        sys.exit(1)
+
+    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(signal.SIGINT, stopped)
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "bench.h5")
         make_dataset(data)
@@ -252,6 +279,7 @@ def main():
             ks, ev, mem = unet_profile(a.unet, prec, a.batch)
             wall = unet_train_wall(a.unet, data, prec, a.steps, a.batch, tmp)
             train.append((f"unet {prec}", wall, ks, ev, mem))
+            save()
             print(f"unet {prec}: train wall {wall:.2f} ms/step, kernel sum {ks:.2f}, events {ev:.2f}, "
                   f"memory {mem:.2f} GB", flush=True)
         ckpt = os.path.join(tmp, "run-tf32", "latest.h5")
@@ -259,6 +287,7 @@ def main():
             wall = unet_sample_wall(a.unet, ckpt, prec, a.sample_n)
             ks, ev, _ = unet_profile(a.unet, prec, a.sample_n, "forward")
             samp.append((f"unet {prec}", wall, ev))  # its GPU time: lanes overlap kernels (see train)
+            save()
             print(f"unet sample {prec}: {wall:.2f} ms/step wall, forward kernel sum {ks:.2f} ms, CUDA events "
                   f"{ev:.2f} ms", flush=True)
     if not a.skip_torch:
@@ -267,18 +296,30 @@ def main():
         for mode in modes:
             wall, ks, mem = bench_torch_train(mode, a.batch)
             train.append((f"torch {mode}", wall, ks, float("nan"), mem))
+            save()
             print(f"torch {mode}: {wall:.2f} ms/step (events), kernel sum {ks:.2f}, peak {mem:.2f} GB", flush=True)
         for mode in ("eager tf32", "eager bf16") + (() if a.skip_compile else ("compile tf32", "compile bf16")):
             wall, ks, _ = bench_torch_sample(mode, a.sample_n)
             samp.append((f"torch {mode}", wall, ks))
+            save()
             print(f"torch sample {mode}: {wall:.2f} ms/step, kernel sum {ks:.2f}", flush=True)
+
+    table = render(head, a.batch, a.sample_n, train, samp)
+    print()
+    print(table)
+    save()
+
+
+def render(head, batch, sample_n, train, samp):
+    """The markdown tables of the rows measured (train: (name, wall, kernel sum, events, memory);
+    samp: (name, wall, GPU ms))."""
 
     def ratio(base, v):
         return f"{base / v:.2f}x" if base and v == v and v > 0 else "-"
 
     base = {n: ks for n, _, ks, _, _ in train}.get("torch compile tf32")
-    lines = [f"seed64, 64x64, on {gpu}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}", "",
-             f"Training step (batch {a.batch}; fwd + MSE + bwd + AdamW):", "",
+    lines = [head, "",
+             f"Training step (batch {batch}; fwd + MSE + bwd + AdamW):", "",
              "| implementation | wall ms/step | GPU kernel sum ms | unet: CUDA events ms | memory GB | "
              "GPU time vs torch.compile tf32 |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -289,7 +330,7 @@ def main():
         lines.append(f"| {n} | {wall:.2f} | {ks:.2f} | {'-' if ev != ev else f'{ev:.2f}'} | {mem:.2f} | "
                      f"{ratio(base, ks if ev != ev else ev)} |")
     sbase = {n: w for n, w, _ in samp}.get("torch compile tf32")
-    lines += ["", f"Sampling, one DDPM step for {a.sample_n} images:", "",
+    lines += ["", f"Sampling, one DDPM step for {sample_n} images:", "",
               "| implementation | wall ms/step | GPU ms (unet: the forward's CUDA events; PyTorch: kernel sum) | "
               "wall vs torch.compile tf32 |",
               "|---|---:|---:|---:|"]
@@ -297,14 +338,9 @@ def main():
         lines.append(f"| {n} | {wall:.2f} | {ks:.2f} | {ratio(sbase, wall)} |")
     lines += ["", "unet memory: device memory held (planned buffers, weights, optimizer, workspaces); "
               "torch: peak allocated. unet train wall: metrics.csv's last window (includes data loading). "
-              "GPU time: unet's CUDA events (its kernels overlap on two streams, so their sum is larger), "
-              "PyTorch's kernel sum."]
-    table = "\n".join(lines)
-    print()
-    print(table)
-    if a.out:
-        os.makedirs(a.out, exist_ok=True)
-        open(os.path.join(a.out, "bench.md"), "w").write(table + "\n")
+              "GPU time: unet's CUDA events without the profiler attached (its kernels overlap on two "
+              "streams, so their sum is larger), PyTorch's kernel sum."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

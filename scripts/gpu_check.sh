@@ -140,7 +140,7 @@ PY
         time "$U" sample "$OUT/cfg64.h5" -n 64 --sampler ddim --steps 50 --class 1 $gs -o "" > /dev/null 2>&1
       done
       rm -f "$OUT/cfg64.h5" ;;
-    bench) timeout 400 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
+    bench) timeout 590 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
     pdl)
       (cd "$BUILD" && ./bin/test_sampler --gtest_filter='*CudaGraph*' 2>&1 | tail -n 3)
       e2e_bf16 pdl UNET_PDL=1
