@@ -117,6 +117,7 @@ enum class Block { kUp, kUpBwd, kPool, kPoolBwd };
 template <class T, int V, Block K>
 __global__ void __launch_bounds__(256)
     block2x2_kernel(const T* __restrict__ in, T* __restrict__ out, unsigned n, unsigned Cv, unsigned W, unsigned C) {
+  pdl_entry();
   const unsigned v = blockIdx.x * blockDim.x + threadIdx.x;
   if (v >= n) return;
   const unsigned p = v / Cv, cv = v - p * Cv, by = p / W, x = p - by * W;  // by = b * H + y
