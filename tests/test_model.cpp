@@ -350,8 +350,11 @@ TEST(Model, ConvGivenNormStatisticsGiveTheSameResults) {
       // the dropout case's gradients: 2.5e-2 to 9.3e-2 over 30 seeds, either way (its dropped
       // channels leave small gradients that bf16's rounding dominates)
       const double gtol = k == 2 ? 0.15 : 6e-2;
-      EXPECT_LT(test::rel_l2(ya, y32), 2e-2);
-      EXPECT_LT(test::rel_l2(yb, y32), 2e-2);
+      // its output: 0.008 to 0.015 over 40 seeds, but 0.0200 at UNET_TEST_SEED=2606680145 (both
+      // ways, so bf16's rounding, not the statistics)
+      const double ytol = k == 2 ? 3e-2 : 2e-2;
+      EXPECT_LT(test::rel_l2(ya, y32), ytol);
+      EXPECT_LT(test::rel_l2(yb, y32), ytol);
       EXPECT_LT(test::rel_l2(ga, g32), gtol);
       EXPECT_LT(test::rel_l2(gb, g32), gtol);
     }
