@@ -187,6 +187,12 @@ std::vector<float> seed64_grads(Precision prec, bool graph, uint64_t seed, std::
   }
   return r;
 }
+// Elements whose bits differ.
+size_t bitwise_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return differ;
+}
 }  // namespace
 
 // Lanes (UNET_LANES, default on): the filter gradients run on a second stream beside the data
@@ -198,10 +204,12 @@ TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {
   const uint64_t seed = test::test_seed();
   for (Precision prec : {Precision::TF32, Precision::BF16}) {
     SCOPED_TRACE(precision_name(prec));
-    setenv("UNET_LANES", "0", 1);
     std::string bad;
-    const std::vector<float> one = seed64_grads(prec, false, seed, &bad);
-    unsetenv("UNET_LANES");
+    std::vector<float> one;
+    {
+      test::ScopedEnv lanes("UNET_LANES", "0");
+      one = seed64_grads(prec, false, seed, &bad);
+    }
     ASSERT_FALSE(one.empty());
     EXPECT_EQ(bad, "");
     double norm = 0;
@@ -211,9 +219,7 @@ TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {
       SCOPED_TRACE(graph ? "graph" : "eager");
       const std::vector<float> two = seed64_grads(prec, graph, seed);
       ASSERT_EQ(two.size(), one.size());
-      size_t differ = 0;
-      for (size_t i = 0; i < one.size(); ++i) differ += std::memcmp(&one[i], &two[i], sizeof(float)) != 0;
-      EXPECT_EQ(differ, 0u);
+      EXPECT_EQ(bitwise_differences(one, two), 0u);
     }
   }
 }
@@ -277,9 +283,7 @@ TEST(ModelGolden, CudaEarlyOptimizerUpdatesGiveTheSameStateBitwise) {
     EXPECT_TRUE(early2);
     ASSERT_FALSE(one.empty());
     ASSERT_EQ(one.size(), two.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < one.size(); ++i) differ += std::memcmp(&one[i], &two[i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u);
+    EXPECT_EQ(bitwise_differences(one, two), 0u);
     // every parameter (not the arena's padding) finite in all four, and most weights moved
     const ParamTable tab = build_param_table(preset("seed64"));
     const std::vector<float> w = test::random_params(tab, seed);

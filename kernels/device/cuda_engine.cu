@@ -350,13 +350,18 @@ static void make_side(CudaCtx& c) {
   CUDA_CHECK(cudaEventCreateWithFlags(&c.join_ev, cudaEventDisableTiming));
 }
 
+// `waiter` runs what is issued to it next after everything issued so far to `s` (ev: scratch).
+static void wait_for(cudaStream_t waiter, cudaStream_t s, cudaEvent_t ev) {
+  CUDA_CHECK(cudaEventRecord(ev, s));
+  CUDA_CHECK(cudaStreamWaitEvent(waiter, ev, 0));
+}
+
 void CudaCtx::use_lane(bool side) {
   if (side == on_side) return;
   if (side) {
     if (!other.stream) make_side(*this);
     // the side lane starts after everything issued so far on the main lane
-    CUDA_CHECK(cudaEventRecord(fork_ev, stream));
-    CUDA_CHECK(cudaStreamWaitEvent(other.stream, fork_ev, 0));
+    wait_for(other.stream, stream, fork_ev);
     side_pending = true;
   }
   swap_lane(*this);
@@ -365,8 +370,7 @@ void CudaCtx::use_lane(bool side) {
 void CudaCtx::join_lanes() {
   if (on_side) swap_lane(*this);
   if (!side_pending) return;
-  CUDA_CHECK(cudaEventRecord(join_ev, other.stream));
-  CUDA_CHECK(cudaStreamWaitEvent(stream, join_ev, 0));
+  wait_for(stream, other.stream, join_ev);
   side_pending = false;
 }
 
@@ -375,8 +379,7 @@ void CudaCtx::use_aside(bool on) {
   if (on) {
     if (on_side) throw std::logic_error("the optimizer's stream forks from the main lane");
     // it starts after everything issued so far on the main lane
-    CUDA_CHECK(cudaEventRecord(aside_fork_ev, stream));
-    CUDA_CHECK(cudaStreamWaitEvent(aside_stream, aside_fork_ev, 0));
+    wait_for(aside_stream, stream, aside_fork_ev);
     aside_saved = stream, stream = aside_stream;
     aside_pending = true;
   } else {
@@ -388,8 +391,7 @@ void CudaCtx::use_aside(bool on) {
 void CudaCtx::join_aside() {
   use_aside(false);
   if (!aside_pending) return;
-  CUDA_CHECK(cudaEventRecord(aside_join_ev, aside_stream));
-  CUDA_CHECK(cudaStreamWaitEvent(stream, aside_join_ev, 0));
+  wait_for(stream, aside_stream, aside_join_ev);
   aside_pending = false;
 }
 

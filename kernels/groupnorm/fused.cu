@@ -51,9 +51,12 @@ __device__ __forceinline__ float silu_grad_fast(float z) {
 // step 9.05-9.09 -> 8.86 ms, tf32 unchanged.
 template <int V>
 constexpr int kUA = V >= 8 ? 12 : 8;
-template <int V>
-constexpr int kApplyBlocks = V >= 8 ? 2 : 3;
 constexpr int kUS = 8, kU2 = 2;
+// Resident blocks per SM of apply, bwd_sums and dx: 3 for f32's 4-channel vectors (the backward
+// kernels at 3: H100 tf32 step 15.26/15.29 -> 15.22/15.20 ms), 2 for bf16's 8-channel ones (at 3
+// they spill: 9.07 -> 9.52 ms).
+template <int V>
+constexpr int kBlocks = V >= 8 ? 2 : 3;
 
 // z = (x - m) a + bb (before SiLU) for channel c of sample b: a = rstd gamma (1 + scale),
 // bb = beta (1 + scale) + shift.
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // y = act((x - m) a + bb) from saved statistics.
 template <class T, int V>
-__global__ void __launch_bounds__(kThreads, kApplyBlocks<V>)
+__global__ void __launch_bounds__(kThreads, kBlocks<V>)
     apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ gamma,
                  const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
                  const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
@@ -195,13 +198,8 @@ __global__ void __launch_bounds__(kThreads, kApplyBlocks<V>)
 // Backward sums of (dz xhat, dz) per (b, split, c), dz = dy SiLU'(z) (or dy). The last block of
 // sample b: per-(b, c) totals (sums), dss, and the group coefficients coef[b, g] =
 // (mean_g(f gamma dz), mean_g(f gamma dz xhat)); the last of those: dgamma, dbeta over the batch.
-// Resident blocks per SM: 3 for f32's 4-channel vectors (H100 tf32 step 15.26/15.29 -> 15.22/15.20
-// ms with both kernels), 2 for bf16's 8-channel ones (at 3 they spill: 9.07 -> 9.52 ms).
-template <int V>
-constexpr int kBwdBlocks = V >= 8 ? 2 : 3;
-
 template <class T, int V>
-__global__ void __launch_bounds__(kThreads, kBwdBlocks<V>)
+__global__ void __launch_bounds__(kThreads, kBlocks<V>)
     bwd_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ gamma,
                     const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
                     const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
@@ -305,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, kBwdBlocks<V>)
 // them, the last sample's adds over the batch. The bias and embedding gradients of the convs on
 // either side of the norm so come out of this pass instead of one more read of each tensor.
 template <class T, int V, bool SUMS>
-__global__ void __launch_bounds__(kThreads, kBwdBlocks<V>)
+__global__ void __launch_bounds__(kThreads, kBlocks<V>)
     dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
               const float* __restrict__ gamma,
               const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,

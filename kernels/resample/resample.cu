@@ -149,22 +149,22 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// small: the half-size tensor (B, H, W, C); large must be (B, 2H, 2W, C) for the block kernel.
+// small: the half-size tensor (B, H, W, C); large: (B, 2H, 2W, C) (the ops' checks).
 template <template <class> class F, Block K>
 void run(const Tensor& in, const Tensor& out, const Tensor& small, const Tensor& large, CudaCtx& ctx) {
   with_act(in.dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = rowblock::kWide<T>;
     const long long C = small.dim[3], n = small.numel() / V;
-    if (C % V == 0 && n < (1LL << 31) && large.dim[1] == 2 * small.dim[1] && large.dim[2] == 2 * small.dim[2] &&
-        rowblock::wide_ok<T>((int)C, {in.data, out.data})) {
+    if (n < (1LL << 31) && rowblock::wide_ok<T>((int)C, {in.data, out.data})) {  // (wide_ok: C % V too)
       if (n == 0) return;
       block2x2_kernel<T, V, K><<<(unsigned)((n + 255) / 256), 256, 0, ctx.stream>>>(
           dptr<T>(in), dptr<T>(out), (unsigned)n, (unsigned)(C / V), (unsigned)small.dim[2], (unsigned)C);
       KERNEL_CHECK();
       return;
     }
-    // the functors take the small tensor's H, W (Avgpool's and AvgpoolBwdF's the large one's)
+    // channels not a multiple of V, unaligned views, 2^31 vectors or more: the maps; they take the small tensor's H, W (Avgpool's
+    // and AvgpoolBwdF's the large one's)
     const Tensor& d = (K == Block::kPool || K == Block::kPoolBwd) ? large : small;
     launch_map(F<T>{dptr<T>(in), dptr<T>(out), (int)d.dim[1], (int)d.dim[2], (int)d.dim[3]}, out.numel(),
                d.dim[3] % 4 == 0 && vec4_ok<T>(in.data) && vec4_ok<T>(out.data), ctx.stream);
