@@ -204,6 +204,12 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("3x3 s2 odd", 3, 9, 3, 5, 3, 2, false, false);
   check_conv("1x1", 2, 5, 12, 20, 1, 1, false, true);
   check_conv("3x3 vec", 2, 8, 16, 32, 3, 1, true, false);
+  // "simt" (fp32): partial tiles in every direction (M = 507 pixels, Co = 20, 9 Ci = 216) with the
+  // filter gradient in 4 pixel ranges, 1x1, and a forward in 18 K ranges (M = 32, K = 2304; its
+  // data gradient in 4).
+  check_conv("3x3 simt odd", 3, 13, 24, 20, 3, 1, true, true);
+  check_conv("1x1 simt", 2, 9, 40, 36, 1, 1, false, true);
+  check_conv("3x3 simt split", 2, 4, 256, 64, 3, 1, true, true);
   // The model's output layer: activation inputs, an f32 output (bf16 in, f32 out in bf16 engines),
   // forward only; B, H, Ci, Co, emb, res:
   //  * small, and the released models' 192 -> 6 (learned sigma);
