@@ -58,6 +58,31 @@ __device__ __forceinline__ void mma_block(const float (*As)[BM + 4], const float
   }
 }
 __device__ __forceinline__ int row_of(int ty, int i, int half) { return (i < 4 ? 0 : half) + ty * 4 + (i & 3); }
+// f(row, col, v) for the thread's 8 x 8 outputs as 16 float4s of 4 columns (rows < rows, cols <
+// cols: the matrix's; cols % 4 == 0, so a float4 is all in or all out).
+template <int BM, int BN, class F>
+__device__ __forceinline__ void each_out(const float (&acc)[8][8], int ty, int tx, int r0, int c0, int rows, int cols,
+                                         F&& f) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = r0 + row_of(ty, i, BM / 2);
+    if (r >= rows) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = c0 + h * (BN / 2) + tx * 4;
+      if (c < cols) f(r, c, make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]));
+    }
+  }
+}
+// v += bias[n..n+4] + emb[b, n..n+4] + res[o..o+4] (each optional), in that order (the other
+// variants' epilogue order).
+__device__ __forceinline__ void add_terms(float4& v, const float* bias, const float* emb, const float* res, int n,
+                                          size_t b, int N, size_t o) {
+  auto add = [&](const float4 q) { v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w; };
+  if (bias) add(ldg4(bias + n));
+  if (emb) add(ldg4(emb + b * N + n));
+  if (res) add(ldg4(res + o));
+}
 
 // y [M, N] (+ bias + emb + res) or, split, part[z][M][N] = the K range's sums. M = B*H*W output
 // pixels, x [B, H, W, Ci], w [N, KS, KS, Ci]; K blocks [z kbs, (z + 1) kbs).
@@ -136,33 +161,11 @@ __global__ void __launch_bounds__(BM * BN / 64, 128 * 128 / (BM * BN) * 2)
     __syncthreads();
   }
   float* out = part ? part + (size_t)blockIdx.z * M * N : y;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int m = m0 + row_of(ty, i, BM / 2);
-    if (m >= M) continue;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = n0 + h * (BN / 2) + tx * 4;
-      if (n >= N) continue;  // N % 4 == 0: a float4 is all in or all out
-      float4 v = make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
-      const size_t o = (size_t)m * N + n;
-      if (!part) {
-        if (bias) {
-          const float4 q = ldg4(bias + n);
-          v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-        }
-        if (emb) {
-          const float4 q = ldg4(emb + (size_t)(m / HW) * N + n);
-          v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-        }
-        if (res) {
-          const float4 q = ldg4(res + o);
-          v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-        }
-      }
-      *reinterpret_cast<float4*>(out + o) = v;
-    }
-  }
+  each_out<BM, BN>(acc, ty, tx, m0, n0, M, N, [&](int m, int n, float4 v) {
+    const size_t o = (size_t)m * N + n;
+    if (!part) add_terms(v, bias, emb, res, n, (size_t)(m / HW), N, o);
+    *reinterpret_cast<float4*>(out + o) = v;
+  });
 }
 
 // dW [Co, KS*KS*Ci] (or part[z][Co][KS*KS*Ci]) = dy^T patches(x) over the pixel range
@@ -239,18 +242,8 @@ __global__ void __launch_bounds__(BM * BN / 64, 128 * 128 / (BM * BN) * 2)
     mma_block<BM, BN>(As[st], Bs[st], ty, tx, acc);
   }
   float* o = out + (size_t)blockIdx.z * Co * NN;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c = c0 + row_of(ty, i, BM / 2);
-    if (c >= Co) continue;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = n0 + h * (BN / 2) + tx * 4;
-      if (n >= NN) continue;  // NN % 4 == 0
-      *reinterpret_cast<float4*>(o + (size_t)c * NN + n) =
-          make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
-    }
-  }
+  each_out<BM, BN>(acc, ty, tx, c0, n0, Co, NN,
+                   [&](int c, int n, float4 v) { *reinterpret_cast<float4*>(o + (size_t)c * NN + n) = v; });
 }
 
 // out[i] = sum over z of part[z][i] (z in order), + bias[n] + emb[b, n] + res[i] when given
@@ -265,19 +258,7 @@ __global__ void splitsum_kernel(const float* __restrict__ part, int S, size_t n4
       const float4 q = ldg4(part + (size_t)z * n4 * 4 + 4 * j);
       v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
     }
-    const int n = (int)(4 * j % N);
-    if (bias) {
-      const float4 q = ldg4(bias + n);
-      v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-    }
-    if (emb) {
-      const float4 q = ldg4(emb + 4 * j / ((size_t)HW * N) * N + n);
-      v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-    }
-    if (res) {
-      const float4 q = ldg4(res + 4 * j);
-      v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-    }
+    add_terms(v, bias, emb, res, (int)(4 * j % N), 4 * j / ((size_t)HW * N), N, 4 * j);
     reinterpret_cast<float4*>(out)[j] = v;
   }
 }
