@@ -57,6 +57,12 @@ __device__ __forceinline__ void mma_block(const float (*As)[BM + 4], const float
       for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
   }
 }
+__device__ __forceinline__ void zero(float (&acc)[8][8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+}
 __device__ __forceinline__ int row_of(int ty, int i, int half) { return (i < 4 ? 0 : half) + ty * 4 + (i & 3); }
 // f(row, col, v) for the thread's 8 x 8 outputs as 16 float4s of 4 columns (rows < rows, cols <
 // cols: the matrix's; cols % 4 == 0, so a float4 is all in or all out).
@@ -143,10 +149,7 @@ __global__ void __launch_bounds__(BM * BN / 64, 128 * 128 / (BM * BN) * 2)
     }
   };
   float acc[8][8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+  zero(acc);
   const int tx = t % (BN / 8), ty = t / (BN / 8);
   if (kb0 < kb1) {
     load(kb0);
@@ -222,10 +225,7 @@ __global__ void __launch_bounds__(BM * BN / 64, 128 * 128 / (BM * BN) * 2)
     }
   };
   float acc[8][8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+  zero(acc);
   const int tx = t % (BN / 8), ty = t / (BN / 8);
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
