@@ -174,8 +174,9 @@ __global__ void __launch_bounds__(BM * BN / 64, 128 * 128 / (BM * BN) * 2)
 // dW [Co, KS*KS*Ci] (or part[z][Co][KS*KS*Ci]) = dy^T patches(x) over the pixel range
 // [z mbs, (z + 1) mbs) * 8: rows are output channels, columns (tap, input channel). Both tiles
 // are rows of 8 pixels as stored (channels contiguous), so they go to shared memory untransposed
-// by cp.async, kStages K blocks in flight: its operands stream from L2 with no reuse in L1, and
-// with two register-staged buffers (as the forward) it ran ~35% slower per FMA than the forward.
+// by cp.async, kStages K blocks in flight (its operands stream from L2, no reuse in L1); with no
+// staging registers the 64-wide tiles stopped spilling (H100, 64x64 64->64 batch 32: 621 -> 545
+// us per launch; 128x128 tiles the same).
 constexpr int kStages = 3;
 template <int BM, int BN, int KS>
 __global__ void __launch_bounds__(BM * BN / 64, 128 * 128 / (BM * BN) * 2)
