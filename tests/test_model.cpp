@@ -211,7 +211,9 @@ TEST(Model, Bf16EmulationTracksFp32) {
     EXPECT_LT(eo, 2e-2);
     EXPECT_GT(eo, 1e-5);
     const std::vector<float> ga = f32.grads(), gb = b16.grads();
-    EXPECT_LT(test::rel_l2(gb, ga), 3e-2) << "all gradients";
+    // all gradients: over 40 seeds 0.017-0.021 (plain) and 0.019-0.027 (all_flags), 0.0301 at
+    // UNET_TEST_SEED=1864359070 (all_flags; it failed the 3e-2 this had): bf16 rounding's tail
+    EXPECT_LT(test::rel_l2(gb, ga), 4e-2) << "all gradients";
     // Per tensor, where the gradient is not ~0 by construction (a bias followed by a GroupNorm
     // whose groups are single channels gets an exactly-zero gradient, plus rounding noise).
     double mean_norm = 0;  // the largest tensor gradient norm
