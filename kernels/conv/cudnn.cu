@@ -751,7 +751,6 @@ struct Widen {
   __device__ void scalar(size_t i) const { y[i] = __bfloat162float(x[i]); }
 };
 
-size_t round256(size_t n) { return (n + 255) / 256 * 256; }
 
 bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
   return o.y.dtype == o.x.dtype && available() && plan_for(const_cast<CudaCtx&>(c), fwd_shape(o)) != nullptr;

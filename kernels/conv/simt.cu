@@ -325,7 +325,6 @@ bool mode_ok(const CudaCtx& c) { return c.prec == Precision::FP32; }
 
 Cfg fwd_cfg(const Geo& g) { return choose(g.M(), g.Co, (long long)g.KS * g.KS * g.Ci / BK); }
 Cfg wgrad_cfg(const Geo& g) { return choose(g.Co, (long long)g.KS * g.KS * g.Ci, (g.M() + BK - 1) / BK); }
-size_t round256(size_t n) { return (n + 255) / 256 * 256; }
 
 template <class F>
 void with_tile(const Cfg& c, F&& f) {
@@ -396,9 +395,11 @@ bool filter_ok(const ConvBwdFilter& o, const CudaCtx& c) {
 }
 
 size_t fwd_ws(const ConvFwd& o, const CudaCtx&) { return fwd_part_bytes(fwd_geo(o)); }
+// The data gradient's workspace: the rotated filter (flip_kernel), then the split partials.
+size_t flip_bytes(const Geo& g) { return round256((size_t)g.Co * g.KS * g.KS * g.Ci * 4); }
 size_t data_ws(const ConvBwdData& o, const CudaCtx&) {
   const Geo g = data_geo(o);
-  return round256((size_t)g.Co * g.KS * g.KS * g.Ci * 4) + fwd_part_bytes(as_forward(g));
+  return flip_bytes(g) + fwd_part_bytes(as_forward(g));
 }
 size_t filter_ws(const ConvBwdFilter& o, const CudaCtx&) {
   const Geo g = filter_geo(o);
@@ -425,11 +426,10 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
   const Geo g = data_geo(o);
   const int KK = g.KS * g.KS;
   float* wt = static_cast<float*>(ctx.ws);
-  const size_t nw = (size_t)g.Co * KK * g.Ci;
   flip_kernel<<<dim3((g.Ci + 31) / 32, (g.Co + 31) / 32, KK), dim3(32, 8), 0, ctx.stream>>>(dptr<float>(o.w), wt, g.Co,
                                                                                            KK, g.Ci);
   KERNEL_CHECK();
-  float* part = reinterpret_cast<float*>(static_cast<char*>(ctx.ws) + round256(nw * 4));
+  float* part = reinterpret_cast<float*>(static_cast<char*>(ctx.ws) + flip_bytes(g));
   run_fwd(ctx, as_forward(g), dptr<float>(o.dy), wt, dptr<float>(o.dx), nullptr, nullptr, nullptr, part);
 }
 

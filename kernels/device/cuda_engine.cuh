@@ -146,6 +146,8 @@ struct CudaCtx {
 using CudaOps = VariantOps<CudaCtx>;
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+// Bytes rounded up to 256: the size of a workspace piece, so that the next one starts aligned.
+inline size_t round256(size_t n) { return (n + 255) / 256 * 256; }
 // 4-element vector access: 16 bytes of f32, 8 of bf16.
 template <class T>
 inline bool vec4_ok(const void* p) {
