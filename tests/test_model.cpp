@@ -327,8 +327,8 @@ TEST(Model, RecomputingNormalizedInputsGivesTheSameGradientsWithLessMemory) {
 // runs as GroupNormApply. The same outputs and gradients up to the statistics' rounding, for
 // every block kind: in fp32 within 1e-5. In bf16 a statistic that differs in its last bit can
 // round an activation the other way, which this small random network carries to ~1% of the
-// output and a few % of the gradients, so there each is compared with the fp32 run, within the
-// bf16 emulation's tolerance of it (as in Bf16EmulationTracksFp32).
+// output and gradients, so there the two are compared within 2e-2, and each with the fp32 run
+// within the bf16 emulation's tolerance of it (as in Bf16EmulationTracksFp32).
 TEST(Model, ConvGivenNormStatisticsGiveTheSameResults) {
   for (int k : {0, 1, 2}) {
     Case c = cases()[k];
@@ -349,16 +349,22 @@ TEST(Model, ConvGivenNormStatisticsGiveTheSameResults) {
         EXPECT_LT(test::rel_l2(gb, ga), 1e-5);
         continue;
       }
-      // the dropout case's gradients: 2.5e-2 to 9.3e-2 over 30 seeds, either way (its dropped
-      // channels leave small gradients that bf16's rounding dominates)
-      const double gtol = k == 2 ? 0.15 : 6e-2;
-      // its output: 0.008 to 0.015 over 40 seeds, but 0.0200 at UNET_TEST_SEED=2606680145 (both
-      // ways, so bf16's rounding, not the statistics)
+      // bf16: the two ways against each other (31 seeds: outputs <= 6.4e-3, gradients <= 1.02e-2,
+      // often bitwise; statistics summed in another order flip a few roundings)...
+      EXPECT_LT(test::rel_l2(yb, ya), 2e-2);
+      EXPECT_LT(test::rel_l2(gb, ga), 2e-2);
+      // ...and each against the fp32 run. Outputs: 0.008 to 0.017 over 40 seeds, 0.0200 at
+      // UNET_TEST_SEED=2606680145 (dropout case). Gradients (not the dropout case): 0.017 to 0.027;
+      // the dropout case's run from 0.027 to 0.26 (UNET_TEST_SEED=2028682490, both ways alike):
+      // its dropped channels leave small gradients that bf16's rounding dominates, so there the
+      // comparison with each other above is the check.
       const double ytol = k == 2 ? 3e-2 : 2e-2;
       EXPECT_LT(test::rel_l2(ya, y32), ytol);
       EXPECT_LT(test::rel_l2(yb, y32), ytol);
-      EXPECT_LT(test::rel_l2(ga, g32), gtol);
-      EXPECT_LT(test::rel_l2(gb, g32), gtol);
+      if (k != 2) {
+        EXPECT_LT(test::rel_l2(ga, g32), 6e-2);
+        EXPECT_LT(test::rel_l2(gb, g32), 6e-2);
+      }
     }
   }
 }
