@@ -210,6 +210,10 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("3x3 simt odd", 3, 13, 24, 20, 3, 1, true, true);
   check_conv("1x1 simt", 2, 9, 40, 36, 1, 1, false, true);
   check_conv("3x3 simt split", 2, 4, 256, 64, 3, 1, true, true);
+  // "mma" (bf16 forward): partial pixel tiles (M = 507) with a partial 128-channel tile (Co = 72)
+  // and every epilogue term; 1x1 with a partial 64-channel tile and 3 K blocks.
+  check_conv("3x3 mma odd", 3, 13, 64, 72, 3, 1, true, true);
+  check_conv("1x1 mma", 2, 9, 96, 40, 1, 1, false, true);
   // The model's output layer: activation inputs, an f32 output (bf16 in, f32 out in bf16 engines),
   // forward only; B, H, Ci, Co, emb, res:
   //  * small, and the released models' 192 -> 6 (learned sigma);

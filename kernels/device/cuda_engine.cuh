@@ -225,6 +225,7 @@ void launch_map(const F& f, size_t n, bool vec_ok, cudaStream_t s) {
 void register_conv_cuda(CudaOps& ops);  // kernels/conv/family.cu: the variants below, in order
 void register_conv_narrow(CudaOps& ops);
 void register_conv_simt(CudaOps& ops);
+void register_conv_mma(CudaOps& ops);
 void register_conv_cudnn_epi(CudaOps& ops);
 void register_conv_cudnn_fused(CudaOps& ops);
 void register_conv_cudnn(CudaOps& ops);
