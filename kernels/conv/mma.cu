@@ -29,16 +29,17 @@
 // producers), and split K for the 8x8 and 16x16 levels.
 #include <cuda_bf16.h>
 
-
 #include "cuda_engine.cuh"
+#include "implicit_gemm.cuh"
 
 namespace unet {
 
 namespace {
 
-// cp.async stages: 4 of 32 channels (BK 64 takes 3)
-template <int BK>
-constexpr int kStages = BK == 32 ? 4 : 3;
+using namespace igemm;
+
+// Block tile: BM output pixels; K blocks of BK input channels of one tap; cp.async stages.
+constexpr int BM = 128, BK = 32, STAGES = 4;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -64,25 +65,19 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// Byte offset of 16-byte chunk c of row r in a [rows][BK] bf16 tile, the chunk swizzled so that
-// 8 consecutive rows' chunk c lie in 8 distinct 16-byte bank groups.
-template <int BK>
-__device__ __forceinline__ uint32_t tile_off(int r, int c) {
-  if constexpr (BK == 32)
-    return (uint32_t)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
-  else
-    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
-}
+// Byte offset of 16-byte chunk c of row r in a [rows][BK] bf16 tile (64-byte rows), the chunk
+// swizzled so that 8 consecutive rows' chunk c lie in 8 distinct 16-byte bank groups.
+__device__ __forceinline__ uint32_t tile_off(int r, int c) { return (uint32_t)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4)); }
 
 // y [M, N] = conv(x, w) (+ bias + emb + res): M = B*H*W output pixels, x [B, H, W, Ci], w [N, KS,
 // KS, Ci], all bf16 but bias / emb (f32). Block tile BM x BN, warps of 64 x 32 (BM/64 x BN/32).
-template <int BM, int BN, int KS, int BK>
+template <int BN, int KS>
 __global__ void __launch_bounds__(BM * BN / 64, 512 / (BM * BN / 64))  // 16 warps per SM
     fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ y,
                const float* __restrict__ bias, const float* __restrict__ emb, const bf16* __restrict__ res, int B,
                int H, int W, int Ci, int N) {
   pdl_entry();
-  constexpr int STAGES = kStages<BK>, CH = BK / 8, NT = BM * BN / 64, LA = BM * CH / NT, LB = BN * CH / NT;
+  constexpr int CH = BK / 8, NT = BM * BN / 64, LA = BM * CH / NT, LB = BN * CH / NT;
   constexpr int PAD = KS / 2, KK = BK / 16, WMS = BM / 64;
   constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE = A_BYTES + B_BYTES;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -118,12 +113,12 @@ __global__ void __launch_bounds__(BM * BN / 64, 512 / (BM * BN / 64))  // 16 war
     for (int l = 0; l < LA; ++l) {
       const int q = t + l * NT;
       const bool ok = (unsigned)(ay[l] + dy) < (unsigned)H && (unsigned)(ax[l] + dx) < (unsigned)W;
-      cp16(sa + tile_off<BK>(q / CH, q % CH), ok ? ap[l] + off : x, ok);
+      cp16(sa + tile_off(q / CH, q % CH), ok ? ap[l] + off : x, ok);
     }
 #pragma unroll
     for (int l = 0; l < LB; ++l) {
       const int q = t + l * NT;
-      cp16(sb + tile_off<BK>(q / CH, q % CH), bp[l] + (size_t)kb * BK, bok[l]);
+      cp16(sb + tile_off(q / CH, q % CH), bp[l] + (size_t)kb * BK, bok[l]);
     }
   };
 
@@ -153,9 +148,9 @@ __global__ void __launch_bounds__(BM * BN / 64, 512 / (BM * BN / 64))  // 16 war
     for (int kk = 0; kk < KK; ++kk) {
       uint32_t a[4][4], b[2][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) ldsm4(sa + tile_off<BK>(a_row + i * 16, kk * 2 + a_chunk), a[i]);
+      for (int i = 0; i < 4; ++i) ldsm4(sa + tile_off(a_row + i * 16, kk * 2 + a_chunk), a[i]);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) ldsm4(sb + tile_off<BK>(b_row + j * 16, kk * 2 + b_chunk), b[j]);
+      for (int j = 0; j < 2; ++j) ldsm4(sb + tile_off(b_row + j * 16, kk * 2 + b_chunk), b[j]);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -190,48 +185,38 @@ __global__ void __launch_bounds__(BM * BN / 64, 512 / (BM * BN / 64))  // 16 war
     }
 }
 
-struct Geo {
-  int B, H, W, Ci, Co, KS;
-  long long M() const { return (long long)B * H * W; }
-};
-Geo fwd_geo(const ConvFwd& o) {
-  return {(int)o.x.dim[0], (int)o.x.dim[1], (int)o.x.dim[2], (int)o.x.dim[3], (int)o.w.dim[0], (int)o.w.dim[1]};
-}
-
 bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
   if (c.prec != Precision::BF16 || o.stride != 1 || o.x.dtype != DType::BF16 || o.w.dtype != DType::BF16 ||
       o.y.dtype != DType::BF16 || (o.res.defined() && o.res.dtype != DType::BF16))
     return false;
-  if (o.w.dim[1] != o.w.dim[2] || o.x.dim[1] != o.y.dim[1] || o.x.dim[2] != o.y.dim[2]) return false;
+  if (o.w.dim[1] != o.w.dim[2] || !same_size(o.x, o.y)) return false;
   const Geo g = fwd_geo(o);
-  return (g.KS == 1 || g.KS == 3) && g.Ci % 32 == 0 && g.Co % 8 == 0 && g.M() < (1LL << 31) &&
+  return (g.KS == 1 || g.KS == 3) && g.Ci % BK == 0 && g.Co % 8 == 0 && g.M() < (1LL << 31) &&
          (long long)g.Co < 65535LL * 64 && (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean));
 }
 
-template <int BM, int BN, int KS, int BK>
+template <int BN, int KS>
 void launch(CudaCtx& ctx, const Geo& g, const ConvFwd& o) {
-  constexpr int bytes = kStages<BK> * (BM + BN) * BK * 2;
+  constexpr int bytes = STAGES * (BM + BN) * BK * 2;
   static const bool attr = [] {
-    CUDA_CHECK(
-        cudaFuncSetAttribute(fwd_kernel<BM, BN, KS, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<BN, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return true;
   }();
   (void)attr;
   const dim3 grid((unsigned)((g.M() + BM - 1) / BM), (unsigned)((g.Co + BN - 1) / BN));
-  fwd_kernel<BM, BN, KS, BK><<<grid, BM * BN / 64, bytes, ctx.stream>>>(
+  fwd_kernel<BN, KS><<<grid, BM * BN / 64, bytes, ctx.stream>>>(
       dptr<bf16>(o.x), dptr<bf16>(o.w), dptr<bf16>(o.y), dptr<float>(o.bias), dptr<float>(o.emb), dptr<bf16>(o.res),
       g.B, g.H, g.W, g.Ci, g.Co);
   KERNEL_CHECK();
 }
 
 void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
-  for (const void* p : {o.x.data, o.w.data, o.y.data, o.res.data})
-    if (p && !aligned16(p)) throw std::logic_error("conv mma: a tensor is not 16-byte aligned");
+  need_aligned("mma", {o.x.data, o.w.data, o.y.data, o.res.data});
   const Geo g = fwd_geo(o);
   if (g.KS == 3)
-    g.Co > 64 ? launch<128, 128, 3, 32>(ctx, g, o) : launch<128, 64, 3, 32>(ctx, g, o);
+    g.Co > 64 ? launch<128, 3>(ctx, g, o) : launch<64, 3>(ctx, g, o);
   else
-    g.Co > 64 ? launch<128, 128, 1, 32>(ctx, g, o) : launch<128, 64, 1, 32>(ctx, g, o);
+    g.Co > 64 ? launch<128, 1>(ctx, g, o) : launch<64, 1>(ctx, g, o);
   if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
 }
 

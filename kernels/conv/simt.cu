@@ -28,11 +28,14 @@
 #include <algorithm>
 
 #include "cuda_engine.cuh"
+#include "implicit_gemm.cuh"
 #include "rowblock.cuh"
 
 namespace unet {
 
 namespace {
+
+using namespace igemm;
 
 constexpr int BK = 8;
 
@@ -312,11 +315,6 @@ Cfg choose(long long rows, long long cols, long long kblocks) {
   return best;
 }
 
-struct Geo {
-  int B, H, W, Ci, Co, KS;
-  long long M() const { return (long long)B * H * W; }
-};
-
 bool geo_ok(const Geo& g) {
   return (g.KS == 1 || g.KS == 3) && g.Ci % 8 == 0 && g.Co % 4 == 0 && g.Ci > 0 && g.Co > 0 &&
          g.M() * std::max(g.Ci, g.Co) * g.KS * g.KS < (1LL << 31);
@@ -365,20 +363,6 @@ size_t fwd_part_bytes(const Geo& g) {
   return c.S > 1 ? round256((size_t)c.S * g.M() * g.Co * 4) : 0;
 }
 
-Geo fwd_geo(const ConvFwd& o) {
-  return {(int)o.x.dim[0], (int)o.x.dim[1], (int)o.x.dim[2], (int)o.x.dim[3], (int)o.w.dim[0], (int)o.w.dim[1]};
-}
-Geo data_geo(const ConvBwdData& o) {  // in the forward's terms
-  return {(int)o.dx.dim[0], (int)o.dx.dim[1], (int)o.dx.dim[2], (int)o.dx.dim[3], (int)o.w.dim[0], (int)o.w.dim[1]};
-}
-Geo filter_geo(const ConvBwdFilter& o) {
-  return {(int)o.x.dim[0], (int)o.x.dim[1], (int)o.x.dim[2], (int)o.x.dim[3], (int)o.dw.dim[0], (int)o.dw.dim[1]};
-}
-// The data gradient as a forward: input dy (Co channels), output dx (Ci).
-Geo as_forward(const Geo& g) { return {g.B, g.H, g.W, g.Co, g.Ci, g.KS}; }
-
-bool same_size(const Tensor& a, const Tensor& b) { return a.dim[1] == b.dim[1] && a.dim[2] == b.dim[2]; }
-
 bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
   return mode_ok(c) && o.stride == 1 && o.x.dtype == DType::F32 && o.y.dtype == DType::F32 && same_size(o.x, o.y) &&
          o.w.dim[1] == o.w.dim[2] && geo_ok(fwd_geo(o)) && (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean));
@@ -407,22 +391,15 @@ size_t filter_ws(const ConvBwdFilter& o, const CudaCtx&) {
   return c.S > 1 ? round256((size_t)c.S * g.Co * g.KS * g.KS * g.Ci * 4) : 0;
 }
 
-// Every planned buffer and parameter is 256-byte aligned (planner, parameter arena); the float4
-// accesses rely on it.
-void need_aligned(std::initializer_list<const void*> ps) {
-  for (const void* p : ps)
-    if (p && !aligned16(p)) throw std::logic_error("conv simt: a tensor is not 16-byte aligned");
-}
-
 void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
-  need_aligned({o.x.data, o.w.data, o.y.data, o.bias.data, o.emb.data, o.res.data, ctx.ws});
+  need_aligned("simt", {o.x.data, o.w.data, o.y.data, o.bias.data, o.emb.data, o.res.data, ctx.ws});
   run_fwd(ctx, fwd_geo(o), dptr<float>(o.x), dptr<float>(o.w), dptr<float>(o.y), dptr<float>(o.bias),
           dptr<float>(o.emb), dptr<float>(o.res), static_cast<float*>(ctx.ws));
   if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
 }
 
 void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
-  need_aligned({o.dy.data, o.w.data, o.dx.data, ctx.ws});
+  need_aligned("simt", {o.dy.data, o.w.data, o.dx.data, ctx.ws});
   const Geo g = data_geo(o);
   const int KK = g.KS * g.KS;
   float* wt = static_cast<float*>(ctx.ws);
@@ -434,7 +411,7 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
 }
 
 void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
-  need_aligned({o.x.data, o.dy.data, o.dw.data, ctx.ws});
+  need_aligned("simt", {o.x.data, o.dy.data, o.dw.data, ctx.ws});
   rowblock::column_sums(ctx, o.dy, o.demb, o.db);
   const Geo g = filter_geo(o);
   const Cfg c = wgrad_cfg(g);
