@@ -111,6 +111,27 @@ TEST_P(GroupNorm, GradientsMatchFiniteDifferences) {
   EXPECT_LT(rel(d.get(sums.dx_sums), per), 1e-6);
   EXPECT_LT(rel(d.get(sums.dx_total), tot), 1e-6);
   EXPECT_LT(rel(d.get(sums.add_total), atot), 1e-6);
+  // dx2: the same gradient split at channel C1 into two tensors (a skip concatenation's parts),
+  // bit for bit, the column sums unchanged; at every split point of these small C
+  for (int C1 = 1; C1 < c.C; C1 += std::max(1, c.C / 5)) {
+    SCOPED_TRACE(C1);
+    GroupNormBwd split = sums;
+    split.dx = d.poisoned({c.B, c.HW, 1, C1}), split.dx2 = d.poisoned({c.B, c.HW, 1, c.C - C1});
+    split.dx_sums = d.poisoned({c.B, c.C}), split.dx_total = d.poisoned({c.C}), split.add_total = d.poisoned({c.C});
+    d.run(split);
+    const F a = d.get(split.dx), b = d.get(split.dx2);
+    ASSERT_EQ(a.size() + b.size(), sdx.size());
+    size_t mism = 0;
+    for (size_t i = 0; i < sdx.size(); ++i) {
+      const size_t r = i / c.C, ch = i % c.C;
+      const float got = ch < (size_t)C1 ? a[r * C1 + ch] : b[r * (c.C - C1) + ch - C1];
+      mism += !(got == sdx[i]);
+    }
+    EXPECT_EQ(mism, 0u);
+    EXPECT_EQ(d.get(split.dx_sums), d.get(sums.dx_sums));
+    EXPECT_EQ(d.get(split.dx_total), d.get(sums.dx_total));
+    EXPECT_EQ(d.get(split.add_total), d.get(sums.add_total));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupNorm,
@@ -208,7 +229,7 @@ TEST(GroupNormOffset, NormalizesXPlusBiasAndEmbedding) {
 // A GroupNormBwd over [B, H, W, C] in `act` (G groups; scale-shift, the added gradient, the
 // column sums and the input offset optional).
 GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, int G, bool ss, bool silu,
-                       bool add, bool sums = false, bool off = false) {
+                       bool add, bool sums = false, bool off = false, int split = 0) {
   GroupNormBwd o{A(act, {B, H, W, C}),
                  A(DType::F32, {C}),
                  A(DType::F32, {C}),
@@ -231,14 +252,16 @@ GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, in
     if (add) o.add_total = A(DType::F32, {C});
   }
   if (off) o.xbias = A(DType::F32, {C}), o.xemb = A(DType::F32, {B, C});
+  if (split) o.dx = A(act, {B, H, W, split}), o.dx2 = A(act, {B, H, W, C - split});
   return o;
 }
 
 // add: the backward also adds a gradient arriving by another path (the residual skip) into dx.
 // sums: with the column sums of dx and add (the neighbouring convs' bias gradients).
 // off: with the input offset (xbias [C], xemb [B, C]: conv1's bias and embedding, added by GN2).
+// split: dx as two tensors of split and C - split channels (a skip concatenation's parts).
 void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, bool add = false,
-              bool sums = false, bool off = false) {
+              bool sums = false, bool off = false, int split = 0) {
   const int G = 32 <= C && C % 32 == 0 ? 32 : (C % 4 == 0 ? 4 : 1);
   const std::string o_ = off ? " + offset" : "";
   check_variants<GroupNormFwd>(
@@ -269,8 +292,9 @@ void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, 
         });
   // Backward from the statistics of a forward pass over the same x.
   check_variants<GroupNormBwd>(
-      what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : "") + o_,
-      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, H, C, G, ss, silu, add, sums, off); },
+      what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : "") + o_ +
+          (split ? " split " + std::to_string(split) : ""),
+      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, H, C, G, ss, silu, add, sums, off, split); },
       Tol{},
       [&](Engine& e, GroupNormBwd& o) {
         Tensor y = e.alloc(o.x.dtype, {B, H, H, C});
@@ -294,6 +318,10 @@ TEST(GroupNormVariants, SmallShapes) {
   check_gn("odd", 2, 5, 12, false, true, false, false, true);
   check_gn("odd ss", 3, 3, 12, true, true, false, true, true);
   check_gn("no silu", 2, 4, 64, false, false, false, true, true);
+  // dx split in two: at a 16-byte boundary (vector path) and off it (scalar path)
+  check_gn("split", 2, 4, 64, false, true, true, false, false, 24);
+  check_gn("odd split", 2, 5, 12, false, true, true, true, false, 5);
+  check_gn("ss split", 2, 4, 64, true, true, false, true, false, 40);
 }
 
 TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
@@ -327,6 +355,12 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
   check_gn("seed64 GN2 offset 16x16", 32, 16, 192, false, true, false, true, true);
   check_gn("seed64 GN2 offset 8x8", 32, 8, 256, false, true, false, true, true);
   check_gn("seed64 GN2 offset ss", 32, 16, 128, true, true, false, true, true);
+  // out_blocks' first norms write the skip concatenation's two gradients ("fused" at 64x64 and
+  // 32x32, "smem" at 16x16 and 8x8)
+  check_gn("seed64 concat 64x64", 32, 64, 192, false, true, true, false, false, 128);
+  check_gn("seed64 concat 32x32", 32, 32, 320, false, true, true, false, false, 192);
+  check_gn("seed64 concat 16x16", 32, 16, 448, false, true, true, false, false, 256);
+  check_gn("seed64 concat 8x8", 32, 8, 512, false, true, true, false, false, 256);
 }
 
 // ---- fast CPU variants vs the CPU reference ----
@@ -334,7 +368,7 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
 // shift: added to x (a mean far from 0 next to a unit spread: the variance's cancellation).
 int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, bool ss, bool silu,
                  std::vector<Precision> precs = {Precision::FP32, Precision::BF16}, float shift = 0,
-                 bool add = false, bool sums = false, bool off = false) {
+                 bool add = false, bool sums = false, bool off = false, int split = 0) {
   auto offset = [&](const Alloc& A, auto& o) {
     if (off) o.xbias = A(DType::F32, {C}), o.xemb = A(DType::F32, {B, C});
   };
@@ -375,7 +409,7 @@ int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, boo
       precs);
   n += check_cpu_variants<GroupNormBwd>(
       what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : ""),
-      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, W, C, G, ss, silu, add, sums, off); },
+      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, W, C, G, ss, silu, add, sums, off, split); },
       kCpuTol,
       [&](Engine& e, GroupNormBwd& o) {  // statistics of x from the reference forward
         shift_x(e, o.x);
@@ -404,6 +438,8 @@ TEST(GroupNormCpuVariants, SmallOddShapes) {
                         true);
       n += check_gn_cpu("C64 G32 + offset + sums" + k, 2, 5, 6, 64, 32, ss, silu,
                         {Precision::FP32, Precision::BF16}, 0.f, false, true, true);
+      n += check_gn_cpu("C64 G32 + add + sums, split 24" + k, 2, 5, 6, 64, 32, ss, silu,
+                        {Precision::FP32, Precision::BF16}, 0.f, true, true, false, 24);
     }
   if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";
 }

@@ -297,6 +297,15 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   if (t == 0) tickets[0] = 0;
 }
 
+// Where channel c (the first of a vector) of row r of sample b goes: dx [B, R, C], or with dx2
+// (the split) dx [B, R, C1] for c < C1, dx2 [B, R, C - C1] for the rest.
+template <class T>
+__device__ __forceinline__ T* dx_at(T* dx, T* dx2, int C1, int C, int R, int b, int r, int c) {
+  if (!dx2) return dx + ((size_t)b * R + r) * C + c;
+  if (c < C1) return dx + ((size_t)b * R + r) * C1 + c;
+  return dx2 + ((size_t)b * R + r) * (C - C1) + (c - C1);
+}
+
 // dx = rstd (f gamma dz - kx - xhat ky) = dz a + (x - m) (-rstd^2 ky) - rstd kx (+ add).
 // SUMS: also the column sums of dx as stored and of add (GroupNormBwd's dx_sums, dx_total,
 // add_total), as colsum_kernel's: per-(b, split, c) partials, the last block of a sample adds
@@ -304,7 +313,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
 // either side of the norm so come out of this pass instead of one more read of each tensor.
 template <class T, int V, bool SUMS>
 __global__ void __launch_bounds__(kThreads, kBlocks<V>)
-    dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
+    dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, T* __restrict__ dx2, int C1,
+              const T* __restrict__ add,
               const float* __restrict__ gamma,
               const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
               const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
@@ -362,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
                 if (SUMS) sa[k] += xv[k];
               }
             }
-            Vec<T, V>::store(dx + base + (size_t)(r + u * L) * C + j * V, gv);
+            Vec<T, V>::store(dx_at(dx, dx2, C1, C, R, b, r + u * L, j * V), gv);
             if (SUMS)
 #pragma unroll
               for (int k = 0; k < V; ++k) sx[k] += as_stored<T>(gv[k]);
@@ -401,6 +411,15 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
 }
 
 // ---- host side ----
+// dx's channels (all of x's without dx2).
+int split_at(const GroupNormBwd& o) { return o.dx2.defined() ? (int)o.dx.dim[3] : (int)o.x.dim[3]; }
+// The 16-byte path's condition for a backward's tensors (and its split).
+template <class T>
+bool bwd_wide(const GroupNormBwd& o) {
+  return wide_ok<T>((int)o.x.dim[3], {o.x.data, o.dy.data, o.dx.data, o.dx2.data, o.add.data}) &&
+         split_at(o) % kWide<T> == 0;
+}
+
 struct Dims {
   int B, R, C, G;
 };
@@ -468,7 +487,8 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
   with_act(o.x.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T *x = dptr<T>(o.x), *dy = dptr<T>(o.dy);
-    with_width<T>(wide_ok<T>(d.C, {o.x.data, o.dy.data, o.dx.data, o.add.data}), [&](auto vtag) {
+    const int C1 = split_at(o);
+    with_width<T>(bwd_wide<T>(o), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       const Plan p = plan(bwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU2, max_splits(d));
       const float *gamma = dptr<float>(o.gamma), *beta = dptr<float>(o.beta), *ss = dptr<float>(o.ss),
@@ -487,8 +507,8 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
         // per-(b, c) sums bwd_sums's (coef lies after them)
         const Plan q = plan(dx_kernel<T, V, SUMS>, d.B, d.R, d.C, V, kU2, SUMS ? max_splits(d) : 1 << 20);
         dx_kernel<T, V, SUMS><<<q.grid(), q.nt, 0, ctx.stream>>>(
-            x, dy, dptr<T>(o.dx), dptr<T>(o.add), gamma, beta, ss, mean, rstd, xbias, xemb, coef, d.R, d.C, d.G,
-            q.Cl, q.L,
+            x, dy, dptr<T>(o.dx), dptr<T>(o.dx2), C1, dptr<T>(o.add), gamma, beta, ss, mean, rstd, xbias, xemb, coef,
+            d.R, d.C, d.G, q.Cl, q.L,
             q.rps, o.silu, reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), ctx.tickets,
             dptr<float>(o.dx_sums), dptr<float>(o.dx_total), dptr<float>(o.add_total));
         KERNEL_CHECK();
@@ -507,6 +527,7 @@ bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
 }
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
+         (!o.dx2.defined() || o.dx2.dtype == o.x.dtype) &&
          (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(dims(o.x, o.mean));
 }
 
@@ -668,7 +689,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
-    smem_bwd_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ add,
+    smem_bwd_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, T* __restrict__ dx2, int C1,
+                    const T* __restrict__ add,
                     const float* __restrict__ gamma, const float* __restrict__ beta, const float* __restrict__ ss,
                     const float* __restrict__ mean, const float* __restrict__ rstd, const float* __restrict__ xbias,
                     const float* __restrict__ xemb, int R, int C, int G, int Cb, bool silu, double2* sums, unsigned* tickets, float* dgamma, float* dbeta, float* dss,
@@ -723,7 +745,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   if (dx) {
-    T* db = dx + (size_t)b * R * C + c0;
     each_vector<T, V>(R, Cb, [&](int r, int j) {
       float xv[V], gv[V];
       Vec<T, V>::load(sx + r * Cb + j * V, xv);
@@ -742,7 +763,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int k = 0; k < V; ++k) gv[k] += xv[k];
       }
-      Vec<T, V>::store(db + (size_t)r * C + j * V, gv);
+      Vec<T, V>::store(dx_at(dx, dx2, C1, C, R, b, r, c0 + j * V), gv);
       Vec<T, V>::store(sg + r * Cb + j * V, gv);  // dx as stored, for its column sums
     });
   }
@@ -848,12 +869,14 @@ void smem_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
   const Dims d = dims(o.x, o.mean);
   with_act(o.x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    SmemPlan sp = smem_plan<T>(d, 2, wide_ok<T>(d.C, {o.x.data, o.dy.data, o.dx.data, o.add.data}));
+    const int C1 = split_at(o);
+    SmemPlan sp = smem_plan<T>(d, 2, bwd_wide<T>(o));
     if (!sp.k) sp = smem_plan<T>(d, 2, false);
     with_width<T>(sp.V != 1, [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       smem_bwd_kernel<T, V><<<dim3(sp.k, d.B), kThreads, sp.bytes, ctx.stream>>>(
-          dptr<T>(o.x), dptr<T>(o.dy), dptr<T>(o.dx), dptr<T>(o.add), dptr<float>(o.gamma), dptr<float>(o.beta),
+          dptr<T>(o.x), dptr<T>(o.dy), dptr<T>(o.dx), dptr<T>(o.dx2), C1, dptr<T>(o.add), dptr<float>(o.gamma),
+          dptr<float>(o.beta),
           dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd), dptr<float>(o.xbias), dptr<float>(o.xemb), d.R,
           d.C, d.G, sp.Cb, o.silu, sums_of(ctx),
           ctx.tickets, dptr<float>(o.dgamma), dptr<float>(o.dbeta), dptr<float>(o.dss),
@@ -877,8 +900,9 @@ bool smem_fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
 bool smem_bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   const Dims d = dims(o.x, o.mean);
   return o.x.dtype == DType::BF16 && o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
+         (!o.dx2.defined() || o.dx2.dtype == o.x.dtype) &&
          (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(d) &&
-         smem_fits(d, o.x.dtype, 2, smem_wide(o.x.dtype, d.C, {o.x.data, o.dy.data, o.dx.data, o.add.data})) &&
+         smem_fits(d, o.x.dtype, 2, o.x.dtype == DType::BF16 ? bwd_wide<bf16>(o) : bwd_wide<float>(o)) &&
          (size_t)d.B * d.C * 32 <= CudaCtx::kAuxFloats * 4;  // sums, then the column sums' col
 }
 

@@ -77,6 +77,9 @@ void register_groupnorm_fast_cpu(CpuOps& ops);
 // GroupNormBwd's optional column sums (dx_sums, dx_total, add_total) from the written dx and add;
 // every CPU variant calls it after dx is complete.
 void gn_bwd_column_sums(const GroupNormBwd& o);
+// A GroupNormBwd with dx2 (the input gradient split in two tensors) as `full` into one f32 buffer
+// of x's shape, then split; `full(o)` itself without dx2.
+void gn_bwd_split(const GroupNormBwd& o, void (*full)(const GroupNormBwd&));
 // GroupNorm's input as it reads it, sample b: x + xbias[c] + xemb[b, c] (the ops' optional input
 // offset) written to out (HW*C floats) and returned; x's own rows when neither is given.
 const float* gn_read_x(const Tensor& x, const Tensor& xbias, const Tensor& xemb, int b, float* out);

@@ -231,7 +231,17 @@ double GroupNormApply::flops() const {
 void GroupNormBwd::check() const {
   check_gn(*this, x, gamma, beta, ss, mean, rstd);
   req(*this, same_shape(dy, x) && act(dy), "dy must match x");
-  req(*this, !dx.defined() || (same_shape(dx, x) && act(dx)), "dx must match x");
+  if (dx2.defined()) {
+    req(*this, dx.defined(), "dx2 needs dx");
+    auto rows_of_x = [&](const Tensor& t) {
+      return t.rank == 4 && t.dim[0] == x.dim[0] && t.dim[1] == x.dim[1] && t.dim[2] == x.dim[2] && t.dim[3] >= 1;
+    };
+    req(*this, rows_of_x(dx) && rows_of_x(dx2) && dx.dim[3] + dx2.dim[3] == x.dim[3] && act(dx) &&
+                   dx2.dtype == dx.dtype,
+        "dx and dx2 must split x's channels");
+  } else {
+    req(*this, !dx.defined() || (same_shape(dx, x) && act(dx)), "dx must match x");
+  }
   req(*this, f32(dgamma) && f32(dbeta) && f32(dss), "parameter gradients are f32");
   req(*this, !dss.defined() || ss.defined(), "dss needs ss");
   req(*this, !add.defined() || (same_shape(add, x) && (!dx.defined() || add.dtype == dx.dtype)), "add must match dx");

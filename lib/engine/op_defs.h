@@ -175,13 +175,17 @@ struct GroupNormBwd {
   // add_total [C] = add summed over samples and positions.
   Tensor dx_sums, dx_total, add_total;
   Tensor xbias{}, xemb{};  // as GroupNormFwd's (x as the forward read it)
+  // Optional, with dx: the input gradient in two tensors, dx the first dx.dim[3] channels and dx2
+  // the rest (x a skip concatenation: its backward's split done here, no pass of its own). The
+  // column sums stay over all C channels.
+  Tensor dx2{};
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.in("mean", s.mean);
     v.in("rstd", s.rstd), v.in("dy", s.dy), v.out("dx", s.dx), v.out("dgamma", s.dgamma);
     v.out("dbeta", s.dbeta), v.out("dss", s.dss), v.param("silu", s.silu), v.in("add", s.add);
     v.out("dx_sums", s.dx_sums), v.out("dx_total", s.dx_total), v.out("add_total", s.add_total);
-    v.in("xbias", s.xbias), v.in("xemb", s.xemb);
+    v.in("xbias", s.xbias), v.in("xemb", s.xemb), v.out("dx2", s.dx2);
   }
 };
 // Whether a GroupNorm op (Fwd, Apply, Bwd) reads its input with an offset (xbias or xemb).

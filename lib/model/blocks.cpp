@@ -448,9 +448,11 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
       resample_bwd(l.updown, at(s.b_dn1r), at(s.b_dn1));
       dg1 = at(s.b_dn1);
     }
-    run(GroupNormBwd{at(s.in), vec(s.n1w, ci), vec(s.n1b, ci), {}, at(s.mean1), at(s.rstd1), dg1, at(s.dx),
-                     gvec(s.n1w, ci), gvec(s.n1b, ci), {}, true, dxs, {}, {},
-                     plain_skip ? gvec(s.b2, co) : Tensor{}});
+    GroupNormBwd n1{at(s.in), vec(s.n1w, ci), vec(s.n1b, ci), {}, at(s.mean1), at(s.rstd1), dg1, at(s.dx),
+                    gvec(s.n1w, ci), gvec(s.n1b, ci), {}, true, dxs, {}, {},
+                    plain_skip ? gvec(s.b2, co) : Tensor{}};
+    if (s.dx2.defined()) n1.dx2 = at(s.dx2);
+    run(n1);
   }
   if (wgrad && !group_emb_) {  // else emb_layers_bwd, after every layer
     ScopedRange r(d, "emb_layers");

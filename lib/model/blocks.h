@@ -58,6 +58,10 @@ struct Blocks {
     Tensor b_n1, b_n1r, b_n2, b_dn2, b_dh1, b_de, b_dpart, b_dn1r, b_dn1, b_dxs, b_dxs2, b_up, b_dup, b_datt,
         b_dqkv, b_n, b_dn;
     Tensor dx;                    // gradient of the input (absent for a first conv that needs none)
+    // A ResBlock after a skip concatenation: with dx2, dx holds the first dx.dim[3] channels of the
+    // input gradient and dx2 the rest (the concatenation's backward split, written by GN1's
+    // backward directly); set by the network after declare_layer (declared there without dx).
+    Tensor dx2;
     // UNET_CONV_STATS: the GroupNorm statistics of `out` that the layer's last conv also writes (the
     // next layer's mean1/rstd1, or the UNet's out norm's), and whether this layer's first norm finds
     // its own written so (chain_stats).

@@ -79,15 +79,27 @@ struct Model::Impl {
     bk.declare_embedding(pl, Bp, mode, !single);
     if (!single && A != DType::F32) x_a = act("x_act", R, cfg.in_channels);
     // The UNet's input gradient is never needed: its first conv computes none.
-    each_layer([&](L& s) { bk.declare_layer(pl, s, Bp, mode, single || &s != &in_blocks[0][0]); });
+    // A ResBlock after a skip concatenation writes its input gradient as the concatenation's two
+    // parts (dcat_h, dskip: no split pass), so declares no dx of its own.
+    auto split_dx = [&](const L& s) {
+      for (auto& blk : out_blocks)
+        if (&s == &blk[0]) return s.l.kind == Layer::Res;
+      return false;
+    };
+    each_layer([&](L& s) {
+      s.dx = s.dx2 = Tensor{};
+      bk.declare_layer(pl, s, Bp, mode, single || (&s != &in_blocks[0][0] && !split_dx(s)));
+    });
     cat.clear(), dcat_h.clear(), dskip.clear();
     for (size_t bi = 0; bi < out_blocks.size(); ++bi) {
-      const Layer& l = out_blocks[bi][0].l;
+      L& first = out_blocks[bi][0];
+      const Layer& l = first.l;
       const L& src = in_blocks[in_blocks.size() - 1 - bi].back();
       cat.push_back(act("concat." + std::to_string(bi), l.res, l.cin));
       if (tr) {
         dcat_h.push_back(act("concat." + std::to_string(bi) + ".dh", l.res, l.cin - src.l.cout));
         dskip.push_back(act("concat." + std::to_string(bi) + ".dskip", l.res, src.l.cout));
+        if (split_dx(first)) first.dx = dcat_h.back(), first.dx2 = dskip.back();
       }
     }
     if (!single) {
@@ -229,8 +241,10 @@ struct Model::Impl {
     for (size_t bi = out_blocks.size(); bi-- > 0;) {
       auto& blk = out_blocks[bi];
       for (size_t j = blk.size(); j-- > 0;) g = bk.layer_bwd(blk[j], g), ready(blk[j].lowest_param());
-      ScopedRange r(bk.eng.device(), "concat bwd");
-      run(ConcatBwd{g, at(dcat_h[bi]), at(dskip[bi])});
+      if (!blk[0].dx2.defined()) {  // (else the layer wrote g as dcat_h and dskip)
+        ScopedRange r(bk.eng.device(), "concat bwd");
+        run(ConcatBwd{g, at(dcat_h[bi]), at(dskip[bi])});
+      }
       g = at(dcat_h[bi]);
     }
     for (size_t j = mid.size(); j-- > 0;) g = bk.layer_bwd(mid[j], g), ready(mid[j].lowest_param());

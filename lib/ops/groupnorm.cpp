@@ -1,6 +1,7 @@
 // CPU engine, groupnorm family: the reference variant (lib/ops/groupnorm.h in float).
 #include "groupnorm.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -34,7 +35,7 @@ void gn_apply(const GroupNormApply& o) {
   ref::groupnorm_ss_apply<float>(read_x(o, buf), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(), o.y.f32(),
                                  (int)x.dim[0], (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)o.mean.dim[1], o.silu);
 }
-void gn_bwd(const GroupNormBwd& o) {
+void gn_bwd_full(const GroupNormBwd& o) {
   const Tensor& x = o.x;
   std::vector<float> buf;
   ref::groupnorm_ss_bwd<float>(read_x(o, buf), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(),
@@ -47,8 +48,24 @@ void gn_bwd(const GroupNormBwd& o) {
   }
   gn_bwd_column_sums(o);
 }
+void gn_bwd(const GroupNormBwd& o) { gn_bwd_split(o, gn_bwd_full); }
 
 }  // namespace
+
+void gn_bwd_split(const GroupNormBwd& o, void (*full)(const GroupNormBwd&)) {
+  if (!o.dx2.defined()) return full(o);
+  std::vector<float> buf(o.x.numel());
+  GroupNormBwd w = o;
+  w.dx = Tensor(buf.data(), DType::F32, {o.x.dim[0], o.x.dim[1], o.x.dim[2], o.x.dim[3]});
+  w.dx2 = Tensor{};
+  full(w);
+  const size_t rows = (size_t)o.x.rows(), C = (size_t)o.x.dim[3], C1 = (size_t)o.dx.dim[3], C2 = C - C1;
+  float *a = o.dx.f32(), *b = o.dx2.f32();
+  for (size_t r = 0; r < rows; ++r) {
+    std::copy(buf.data() + r * C, buf.data() + r * C + C1, a + r * C1);
+    std::copy(buf.data() + r * C + C1, buf.data() + (r + 1) * C, b + r * C2);
+  }
+}
 
 const float* gn_read_x(const Tensor& x, const Tensor& xbias, const Tensor& xemb, int b, float* out) {
   const size_t HW = (size_t)x.dim[1] * x.dim[2], C = (size_t)x.dim[3];

@@ -56,7 +56,7 @@ void gn_apply_run(const GroupNormApply& o) {
 }
 
 template <int I>
-void gn_bwd_run(const GroupNormBwd& o) {
+void gn_bwd_full(const GroupNormBwd& o) {
   const Kernels& K = *cpufast::kernels<I>();
   const int B = (int)o.x.dim[0], HW = (int)(o.x.dim[1] * o.x.dim[2]), C = (int)o.x.dim[3];
   const int G = (int)o.mean.dim[1];
@@ -86,6 +86,10 @@ void gn_bwd_run(const GroupNormBwd& o) {
     if (o.dbeta.defined()) o.dbeta.f32()[c] = (float)sb;
   }
   gn_bwd_column_sums(o);
+}
+template <int I>
+void gn_bwd_run(const GroupNormBwd& o) {
+  gn_bwd_split(o, gn_bwd_full<I>);
 }
 
 }  // namespace
