@@ -132,6 +132,17 @@ TEST_P(GroupNorm, GradientsMatchFiniteDifferences) {
     EXPECT_EQ(d.get(split.dx_total), d.get(sums.dx_total));
     EXPECT_EQ(d.get(split.add_total), d.get(sums.add_total));
   }
+  // add2: a second gradient added after add (f32, that order), not in add_total
+  const V a2 = rnd(n);
+  GroupNormBwd two = sums;
+  two.dx = d.poisoned({c.B, c.HW, 1, c.C}), two.add2 = d.put(a2, {c.B, c.HW, 1, c.C});
+  two.dx_sums = d.poisoned({c.B, c.C}), two.dx_total = d.poisoned({c.C}), two.add_total = d.poisoned({c.C});
+  d.run(two);
+  F want2 = want;
+  for (size_t i = 0; i < want2.size(); ++i) want2[i] += (float)a2[i];
+  EXPECT_EQ(d.get(two.dx), want2);
+  EXPECT_EQ(d.get(two.add_total), d.get(sums.add_total));
+  EXPECT_NE(d.get(two.dx_total), d.get(sums.dx_total));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupNorm,
@@ -229,7 +240,7 @@ TEST(GroupNormOffset, NormalizesXPlusBiasAndEmbedding) {
 // A GroupNormBwd over [B, H, W, C] in `act` (G groups; scale-shift, the added gradient, the
 // column sums and the input offset optional).
 GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, int G, bool ss, bool silu,
-                       bool add, bool sums = false, bool off = false, int split = 0) {
+                       bool add, bool sums = false, bool off = false, int split = 0, bool add2 = false) {
   GroupNormBwd o{A(act, {B, H, W, C}),
                  A(DType::F32, {C}),
                  A(DType::F32, {C}),
@@ -253,6 +264,7 @@ GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, in
   }
   if (off) o.xbias = A(DType::F32, {C}), o.xemb = A(DType::F32, {B, C});
   if (split) o.dx = A(act, {B, H, W, split}), o.dx2 = A(act, {B, H, W, C - split});
+  if (add2) o.add2 = A(act, {B, H, W, C});
   return o;
 }
 
@@ -260,8 +272,9 @@ GroupNormBwd gn_bwd_op(const Alloc& A, DType act, int B, int H, int W, int C, in
 // sums: with the column sums of dx and add (the neighbouring convs' bias gradients).
 // off: with the input offset (xbias [C], xemb [B, C]: conv1's bias and embedding, added by GN2).
 // split: dx as two tensors of split and C - split channels (a skip concatenation's parts).
+// add2: a second added gradient (a skip's, arriving from the decoder).
 void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, bool add = false,
-              bool sums = false, bool off = false, int split = 0) {
+              bool sums = false, bool off = false, int split = 0, bool add2 = false) {
   const int G = 32 <= C && C % 32 == 0 ? 32 : (C % 4 == 0 ? 4 : 1);
   const std::string o_ = off ? " + offset" : "";
   check_variants<GroupNormFwd>(
@@ -293,8 +306,10 @@ void check_gn(const std::string& what, int B, int H, int C, bool ss, bool silu, 
   // Backward from the statistics of a forward pass over the same x.
   check_variants<GroupNormBwd>(
       what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : "") + o_ +
-          (split ? " split " + std::to_string(split) : ""),
-      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, H, C, G, ss, silu, add, sums, off, split); },
+          (split ? " split " + std::to_string(split) : "") + (add2 ? " + add2" : ""),
+      [&](const Alloc& A, DType act) {
+        return gn_bwd_op(A, act, B, H, H, C, G, ss, silu, add, sums, off, split, add2);
+      },
       Tol{},
       [&](Engine& e, GroupNormBwd& o) {
         Tensor y = e.alloc(o.x.dtype, {B, H, H, C});
@@ -322,6 +337,8 @@ TEST(GroupNormVariants, SmallShapes) {
   check_gn("split", 2, 4, 64, false, true, true, false, false, 24);
   check_gn("odd split", 2, 5, 12, false, true, true, true, false, 5);
   check_gn("ss split", 2, 4, 64, true, true, false, true, false, 40);
+  check_gn("add2", 2, 4, 64, false, true, true, true, false, 0, true);
+  check_gn("odd add2", 2, 5, 12, false, true, true, false, false, 0, true);
 }
 
 TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
@@ -361,6 +378,11 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
   check_gn("seed64 concat 32x32", 32, 32, 320, false, true, true, false, false, 192);
   check_gn("seed64 concat 16x16", 32, 16, 448, false, true, true, false, false, 256);
   check_gn("seed64 concat 8x8", 32, 8, 512, false, true, true, false, false, 256);
+  // the encoder ResBlocks after a skip's source also add the skip's gradient (add2), with the
+  // residual (add) and conv2's bias gradient (add_total)
+  check_gn("seed64 skip joins 64x64", 32, 64, 64, false, true, true, true, false, 0, true);
+  check_gn("seed64 skip joins 32x32", 32, 32, 128, false, true, true, true, false, 0, true);
+  check_gn("seed64 skip joins 8x8", 32, 8, 256, false, true, true, true, false, 0, true);
 }
 
 // ---- fast CPU variants vs the CPU reference ----
@@ -368,7 +390,7 @@ TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
 // shift: added to x (a mean far from 0 next to a unit spread: the variance's cancellation).
 int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, bool ss, bool silu,
                  std::vector<Precision> precs = {Precision::FP32, Precision::BF16}, float shift = 0,
-                 bool add = false, bool sums = false, bool off = false, int split = 0) {
+                 bool add = false, bool sums = false, bool off = false, int split = 0, bool add2 = false) {
   auto offset = [&](const Alloc& A, auto& o) {
     if (off) o.xbias = A(DType::F32, {C}), o.xemb = A(DType::F32, {B, C});
   };
@@ -409,7 +431,9 @@ int check_gn_cpu(const std::string& what, int B, int H, int W, int C, int G, boo
       precs);
   n += check_cpu_variants<GroupNormBwd>(
       what + (add ? " bwd + add" : " bwd") + (sums ? " + sums" : ""),
-      [&](const Alloc& A, DType act) { return gn_bwd_op(A, act, B, H, W, C, G, ss, silu, add, sums, off, split); },
+      [&](const Alloc& A, DType act) {
+        return gn_bwd_op(A, act, B, H, W, C, G, ss, silu, add, sums, off, split, add2);
+      },
       kCpuTol,
       [&](Engine& e, GroupNormBwd& o) {  // statistics of x from the reference forward
         shift_x(e, o.x);
@@ -440,6 +464,8 @@ TEST(GroupNormCpuVariants, SmallOddShapes) {
                         {Precision::FP32, Precision::BF16}, 0.f, false, true, true);
       n += check_gn_cpu("C64 G32 + add + sums, split 24" + k, 2, 5, 6, 64, 32, ss, silu,
                         {Precision::FP32, Precision::BF16}, 0.f, true, true, false, 24);
+      n += check_gn_cpu("C64 G32 + add + add2 + sums" + k, 2, 5, 6, 64, 32, ss, silu,
+                        {Precision::FP32, Precision::BF16}, 0.f, true, true, false, 0, true);
     }
   if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";
 }

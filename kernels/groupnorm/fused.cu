@@ -314,7 +314,7 @@ __device__ __forceinline__ T* dx_at(T* dx, T* dx2, int C1, int C, int R, int b, 
 template <class T, int V, bool SUMS>
 __global__ void __launch_bounds__(kThreads, kBlocks<V>)
     dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, T* __restrict__ dx2, int C1,
-              const T* __restrict__ add,
+              const T* __restrict__ add, const T* __restrict__ add2,
               const float* __restrict__ gamma,
               const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
               const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
@@ -343,13 +343,17 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
         cq[k] = -q.r * kk.x;
       }
       for (int r = s * rps + rl; r < r1; r += kU2 * L) {
-        typename Vec<T, V>::Raw xr[kU2], gr[kU2];
+        // add's rows are loaded with x's and dy's (after the arithmetic they were a second round
+        // trip per iteration: H100 bf16 step 8.721 / 8.726 -> 8.669 / 8.661 ms, tf32 14.996 / 15.046 ->
+        // 15.040 / 15.022, same run)
+        typename Vec<T, V>::Raw xr[kU2], gr[kU2], ar[kU2];
 #pragma unroll
         for (int u = 0; u < kU2; ++u)
           if (r + u * L < r1) {
             const size_t o = base + (size_t)(r + u * L) * C + j * V;
             xr[u] = Vec<T, V>::ld(x + o);
             gr[u] = Vec<T, V>::ld(dy + o);
+            if (add) ar[u] = Vec<T, V>::ld(add + o);
           }
 #pragma unroll
         for (int u = 0; u < kU2; ++u)
@@ -365,12 +369,17 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
               gv[k] = fmaf(dz, a[k], fmaf(d, bq[k], cq[k]));
             }
             if (add) {
-              Vec<T, V>::load(add + base + (size_t)(r + u * L) * C + j * V, xv);
+              Vec<T, V>::unpack(ar[u], xv);
 #pragma unroll
               for (int k = 0; k < V; ++k) {
                 gv[k] += xv[k];
                 if (SUMS) sa[k] += xv[k];
               }
+            }
+            if (add2) {  // (rare: loaded here, not with the rows, to keep the registers)
+              Vec<T, V>::load(add2 + base + (size_t)(r + u * L) * C + j * V, xv);
+#pragma unroll
+              for (int k = 0; k < V; ++k) gv[k] += xv[k];
             }
             Vec<T, V>::store(dx_at(dx, dx2, C1, C, R, b, r + u * L, j * V), gv);
             if (SUMS)
@@ -416,7 +425,7 @@ int split_at(const GroupNormBwd& o) { return o.dx2.defined() ? (int)o.dx.dim[3] 
 // The 16-byte path's condition for a backward's tensors (and its split).
 template <class T>
 bool bwd_wide(const GroupNormBwd& o) {
-  return wide_ok<T>((int)o.x.dim[3], {o.x.data, o.dy.data, o.dx.data, o.dx2.data, o.add.data}) &&
+  return wide_ok<T>((int)o.x.dim[3], {o.x.data, o.dy.data, o.dx.data, o.dx2.data, o.add.data, o.add2.data}) &&
          split_at(o) % kWide<T> == 0;
 }
 
@@ -507,7 +516,7 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
         // per-(b, c) sums bwd_sums's (coef lies after them)
         const Plan q = plan(dx_kernel<T, V, SUMS>, d.B, d.R, d.C, V, kU2, SUMS ? max_splits(d) : 1 << 20);
         dx_kernel<T, V, SUMS><<<q.grid(), q.nt, 0, ctx.stream>>>(
-            x, dy, dptr<T>(o.dx), dptr<T>(o.dx2), C1, dptr<T>(o.add), gamma, beta, ss, mean, rstd, xbias, xemb, coef,
+            x, dy, dptr<T>(o.dx), dptr<T>(o.dx2), C1, dptr<T>(o.add), dptr<T>(o.add2), gamma, beta, ss, mean, rstd, xbias, xemb, coef,
             d.R, d.C, d.G, q.Cl, q.L,
             q.rps, o.silu, reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), ctx.tickets,
             dptr<float>(o.dx_sums), dptr<float>(o.dx_total), dptr<float>(o.add_total));
@@ -527,7 +536,7 @@ bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
 }
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
-         (!o.dx2.defined() || o.dx2.dtype == o.x.dtype) &&
+         (!o.dx2.defined() || o.dx2.dtype == o.x.dtype) && (!o.add2.defined() || o.add2.dtype == o.x.dtype) &&
          (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(dims(o.x, o.mean));
 }
 
@@ -690,7 +699,7 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     smem_bwd_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, T* __restrict__ dx2, int C1,
-                    const T* __restrict__ add,
+                    const T* __restrict__ add, const T* __restrict__ add2,
                     const float* __restrict__ gamma, const float* __restrict__ beta, const float* __restrict__ ss,
                     const float* __restrict__ mean, const float* __restrict__ rstd, const float* __restrict__ xbias,
                     const float* __restrict__ xemb, int R, int C, int G, int Cb, bool silu, double2* sums, unsigned* tickets, float* dgamma, float* dbeta, float* dss,
@@ -760,6 +769,11 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (add) {
         Vec<T, V>::load(add + (size_t)b * R * C + c0 + (size_t)r * C + j * V, xv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) gv[k] += xv[k];
+      }
+      if (add2) {
+        Vec<T, V>::load(add2 + (size_t)b * R * C + c0 + (size_t)r * C + j * V, xv);
 #pragma unroll
         for (int k = 0; k < V; ++k) gv[k] += xv[k];
       }
@@ -875,7 +889,8 @@ void smem_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
     with_width<T>(sp.V != 1, [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       smem_bwd_kernel<T, V><<<dim3(sp.k, d.B), kThreads, sp.bytes, ctx.stream>>>(
-          dptr<T>(o.x), dptr<T>(o.dy), dptr<T>(o.dx), dptr<T>(o.dx2), C1, dptr<T>(o.add), dptr<float>(o.gamma),
+          dptr<T>(o.x), dptr<T>(o.dy), dptr<T>(o.dx), dptr<T>(o.dx2), C1, dptr<T>(o.add), dptr<T>(o.add2),
+          dptr<float>(o.gamma),
           dptr<float>(o.beta),
           dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd), dptr<float>(o.xbias), dptr<float>(o.xemb), d.R,
           d.C, d.G, sp.Cb, o.silu, sums_of(ctx),
@@ -900,7 +915,7 @@ bool smem_fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
 bool smem_bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   const Dims d = dims(o.x, o.mean);
   return o.x.dtype == DType::BF16 && o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
-         (!o.dx2.defined() || o.dx2.dtype == o.x.dtype) &&
+         (!o.dx2.defined() || o.dx2.dtype == o.x.dtype) && (!o.add2.defined() || o.add2.dtype == o.x.dtype) &&
          (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(d) &&
          smem_fits(d, o.x.dtype, 2, o.x.dtype == DType::BF16 ? bwd_wide<bf16>(o) : bwd_wide<float>(o)) &&
          (size_t)d.B * d.C * 32 <= CudaCtx::kAuxFloats * 4;  // sums, then the column sums' col

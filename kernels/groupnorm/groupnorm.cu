@@ -260,7 +260,8 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
 // The dx kernel writes dx as dy's dtype.
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   return (!o.dx.defined() || o.dx.dtype == o.dy.dtype) && (!o.add.defined() || o.add.dtype == o.dy.dtype) &&
-         rowblock::gn_bwd_column_sums_fit(o) && !gn_has_offset(o) && !o.dx2.defined();
+         rowblock::gn_bwd_column_sums_fit(o) && !gn_has_offset(o) && !o.dx2.defined() &&
+         !o.add2.defined();
 }
 // The input offset (gn_has_offset) is read by "smem" and "fused" only.
 bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) { return !gn_has_offset(o); }

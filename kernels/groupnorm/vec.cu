@@ -445,7 +445,8 @@ bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
          (!o.add.defined() || o.add.dtype == o.x.dtype) && shapes_ok(o.x, o.mean) &&
-         rowblock::gn_bwd_column_sums_fit(o) && !gn_has_offset(o) && !o.dx2.defined();
+         rowblock::gn_bwd_column_sums_fit(o) && !gn_has_offset(o) && !o.dx2.defined() &&
+         !o.add2.defined();
 }
 
 }  // namespace

@@ -245,6 +245,7 @@ void GroupNormBwd::check() const {
   req(*this, f32(dgamma) && f32(dbeta) && f32(dss), "parameter gradients are f32");
   req(*this, !dss.defined() || ss.defined(), "dss needs ss");
   req(*this, !add.defined() || (same_shape(add, x) && (!dx.defined() || add.dtype == dx.dtype)), "add must match dx");
+  req(*this, !add2.defined() || (dx.defined() && same_shape(add2, x) && add2.dtype == dx.dtype), "add2 must match dx");
   const size_t C = (size_t)x.dim[3];
   req(*this, (!dx_sums.defined() && !dx_total.defined() && !add_total.defined()) || dx.defined(),
       "dx_sums, dx_total and add_total need dx");

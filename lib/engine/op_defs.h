@@ -179,13 +179,16 @@ struct GroupNormBwd {
   // the rest (x a skip concatenation: its backward's split done here, no pass of its own). The
   // column sums stay over all C channels.
   Tensor dx2{};
+  // Optional, dx's dtype and x's shape: a second gradient added to dx with add (e.g. a skip
+  // concatenation's part for this input, arriving from the decoder); not in add_total.
+  Tensor add2{};
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.in("mean", s.mean);
     v.in("rstd", s.rstd), v.in("dy", s.dy), v.out("dx", s.dx), v.out("dgamma", s.dgamma);
     v.out("dbeta", s.dbeta), v.out("dss", s.dss), v.param("silu", s.silu), v.in("add", s.add);
     v.out("dx_sums", s.dx_sums), v.out("dx_total", s.dx_total), v.out("add_total", s.add_total);
-    v.in("xbias", s.xbias), v.in("xemb", s.xemb), v.out("dx2", s.dx2);
+    v.in("xbias", s.xbias), v.in("xemb", s.xemb), v.out("dx2", s.dx2), v.in("add2", s.add2);
   }
 };
 // Whether a GroupNorm op (Fwd, Apply, Bwd) reads its input with an offset (xbias or xemb).

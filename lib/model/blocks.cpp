@@ -452,6 +452,7 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
                     gvec(s.n1w, ci), gvec(s.n1b, ci), {}, true, dxs, {}, {},
                     plain_skip ? gvec(s.b2, co) : Tensor{}};
     if (s.dx2.defined()) n1.dx2 = at(s.dx2);
+    if (s.dx_add.defined()) n1.add2 = at(s.dx_add);
     run(n1);
   }
   if (wgrad && !group_emb_) {  // else emb_layers_bwd, after every layer

@@ -62,6 +62,9 @@ struct Blocks {
     // input gradient and dx2 the rest (the concatenation's backward split, written by GN1's
     // backward directly); set by the network after declare_layer (declared there without dx).
     Tensor dx2;
+    // A ResBlock whose input also feeds a skip concatenation: that path's gradient, which GN1's
+    // backward adds into dx (no Add pass; set by the network after declare_layer).
+    Tensor dx_add;
     // UNET_CONV_STATS: the GroupNorm statistics of `out` that the layer's last conv also writes (the
     // next layer's mean1/rstd1, or the UNet's out norm's), and whether this layer's first norm finds
     // its own written so (chain_stats).

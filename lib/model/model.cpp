@@ -87,7 +87,7 @@ struct Model::Impl {
       return false;
     };
     each_layer([&](L& s) {
-      s.dx = s.dx2 = Tensor{};
+      s.dx = s.dx2 = s.dx_add = Tensor{};
       bk.declare_layer(pl, s, Bp, mode, single || (&s != &in_blocks[0][0] && !split_dx(s)));
     });
     cat.clear(), dcat_h.clear(), dskip.clear();
@@ -100,6 +100,10 @@ struct Model::Impl {
         dcat_h.push_back(act("concat." + std::to_string(bi) + ".dh", l.res, l.cin - src.l.cout));
         dskip.push_back(act("concat." + std::to_string(bi) + ".dskip", l.res, src.l.cout));
         if (split_dx(first)) first.dx = dcat_h.back(), first.dx2 = dskip.back();
+        // the skip's gradient joins the encoder's at the input of the layer after the skip's
+        // source: a ResBlock adds it in its first norm's backward
+        if (L* p = skip_joiner(in_blocks.size() - 1 - bi); p && p->l.kind == Layer::Res && p->dx.defined())
+          p->dx_add = dskip.back();
       }
     }
     if (!single) {
@@ -141,6 +145,12 @@ struct Model::Impl {
     L& last = out_blocks.back().back();
     last.out_mean = o_mean, last.out_rstd = o_rstd;
     out_stats_in = true;
+  }
+  // The layer whose input gradient is in_blocks[bi]'s output gradient (the skip to output block
+  // n_out - 1 - bi joins it there), or null.
+  L* skip_joiner(size_t bi) {
+    if (bi + 1 < in_blocks.size()) return &in_blocks[bi + 1][0];
+    return mid.empty() ? nullptr : &mid[0];
   }
   bool out_stats_in = false;
   std::vector<bool> cat_stats;  // concatenation bi gives out_blocks[bi][0]'s statistics
@@ -250,7 +260,8 @@ struct Model::Impl {
     for (size_t j = mid.size(); j-- > 0;) g = bk.layer_bwd(mid[j], g), ready(mid[j].lowest_param());
     for (size_t bi = n_in; bi-- > 0;) {
       auto& blk = in_blocks[bi];
-      run(Add{g, at(dskip[out_blocks.size() - 1 - bi]), g});
+      const L* j = skip_joiner(bi);
+      if (!j || !j->dx_add.defined()) run(Add{g, at(dskip[out_blocks.size() - 1 - bi]), g});
       for (size_t j = blk.size(); j-- > 0;) g = bk.layer_bwd(blk[j], g), ready(blk[j].lowest_param());
     }
     bk.embedding_bwd(labels_in);

@@ -46,6 +46,11 @@ void gn_bwd_full(const GroupNormBwd& o) {
     const float* a = o.add.f32();
     for (size_t i = 0, n = o.dx.numel(); i < n; ++i) dx[i] += a[i];
   }
+  if (o.add2.defined() && o.dx.defined()) {
+    float* dx = o.dx.f32();
+    const float* a = o.add2.f32();
+    for (size_t i = 0, n = o.dx.numel(); i < n; ++i) dx[i] += a[i];
+  }
   gn_bwd_column_sums(o);
 }
 void gn_bwd(const GroupNormBwd& o) { gn_bwd_split(o, gn_bwd_full); }

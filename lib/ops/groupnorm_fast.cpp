@@ -78,6 +78,10 @@ void gn_bwd_full(const GroupNormBwd& o) {
       const float* ad = o.add.f32() + (size_t)b * HW * C;
       for (size_t i = 0; i < (size_t)HW * C; ++i) a.dx[i] += ad[i];
     }
+    if (a.dx && o.add2.defined()) {
+      const float* ad = o.add2.f32() + (size_t)b * HW * C;
+      for (size_t i = 0; i < (size_t)HW * C; ++i) a.dx[i] += ad[i];
+    }
   }
   for (int c = 0; c < C; ++c) {
     double sg = 0, sb = 0;
