@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 
 #include "engine.h"
 #include "model.h"
@@ -66,9 +67,12 @@ struct Fixture {
   Tensor dx, dt, dy, ddout, dl;
   size_t n_in = 0, n_out = 0;
 
-  explicit Fixture(const ModelConfig& c, Precision prec = Precision::FP32)
+  // before_plan: adjusts the model's blocks before planning (a planning choice to compare).
+  explicit Fixture(const ModelConfig& c, Precision prec = Precision::FP32,
+                   const std::function<void(Model&)>& before_plan = {})
       : eng(make_cpu_engine(prec)), cfg(c) {
     model = std::make_unique<Model>(cfg, *eng);
+    if (before_plan) before_plan(*model);
     model->plan(B, Mode::Train);
     uint64_t s = test::test_seed();
     const ParamTable& tab = model->table();
@@ -319,6 +323,27 @@ TEST(Model, RecomputingNormalizedInputsGivesTheSameGradientsWithLessMemory) {
     double n = 0;
     for (float v : ga) n += std::fabs(v);
     EXPECT_GT(n, 0);
+  }
+}
+
+// The conv bias gradients that the next layer's norm backward writes as the column totals of its
+// dx (Blocks::link_bias, on with bf16 activations): the same gradients as the side lane's own
+// column sums, up to summation order, in fp32 and in the bf16 emulation, for every block kind.
+TEST(Model, BiasGradientsFromTheNextNormAreTheColumnSums) {
+  for (int k : {0, 1, 2}) {
+    Case c = cases()[k];
+    SCOPED_TRACE(c.name);
+    for (Precision p : {Precision::FP32, Precision::BF16}) {
+      SCOPED_TRACE(precision_name(p));
+      Fixture own(c.cfg, p, [](Model& m) { m.set_bias_from_next_norm(false); });
+      Fixture linked(c.cfg, p, [](Model& m) { m.set_bias_from_next_norm(true); });
+      EXPECT_EQ(own.model->plan_report().find("bias gradients from"), std::string::npos);
+      EXPECT_NE(linked.model->plan_report().find("bias gradients from"), std::string::npos)
+          << linked.model->plan_report();
+      EXPECT_EQ(own.out(), linked.out());
+      const std::vector<float> ga = own.grads(), gb = linked.grads();
+      EXPECT_LT(test::rel_l2(gb, ga), p == Precision::FP32 ? 1e-6 : 1e-3);
+    }
   }
 }
 

@@ -28,6 +28,7 @@ Blocks::Blocks(Engine& e, const ModelConfig& c, const ParamTable& t, const Tenso
       A(e.act_dtype()),
       conv_stats(env_conv_stats()),
       lanes(env_lanes()),
+      link_bias(A == DType::BF16),
       params_(params),
       shadow_(shadow),
       grads_(grads) {}
@@ -84,6 +85,29 @@ Tensor Blocks::G(size_t off, std::initializer_list<int64_t> d) const {
 void Blocks::conv_filter_grad(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db,
                               const Tensor& demb, int stride) {
   if (dw.defined() || db.defined() || demb.defined()) run_side(ConvBwdFilter{x, dy, dw, db, demb, stride});
+}
+
+size_t Blocks::L::out_bias() const {
+  switch (l.kind) {
+    case Layer::Conv:
+    case Layer::Down:
+    case Layer::Up:
+      return b0;
+    case Layer::Res:  // (with the skip path dout itself, GN1's backward sums it as it adds it)
+      return sw != SIZE_MAX || l.updown ? b2 : SIZE_MAX;
+    case Layer::Attn:  // (the norm's backward sums it as it adds dout)
+      return SIZE_MAX;
+  }
+  return SIZE_MAX;
+}
+
+void Blocks::link_bias_grad(L& from, L& to) {
+  const size_t b = from.out_bias();
+  if (!link_bias) return;
+  if (b == SIZE_MAX || !to.dx.defined() || to.dx2.defined()) return;
+  if (to.l.kind != Layer::Res && to.l.kind != Layer::Attn) return;  // (their dx comes from a norm's backward)
+  to.dx_total_param = b, from.db_given = true;
+  ++bias_links;
 }
 
 uint64_t Blocks::dseed(const L& s) const { return hash64(seed, (uint64_t)s.index); }
@@ -401,8 +425,8 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
       if (!keep) res_conv2_input(s, s.b_n2, true);
       // conv2's bias gradient (the column sums of dout) comes from GN1's backward below, which
       // adds dout into dx anyway, when dout is what it adds (no skip conv, no resampling)
-      conv_filter_grad(at(keep ? s.f_n2 : s.b_n2), dout, Gc(s.w2, co, 3, co), plain_skip ? Tensor{} : gvec(s.b2, co),
-                       {}, 1);
+      conv_filter_grad(at(keep ? s.f_n2 : s.b_n2), dout, Gc(s.w2, co, 3, co),
+                       plain_skip || s.db_given ? Tensor{} : gvec(s.b2, co), {}, 1);
     }
     run(ConvBwdData{dout, Wc(s.w2, co, 3, co), at(s.b_dn2), 1});
     if (dropout_p() > 0) run(DropoutBwd{at(s.b_dn2), at(s.b_dn2), dropout_p(), dseed(s)});
@@ -453,6 +477,7 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
                     plain_skip ? gvec(s.b2, co) : Tensor{}};
     if (s.dx2.defined()) n1.dx2 = at(s.dx2);
     if (s.dx_add.defined()) n1.add2 = at(s.dx_add);
+    if (s.dx_total_param != SIZE_MAX) n1.dx_total = gvec(s.dx_total_param, ci);
     run(n1);
   }
   if (wgrad && !group_emb_) {  // else emb_layers_bwd, after every layer
@@ -489,7 +514,8 @@ void Blocks::attn_bwd(L& s, const Tensor& dout) {
   }
   ScopedRange r(d, "norm");  // dx = the norm's gradient + dout (the residual), in one pass
   run(GroupNormBwd{at(s.in), vec(s.n1w, C), vec(s.n1b, C), {}, at(s.mean1), at(s.rstd1), at(s.b_dn), at(s.dx),
-                   gvec(s.n1w, C), gvec(s.n1b, C), {}, false, dout, {}, {}, gvec(s.b2, C)});
+                   gvec(s.n1w, C), gvec(s.n1b, C), {}, false, dout, {},
+                   s.dx_total_param != SIZE_MAX ? gvec(s.dx_total_param, C) : Tensor{}, gvec(s.b2, C)});
 }
 
 Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {
@@ -499,15 +525,16 @@ Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {
     case Layer::Conv:
     case Layer::Down: {
       const int stride = l.kind == Layer::Down ? 2 : 1;
-      conv_filter_grad(at(s.in), dout, Gc(s.w0, l.cout, 3, l.cin), gvec(s.b0, l.cout), {}, stride);
+      conv_filter_grad(at(s.in), dout, Gc(s.w0, l.cout, 3, l.cin), s.db_given ? Tensor{} : gvec(s.b0, l.cout), {},
+                       stride);
       if (s.dx.defined()) run(ConvBwdData{dout, Wc(s.w0, l.cout, 3, l.cin), at(s.dx), stride});
       break;
     }
     case Layer::Up:
       if (wgrad) {
         if (!keep) run(UpsampleFwd{at(s.in), at(s.b_up)});
-        conv_filter_grad(at(keep ? s.f_up : s.b_up), dout, Gc(s.w0, l.cout, 3, l.cin), gvec(s.b0, l.cout), {},
-                         1);
+        conv_filter_grad(at(keep ? s.f_up : s.b_up), dout, Gc(s.w0, l.cout, 3, l.cin),
+                         s.db_given ? Tensor{} : gvec(s.b0, l.cout), {}, 1);
       }
       run(ConvBwdData{dout, Wc(s.w0, l.cout, 3, l.cin), at(s.b_dup), 1});
       run(UpsampleBwd{at(s.b_dup), at(s.dx)});

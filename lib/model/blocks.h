@@ -65,6 +65,16 @@ struct Blocks {
     // A ResBlock whose input also feeds a skip concatenation: that path's gradient, which GN1's
     // backward adds into dx (no Add pass; set by the network after declare_layer).
     Tensor dx_add;
+    // The column totals of the input gradient this layer writes, wanted as the previous layer's
+    // bias gradient (that layer's out_bias()): its norm backward writes them there (dx_total), and
+    // the previous layer (db_given) skips its own column-sum pass over the same gradient. Set by the
+    // network (link_bias_grads); SIZE_MAX: none.
+    size_t dx_total_param = SIZE_MAX;
+    bool db_given = false;
+    // The bias whose gradient is the column sums of the layer's output gradient, read by no other
+    // pass of its own backward (Conv/Down/Up: the conv's; a ResBlock whose skip path is not dout
+    // itself: conv2's); SIZE_MAX where there is none or the layer sums it anyway.
+    size_t out_bias() const;
     // UNET_CONV_STATS: the GroupNorm statistics of `out` that the layer's last conv also writes (the
     // next layer's mean1/rstd1, or the UNet's out norm's), and whether this layer's first norm finds
     // its own written so (chain_stats).
@@ -163,6 +173,14 @@ struct Blocks {
     run(op);
     if (lanes) ops().lane(false);
   }
+  // `to` (whose input is `from`'s output, all of its gradient) writes from's out_bias() gradient
+  // where it can (L::dx_total_param, L::db_given).
+  // Only with bf16 activations (H100, seed64, same run: bf16 step 8.601 -> 8.563 ms, tf32 14.860 ->
+  // 14.914 ms: with f32 the column sums in the norm's dx pass, on the main lane, cost more than the
+  // side lane's own pass). bias_links: how many the last plan made (its report says so).
+  void link_bias_grad(L& from, L& to);
+  bool link_bias = false;
+  int bias_links = 0;
   void join_lanes() {
     if (lanes) ops().join();
   }

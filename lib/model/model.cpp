@@ -88,6 +88,7 @@ struct Model::Impl {
     };
     each_layer([&](L& s) {
       s.dx = s.dx2 = s.dx_add = Tensor{};
+      s.dx_total_param = SIZE_MAX, s.db_given = false;
       bk.declare_layer(pl, s, Bp, mode, single || (&s != &in_blocks[0][0] && !split_dx(s)));
     });
     cat.clear(), dcat_h.clear(), dskip.clear();
@@ -106,6 +107,7 @@ struct Model::Impl {
           p->dx_add = dskip.back();
       }
     }
+    if (tr && !single) link_bias_grads();
     if (!single) {
       const int C = m.arch_.out_cin;
       n_out = act("out.f_n", R, C);
@@ -146,12 +148,39 @@ struct Model::Impl {
     last.out_mean = o_mean, last.out_rstd = o_rstd;
     out_stats_in = true;
   }
+  // Each layer whose output gradient is wholly the next layer's input gradient (within the encoder,
+  // with the skip's added there; within the middle and each decoder block; the last decoder layer's
+  // from the out norm) gets its conv bias gradient from that layer's norm backward.
+  void link_bias_grads() {
+    bk.bias_links = 0;
+    L* prev = nullptr;
+    for (auto& b : in_blocks)
+      for (auto& s : b) {
+        // across an encoder block the skip's gradient must be in the next layer's dx
+        if (prev && (&s != &b[0] || s.dx_add.defined())) bk.link_bias_grad(*prev, s);
+        prev = &s;
+      }
+    for (auto& s : mid) {
+      if (prev && (&s != &mid[0] || s.dx_add.defined())) bk.link_bias_grad(*prev, s);
+      prev = &s;
+    }
+    for (auto& b : out_blocks)
+      for (size_t j = 1; j < b.size(); ++j) bk.link_bias_grad(b[j - 1], b[j]);
+    if (out_blocks.empty() || out_blocks.back().empty()) return;
+    L& last = out_blocks.back().back();
+    if (bk.link_bias && last.out_bias() != SIZE_MAX) {  // the out norm's backward writes it
+      last.db_given = true;
+      ++bk.bias_links;
+    }
+  }
+
   // The layer whose input gradient is in_blocks[bi]'s output gradient (the skip to output block
   // n_out - 1 - bi joins it there), or null.
   L* skip_joiner(size_t bi) {
     if (bi + 1 < in_blocks.size()) return &in_blocks[bi + 1][0];
     return mid.empty() ? nullptr : &mid[0];
   }
+  bool last_db_given() const { return !single && !out_blocks.empty() && out_blocks.back().back().db_given; }
   bool out_stats_in = false;
   std::vector<bool> cat_stats;  // concatenation bi gives out_blocks[bi][0]'s statistics
 
@@ -242,7 +271,9 @@ struct Model::Impl {
                        bk.gvec(on_w, C),
                        bk.gvec(on_b, C),
                        {},
-                       true, {}, {}, {}, {}});
+                       true, {}, {},
+                       last_db_given() ? bk.gvec(out_blocks.back().back().out_bias(), C) : Tensor{},
+                       {}});
       g = at(d_hlast);
       bk.join_lanes();
     }
@@ -355,6 +386,10 @@ void Model::forward(const Tensor& x, const Tensor& t, const Tensor& labels, cons
 }
 
 void Model::hold_weights(bool on) { impl_->bk.hold_shadow(on); }
+void Model::set_bias_from_next_norm(bool on) {
+  if (planned_) throw std::logic_error("Model::set_bias_from_next_norm: after plan()");
+  impl_->bk.link_bias = on;
+}
 
 void Model::backward(const Tensor& dout) {
   Impl& I = *impl_;

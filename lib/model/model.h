@@ -39,6 +39,9 @@ class Model : public Network {
   // While on, the weights are taken not to change between forwards (a sampler's steps): the bf16
   // copy the GEMMs read is made by the first forward only. Off (the default): every forward makes
   // it. Each call to turn it on starts afresh.
+  // Before plan(): whether the conv bias gradients come from the next layer's norm backward
+  // (Blocks::link_bias; default with bf16 activations). Tests compare the two.
+  void set_bias_from_next_norm(bool on);
   void hold_weights(bool on);
 
   // Single-layer networks: x is the layer's input in the activation dtype, `out` is left absent

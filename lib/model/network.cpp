@@ -82,6 +82,8 @@ void Network::plan(int B, Mode m) {
   eng_.ops().finalize();
   report_ = pl->report();
   if (recomputed) report_ += "backward recomputes the normalized activations (less memory, slower)\n";
+  if (const Blocks* bk = blocks(); bk && bk->bias_links)
+    report_ += std::to_string(bk->bias_links) + " conv bias gradients from the next layer's norm backward\n";
   arena_bytes_ = need;
   planned_ = B;
   mode_ = m;
