@@ -117,6 +117,27 @@ TEST(Optimizer, AdamWEma) {
   EXPECT_GT(moved, 0.0);
 }
 
+// shadow: the updated weights rounded to bf16 in the same pass, bit for bit what Cast makes of them.
+TEST(Optimizer, AdamWShadowIsTheCastOfTheUpdatedWeights) {
+  const size_t n = 133;
+  V p = rnd(n), g = rnd(n), m(n, 0.0), v(n, 0.0);
+  Dev d;
+  const V h = {0.999, 1e-3, 0.3, 1e-4};
+  Tensor P = d.put(p), M = d.put(m), Vv = d.put(v);
+  Tensor S = d.eng->alloc(DType::BF16, {(int64_t)n}), C = d.eng->alloc(DType::BF16, {(int64_t)n});
+  d.eng->ops().run(Fill{S, NAN});
+  d.run(AdamW{P, d.put(g), M, Vv, d.put(h), {}, 0.9f, 0.999f, 1e-8f, {}, 0.f, S});
+  d.eng->ops().run(Cast{P, C});
+  std::vector<uint16_t> s(n), c(n);
+  d.eng->download(s.data(), S);
+  d.eng->download(c.data(), C);
+  EXPECT_EQ(s, c);
+  const F pn = d.get(P);
+  double moved = 0;
+  for (size_t i = 0; i < n; ++i) moved += std::fabs(pn[i] - p[i]);
+  EXPECT_GT(moved, 0.0);
+}
+
 TEST(OptimizerVariants, AllOps) {
   SKIP_WITHOUT_GPU();
   const Tol f32{1e-6, 1e-6, 1e-6};
@@ -128,10 +149,11 @@ TEST(OptimizerVariants, AllOps) {
           return SumSquares{A(DType::F32, {n}), A(DType::F32, {1})};
         },
         f32);
-    for (bool ema : {false, true})  // with the EMA in the same pass (the optimizer's), and without
+    for (int mode : {0, 1, 2})  // with the EMA in the same pass (the optimizer's), and the bf16 copy
       check_variants<AdamW>(
-          std::string(ema ? "adamw + ema " : "adamw ") + w,
-          [n, ema](const Alloc& A, DType) {
+          std::string(mode == 0 ? "adamw " : mode == 1 ? "adamw + ema " : "adamw + ema + shadow ") + w,
+          [n, mode](const Alloc& A, DType) {
+            const bool ema = mode > 0;
             return AdamW{A(DType::F32, {n}),
                          A(DType::F32, {n}),
                          A(DType::F32, {n}),
@@ -142,7 +164,8 @@ TEST(OptimizerVariants, AllOps) {
                          0.999f,
                          1e-8f,
                          ema ? A(DType::F32, {n}) : Tensor{},
-                         0.995f};
+                         0.995f,
+                         mode == 2 ? A(DType::BF16, {n}) : Tensor{}};
           },
           f32, [](Engine& e, AdamW& o) {  // moments >= 0 and a sane schedule
             std::vector<float> v = test::to_host(e, o.v), h = {0.999f, 1e-3f, 0.3f, 1e-4f}, s = {0.7f};

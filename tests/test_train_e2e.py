@@ -93,6 +93,16 @@ def main():
     rb = open(os.path.join(b, "metrics.csv")).read().splitlines()
     check([l.split(",")[:3] for l in ra] == [l.split(",")[:3] for l in rb], "metrics (loss, grad norm) identical")
 
+    # Previews in between (--sample-every: the EMA's weights swapped in and back for a DDIM grid) leave
+    # the training as it was: the same 6 steps as run `a`, bitwise (in bf16 the optimizer keeps the
+    # weights' bf16 copy, which the preview's sampler overwrites and the trainer remakes).
+    pv = os.path.join(TMP, "preview")
+    r = unet("train", data, "--init", init, "-o", pv, "--steps", "6", "--sample-every", "4", *common)
+    check(r.returncode == 0 and os.path.exists(os.path.join(pv, "samples_0000004.png")), "train with previews")
+    tp = tensors(os.path.join(pv, "latest.h5")) if r.returncode == 0 else {}
+    diff = [k for k in ta if k != "@state" and not (k in tp and np.array_equal(ta[k], tp[k]))]
+    check(tp.keys() == ta.keys() and not diff, f"previews leave the training bitwise unchanged (differing: {diff[:3]})")
+
     # Without --grad-clip the GPU updates each range of weights during the backward on the optimizer's own
     # stream: 4 straight == 2 + resume to 4 == 4 on one stream (UNET_LANES=0, updated at the end), bitwise.
     if DEVICE == "cuda":

@@ -54,6 +54,7 @@ struct AdamWF {
   float beta1, beta2, eps;
   float* e;  // the EMA, updated from the new p in the same pass (optional)
   float rate, r1;
+  bf16* s;  // the bf16 copy of the new p (optional; Cast's rounding)
   __device__ void one(float& pi, float gi, float& mi, float& vi, float gs) const {
     gi *= gs;
     mi = beta1 * mi + (1.f - beta1) * gi;
@@ -70,6 +71,7 @@ struct AdamWF {
     st4(p, j, pp);
     st4(m, j, mm);
     st4(v, j, vv);
+    if (s) st4(s, j, pp);
     if (e) {
       const float4 a = ld4(e, j);
       st4(e, j,
@@ -82,6 +84,7 @@ struct AdamWF {
     float pi = p[i], mi = m[i], vi = v[i];
     one(pi, g[i], mi, vi, gs);
     if (e) e[i] = ema_one(e[i], pi, rate, r1);
+    if (s) stf(s, i, pi);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -115,9 +118,11 @@ void adamw(const AdamW& o, CudaCtx& ctx) {
                  o.eps,
                  dptr<float>(o.ema),
                  o.ema_rate,
-                 1.f - o.ema_rate};
+                 1.f - o.ema_rate,
+                 dptr<bf16>(o.shadow)};
   launch_map(f, o.p.numel(),
-             aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v) && (!f.e || aligned16(f.e)),
+             aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v) && (!f.e || aligned16(f.e)) &&
+                 (!f.s || vec4_ok<bf16>(f.s)),
              ctx.stream);
 }
 

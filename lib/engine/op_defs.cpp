@@ -504,6 +504,8 @@ void AdamW::check() const {
   req(*this, g.numel() == p.numel() && m.numel() == p.numel() && v.numel() == p.numel() && hyper.numel() >= 3,
       "p, g, m, v of one size; hyper [3]");
   req(*this, !ema.defined() || ema.numel() == p.numel(), "ema of p's size");
+  req(*this, !shadow.defined() || (shadow.dtype == DType::BF16 && shadow.numel() == p.numel()),
+      "shadow bf16 of p's size");
 }
 double AdamW::flops() const { return (ema.defined() ? 19.0 : 16.0) * p.numel(); }
 

@@ -597,17 +597,20 @@ struct AdamWSchedule {
 // PyTorch AdamW (single-tensor path) with g = grad * scale[0]:
 //   p *= hyper[0]; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= hyper[1] m / (sqrt(v)/hyper[2] + eps).
 // ema (optional): the weights' EMA from the updated p in the same pass, ema = ema_rate ema + (1 - ema_rate) p.
+// shadow (optional, bf16, p's size): the updated p rounded to bf16 (Cast's rounding), the copy the
+// bf16 GEMMs read, so that the next forward needs no cast pass.
 struct AdamW {
   UNET_OP("adamw", "optimizer")
   Tensor p, g, m, v, hyper, scale;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   Tensor ema;
   float ema_rate = 0;
+  Tensor shadow{};
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.inout("p", s.p), v.in("g", s.g), v.inout("m", s.m), v.inout("v", s.v), v.in("hyper", s.hyper);
     v.in("scale", s.scale), v.param("beta1", s.beta1), v.param("beta2", s.beta2);
-    v.param("eps", s.eps), v.inout("ema", s.ema), v.param("ema_rate", s.ema_rate);
+    v.param("eps", s.eps), v.inout("ema", s.ema), v.param("ema_rate", s.ema_rate), v.out("shadow", s.shadow);
   }
 };
 

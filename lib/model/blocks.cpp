@@ -204,9 +204,9 @@ void Blocks::chain_stats(L& from, L& to) const {
 
 // ---------------- forward ----------------
 void Blocks::refresh_shadow() {
-  if (A == DType::F32 || (shadow_held_ && shadow_fresh_)) return;
+  if (A == DType::F32 || ((shadow_held_ || shadow_kept_) && shadow_fresh_)) return;
   run(Cast{params_, shadow_});
-  if (!tracing) shadow_fresh_ = shadow_held_;  // (a traced pass casts nothing)
+  if (!tracing) shadow_fresh_ = shadow_held_ || shadow_kept_;  // (a traced pass casts nothing)
 }
 
 void Blocks::embedding_fwd(const Tensor& t_in, const Tensor& labels) {

@@ -138,6 +138,13 @@ struct Blocks {
   void refresh_shadow();  // the bf16 weights the GEMMs read, from the f32 masters
   // Model::hold_weights: while held, refresh_shadow casts once (the first forward after holding).
   void hold_shadow(bool on) { shadow_held_ = on, shadow_fresh_ = false; }
+  // Model::weights_kept_by_optimizer: the optimizer rewrites the copy; refresh_shadow casts only
+  // while it is stale. recast_shadow(): cast now (fresh again where held or kept).
+  void keep_shadow(bool on) { shadow_kept_ = on, shadow_fresh_ = false; }
+  void recast_shadow() {
+    shadow_fresh_ = false;
+    refresh_shadow();
+  }
   void embedding_fwd(const Tensor& t, const Tensor& labels);  // labels: read when class_cond
   void layer_fwd(L& s, const Tensor& in);
   // ---- backward ----  (d_semb: from the ResBlocks' embedding projections in embedding_bwd, or,
@@ -188,7 +195,7 @@ struct Blocks {
  private:
   const Tensor& params_;
   const Tensor& shadow_;
-  bool shadow_held_ = false, shadow_fresh_ = false;
+  bool shadow_held_ = false, shadow_kept_ = false, shadow_fresh_ = false;
   const Tensor& grads_;
   int next_index_ = 0;
   // With the embedding MLP (a whole network), the ResBlocks' embedding projections run as

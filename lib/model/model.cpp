@@ -386,6 +386,8 @@ void Model::forward(const Tensor& x, const Tensor& t, const Tensor& labels, cons
 }
 
 void Model::hold_weights(bool on) { impl_->bk.hold_shadow(on); }
+void Model::weights_kept_by_optimizer(bool on) { impl_->bk.keep_shadow(on); }
+void Model::refresh_weights() { impl_->bk.recast_shadow(); }
 void Model::set_bias_from_next_norm(bool on) {
   if (planned_) throw std::logic_error("Model::set_bias_from_next_norm: after plan()");
   impl_->bk.link_bias = on;

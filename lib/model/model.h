@@ -39,10 +39,17 @@ class Model : public Network {
   // While on, the weights are taken not to change between forwards (a sampler's steps): the bf16
   // copy the GEMMs read is made by the first forward only. Off (the default): every forward makes
   // it. Each call to turn it on starts afresh.
+  void hold_weights(bool on);
+  // Training whose optimizer writes that bf16 copy with each update (Optimizer::keep_shadow): a
+  // forward makes it only when it is stale (the first after this call or after hold_weights), so a
+  // captured training step holds no cast. Whoever changes the weights otherwise (uploads, copies)
+  // calls refresh_weights() before the next step.
+  void weights_kept_by_optimizer(bool on);
+  // Makes the bf16 copy now, from the weights as they are (no-op with f32 activations).
+  void refresh_weights();
   // Before plan(): whether the conv bias gradients come from the next layer's norm backward
   // (Blocks::link_bias; default with bf16 activations). Tests compare the two.
   void set_bias_from_next_norm(bool on);
-  void hold_weights(bool on);
 
   // Single-layer networks: x is the layer's input in the activation dtype, `out` is left absent
   // (the layer's output stays inside), backward's dout is in the activation dtype. The SiLU'd

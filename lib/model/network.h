@@ -32,6 +32,7 @@ class Network {
   // Flat f32 arenas [table().total] in engine memory, engine layout, offsets from table().
   Tensor params() const { return params_; }
   Tensor grads() const { return grads_; }  // absent until plan(B, Mode::Train)
+  Tensor shadow() const { return shadow_; }  // the weights' bf16 copy (bf16 activations only)
   size_t arena_floats() const { return table_.total; }
 
   // Plans and allocates the buffers for batches up to B in mode m (once per network: a second

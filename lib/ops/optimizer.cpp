@@ -1,6 +1,8 @@
 // CPU engine, optimizer family: reference variants (lib/ops/optimizer.h in float).
 #include "optimizer.h"
 
+#include <algorithm>
+
 #include "cpu_engine.h"
 
 namespace unet {
@@ -19,6 +21,8 @@ void adamw(const AdamW& o) {
   ref::adamw<float>(o.p.f32(), o.g.f32(), o.m.f32(), o.v.f32(), o.p.numel(), o.hyper.f32(), o.beta1, o.beta2,
                     o.eps, o.scale.defined() ? o.scale.f32() : nullptr);
   if (o.ema.defined()) ref::ema<float>(o.ema.f32(), o.p.f32(), o.ema_rate, o.p.numel());
+  // (widened to f32 by the emulation, which rounds it to bf16 as Cast does)
+  if (o.shadow.defined()) std::copy(o.p.f32(), o.p.f32() + o.p.numel(), o.shadow.f32());
 }
 
 }  // namespace

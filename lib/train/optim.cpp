@@ -47,7 +47,7 @@ void Optimizer::update(const Tensor& params, const Tensor& grads, size_t lo, siz
   const size_t n = hi - lo;
   eng_.ops().run(AdamW{params.flat(lo, n), grads.flat(lo, n), m_.flat(lo, n), v_.flat(lo, n), hyper_,
                        scaled ? scale_ : Tensor{}, (float)o_.beta1, (float)o_.beta2, (float)o_.eps, ema_.flat(lo, n),
-                       (float)o_.ema_rate});
+                       (float)o_.ema_rate, shadow_.defined() ? shadow_.flat(lo, n) : Tensor{}});
 }
 
 void Optimizer::step(const Tensor& params, const Tensor& grads) {

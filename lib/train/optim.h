@@ -45,6 +45,9 @@ class Optimizer {
   void update_from(const Tensor& params, const Tensor& grads, size_t first);
 
   Tensor ema() const { return ema_; }
+  // Each update also writes the updated weights' bf16 copy here (the network's shadow arena, the
+  // params' size; undefined: none).
+  void keep_shadow(const Tensor& shadow) { shadow_ = shadow; }
   Tensor norm_sum() const { return norm_sum_; }  // f32 [1], reset with reset_norm_sum()
   void reset_norm_sum();
   // The learning rate of step index s (0-based) — the schedule's value, for logs.
@@ -55,6 +58,7 @@ class Optimizer {
   size_t n_;
   OptimizerOptions o_;
   Tensor m_, v_, ema_, count_, hyper_, sumsq_, norm_, scale_, norm_sum_;
+  Tensor shadow_;
   bool early_ = false;  // begin_early() called; [done_, n_) updated
   size_t done_ = 0;
   void update(const Tensor& params, const Tensor& grads, size_t lo, size_t hi, bool scaled);

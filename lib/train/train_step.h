@@ -82,7 +82,9 @@ class StepBase {
   bool early_ = false, armed_ = false, allow_early_ = true;
 };
 
-// The diffusion model's step: q_sample, model forward, guided-diffusion's loss, backward.
+// The diffusion model's step: q_sample, model forward, guided-diffusion's loss, backward. With bf16
+// activations the optimizer keeps the model's bf16 weight copy (Optimizer::keep_shadow, Model::
+// weights_kept_by_optimizer): whoever changes the weights otherwise calls Model::refresh_weights().
 class TrainStep : public StepBase {
  public:
   // Plans the model for training at micro-batches of `microbatch` samples (0 = the whole batch B;

@@ -125,6 +125,7 @@ class DiffusionTask final : public TrainTask {
   }
 
   void start(Engine&, const Checkpoint& ck, bool resume, int64_t, int, int) override {
+    model_->refresh_weights();  // the uploaded weights' copy, before a step is captured
     diff_ = std::make_unique<Diffusion>(cfg_.diffusion_steps, cfg_.noise_schedule, cfg_.learn_sigma);
     // Timesteps: the loader's uniform draws, or guided-diffusion's LossSecondMomentResampler, whose
     // history is part of the checkpoint (exact resume).
@@ -265,6 +266,7 @@ class DiffusionTask final : public TrainTask {
     std::vector<float> imgs((size_t)n * R * R * Cin);
     preview_->run(so, n, nullptr, cfg_.class_cond ? lab.data() : nullptr, imgs.data(), nullptr);
     eng.ops().run(Copy{kept_, model_->params()});
+    model_->refresh_weights();  // (the sampler left the EMA's copy; the captured step casts none)
     char name[48];
     std::snprintf(name, sizeof name, "/samples_%07lld.png", (long long)at);
     save_grid_png(o.rundir + name, imgs.data(), n, R, R, Cin);
