@@ -291,8 +291,8 @@ struct Model::Impl {
     for (size_t j = mid.size(); j-- > 0;) g = bk.layer_bwd(mid[j], g), ready(mid[j].lowest_param());
     for (size_t bi = n_in; bi-- > 0;) {
       auto& blk = in_blocks[bi];
-      const L* j = skip_joiner(bi);
-      if (!j || !j->dx_add.defined()) run(Add{g, at(dskip[out_blocks.size() - 1 - bi]), g});
+      const L* joiner = skip_joiner(bi);  // (a ResBlock there added the skip's gradient already)
+      if (!joiner || !joiner->dx_add.defined()) run(Add{g, at(dskip[out_blocks.size() - 1 - bi]), g});
       for (size_t j = blk.size(); j-- > 0;) g = bk.layer_bwd(blk[j], g), ready(blk[j].lowest_param());
     }
     bk.embedding_bwd(labels_in);
