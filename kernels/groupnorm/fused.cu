@@ -917,7 +917,7 @@ bool smem_bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   return o.x.dtype == DType::BF16 && o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
          (!o.dx2.defined() || o.dx2.dtype == o.x.dtype) && (!o.add2.defined() || o.add2.dtype == o.x.dtype) &&
          (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(d) &&
-         smem_fits(d, o.x.dtype, 2, o.x.dtype == DType::BF16 ? bwd_wide<bf16>(o) : bwd_wide<float>(o)) &&
+         smem_fits(d, o.x.dtype, 2, bwd_wide<bf16>(o)) &&
          (size_t)d.B * d.C * 32 <= CudaCtx::kAuxFloats * 4;  // sums, then the column sums' col
 }
 

@@ -103,8 +103,7 @@ size_t Blocks::L::out_bias() const {
 
 void Blocks::link_bias_grad(L& from, L& to) {
   const size_t b = from.out_bias();
-  if (!link_bias) return;
-  if (b == SIZE_MAX || !to.dx.defined() || to.dx2.defined()) return;
+  if (!link_bias || b == SIZE_MAX || !to.dx.defined() || to.dx2.defined()) return;
   if (to.l.kind != Layer::Res && to.l.kind != Layer::Attn) return;  // (their dx comes from a norm's backward)
   to.dx_total_param = b, from.db_given = true;
   ++bias_links;

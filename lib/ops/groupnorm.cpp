@@ -1,10 +1,10 @@
 // CPU engine, groupnorm family: the reference variant (lib/ops/groupnorm.h in float).
 #include "groupnorm.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "concat.h"
 #include "cpu_engine.h"
 
 namespace unet {
@@ -41,16 +41,12 @@ void gn_bwd_full(const GroupNormBwd& o) {
   ref::groupnorm_ss_bwd<float>(read_x(o, buf), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.mean.f32(), o.rstd.f32(),
                                o.dy.f32(), opt(o.dx), opt(o.dgamma), opt(o.dbeta), opt(o.dss), (int)x.dim[0],
                                (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)o.mean.dim[1], o.silu);
-  if (o.add.defined() && o.dx.defined()) {
-    float* dx = o.dx.f32();
-    const float* a = o.add.f32();
-    for (size_t i = 0, n = o.dx.numel(); i < n; ++i) dx[i] += a[i];
-  }
-  if (o.add2.defined() && o.dx.defined()) {
-    float* dx = o.dx.f32();
-    const float* a = o.add2.f32();
-    for (size_t i = 0, n = o.dx.numel(); i < n; ++i) dx[i] += a[i];
-  }
+  for (const Tensor* t : {&o.add, &o.add2})  // (in this order)
+    if (t->defined() && o.dx.defined()) {
+      float* dx = o.dx.f32();
+      const float* a = t->f32();
+      for (size_t i = 0, n = o.dx.numel(); i < n; ++i) dx[i] += a[i];
+    }
   gn_bwd_column_sums(o);
 }
 void gn_bwd(const GroupNormBwd& o) { gn_bwd_split(o, gn_bwd_full); }
@@ -64,12 +60,8 @@ void gn_bwd_split(const GroupNormBwd& o, void (*full)(const GroupNormBwd&)) {
   w.dx = Tensor(buf.data(), DType::F32, {o.x.dim[0], o.x.dim[1], o.x.dim[2], o.x.dim[3]});
   w.dx2 = Tensor{};
   full(w);
-  const size_t rows = (size_t)o.x.rows(), C = (size_t)o.x.dim[3], C1 = (size_t)o.dx.dim[3], C2 = C - C1;
-  float *a = o.dx.f32(), *b = o.dx2.f32();
-  for (size_t r = 0; r < rows; ++r) {
-    std::copy(buf.data() + r * C, buf.data() + r * C + C1, a + r * C1);
-    std::copy(buf.data() + r * C + C1, buf.data() + (r + 1) * C, b + r * C2);
-  }
+  const int C = (int)o.x.dim[3], C1 = (int)o.dx.dim[3];
+  ref::concat_bwd<float>(buf.data(), o.dx.f32(), o.dx2.f32(), (int)o.x.rows(), 1, C1, C - C1);
 }
 
 const float* gn_read_x(const Tensor& x, const Tensor& xbias, const Tensor& xemb, int b, float* out) {

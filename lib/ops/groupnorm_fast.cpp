@@ -74,14 +74,11 @@ void gn_bwd_full(const GroupNormBwd& o) {
     a.mean = o.mean.f32() + (size_t)b * G, a.rstd = o.rstd.f32() + (size_t)b * G;
     a.dgamma_part = pg.data() + (size_t)b * C, a.dbeta_part = pb.data() + (size_t)b * C;
     K.gn_bwd(a, cpufast::thread_buffer(3, n));
-    if (a.dx && o.add.defined()) {
-      const float* ad = o.add.f32() + (size_t)b * HW * C;
-      for (size_t i = 0; i < (size_t)HW * C; ++i) a.dx[i] += ad[i];
-    }
-    if (a.dx && o.add2.defined()) {
-      const float* ad = o.add2.f32() + (size_t)b * HW * C;
-      for (size_t i = 0; i < (size_t)HW * C; ++i) a.dx[i] += ad[i];
-    }
+    for (const Tensor* t : {&o.add, &o.add2})  // (in this order)
+      if (a.dx && t->defined()) {
+        const float* ad = t->f32() + (size_t)b * HW * C;
+        for (size_t i = 0; i < (size_t)HW * C; ++i) a.dx[i] += ad[i];
+      }
   }
   for (int c = 0; c < C; ++c) {
     double sg = 0, sb = 0;
