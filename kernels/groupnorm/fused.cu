@@ -195,9 +195,35 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   }
 }
 
+// dgamma, dbeta of channels [c0, c0 + Cn) over the batch from the per-(b, c) sums (dz xhat, dz),
+// each scaled by the sample's (1 + scale) with ss: one block, every thread of it.
+__device__ __forceinline__ void param_grads(const double2* sums, const float* ss, int B, int C, int c0, int Cn,
+                                            double2* tmp, float* dgamma, float* dbeta) {
+  sums += c0;
+  if (ss) ss += c0;
+  if (dgamma) dgamma += c0;
+  if (dbeta) dbeta += c0;
+  auto run = [&](int c, int i0, int i1) {
+    if (!ss) return sum_run(sums + (size_t)i0 * C + c, i1 - i0, (size_t)C);
+    double sg = 0, sb = 0;
+    for (int bi = i0; bi < i1; ++bi) {
+      const double2 q = __ldcg(sums + (size_t)bi * C + c);
+      const double k = 1.0 + (double)ss[(size_t)bi * 2 * C + c];
+      sg += k * q.x, sb += k * q.y;
+    }
+    return make_double2(sg, sb);
+  };
+  finish_columns(B, Cn, tmp, run, [&](int c, double2 v) {
+    if (dgamma) dgamma[c] = (float)v.x;
+    if (dbeta) dbeta[c] = (float)v.y;
+  });
+}
+
 // Backward sums of (dz xhat, dz) per (b, split, c), dz = dy SiLU'(z) (or dy). The last block of
 // sample b: per-(b, c) totals (sums), dss, and the group coefficients coef[b, g] =
-// (mean_g(f gamma dz), mean_g(f gamma dz xhat)); the last of those: dgamma, dbeta over the batch.
+// (mean_g(f gamma dz), mean_g(f gamma dz xhat)); the last of those: dgamma, dbeta over the batch
+// (when given: with a dx pass after it, that pass's extra block adds them instead, off the chain
+// of finishing blocks between the two launches).
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads, kBlocks<V>)
     bwd_sums_kernel(const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ gamma,
@@ -280,20 +306,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   }
   if (!dgamma && !dbeta) return;
   if (!last_block(tickets, B)) return;
-  auto run = [&](int c, int i0, int i1) {
-    if (!ss) return sum_run(sums + (size_t)i0 * C + c, i1 - i0, (size_t)C);
-    double sg = 0, sb = 0;
-    for (int bi = i0; bi < i1; ++bi) {
-      const double2 q = __ldcg(sums + (size_t)bi * C + c);
-      const double k = f(bi, c);
-      sg += k * q.x, sb += k * q.y;
-    }
-    return make_double2(sg, sb);
-  };
-  finish_columns(B, C, tmp, run, [&](int c, double2 v) {
-    if (dgamma) dgamma[c] = (float)v.x;
-    if (dbeta) dbeta[c] = (float)v.y;
-  });
+  param_grads(sums, ss, B, C, 0, C, tmp, dgamma, dbeta);
   if (t == 0) tickets[0] = 0;
 }
 
@@ -311,6 +324,11 @@ __device__ __forceinline__ T* dx_at(T* dx, T* dx2, int C1, int C, int R, int b, 
 // add_total), as colsum_kernel's: per-(b, split, c) partials, the last block of a sample adds
 // them, the last sample's adds over the batch. The bias and embedding gradients of the convs on
 // either side of the norm so come out of this pass instead of one more read of each tensor.
+// With dgamma / dbeta the grid has one more row of blocks (blockIdx.y == B): its first block adds
+// them over the batch from bwd_sums's per-(b, c) sums (bsums), beside the dx blocks, instead of a
+// second finishing block after bwd_sums's per-sample ones, which the dx launch waited for (H100,
+// seed64 batch 32, same run: bf16 step 8.583 / 8.584 / 8.572 -> 8.490 / 8.497 / 8.507 ms, tf32
+// 14.976 / 14.971 / 14.978 -> 14.968 / 14.988 / 14.986).
 template <class T, int V, bool SUMS>
 __global__ void __launch_bounds__(kThreads, kBlocks<V>)
     dx_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, T* __restrict__ dx2, int C1,
@@ -320,10 +338,16 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
               const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
               const float2* __restrict__ coef, int R, int C, int G, int Cl, int L,
               int rps, bool silu, float2* partial, double2* sums, unsigned* tickets, float* dx_sums,
-              float* dx_total, float* add_total) {
+              float* dx_total, float* add_total, int B, const double2* __restrict__ bsums, float* dgamma,
+              float* dbeta) {
   pdl_entry();
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V, Cg = C / G;
+  if (b == B) {  // the parameter-gradient row
+    __shared__ double2 ptmp[kThreads];
+    if (s == 0) param_grads(bsums, ss, B, C, 0, C, ptmp, dgamma, dbeta);
+    return;
+  }
   const int r1 = min(R, s * rps + rps);
   const size_t base = (size_t)b * R * C;
   for (int j0 = 0; j0 < Cv; j0 += Cl) {  // trip count uniform over the block (SUMS syncs inside)
@@ -402,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   }
   if constexpr (SUMS) {
     __shared__ double2 tmp[kThreads];
-    const int S = gridDim.x, B = gridDim.y, nt = blockDim.x;
+    const int S = gridDim.x, nt = blockDim.x;
     if (!last_block(tickets + 1 + b, S)) return;
     if (t == 0) tickets[1 + b] = 0;
     finish_sample(partial, b, S, C, sums, tmp);
@@ -436,16 +460,20 @@ Dims dims(const Tensor& x, const Tensor& mean) {
   return {(int)x.dim[0], (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)mean.dim[1]};
 }
 
-// Scratch: partials [B, S, C] float2 in ctx.partial(); per-(b, c) double2 sums then coef [B, G]
-// float2 in ctx.aux().
+// Scratch: partials [B, S, C] float2 in ctx.partial(); in ctx.aux() per-(b, c) double2 sums, then
+// coef [B, G] float2, then the dx pass's per-(b, c) double2 sums (bwd_sums's are read by the dx
+// pass's parameter-gradient block while its sample blocks write theirs).
 long long max_splits(const Dims& d) { return (long long)(CudaCtx::kPartialFloats / 2) / ((long long)d.B * d.C); }
 bool fits(const Dims& d) {
-  return d.B >= 1 && d.B < 65536 && (size_t)d.B + 1 <= CudaCtx::kTickets && max_splits(d) >= 1 &&
-         (size_t)d.B * d.C * 16 + (size_t)d.B * d.G * 8 <= CudaCtx::kAuxFloats * 4;
+  return d.B >= 1 && d.B < 65535 && (size_t)d.B + 1 <= CudaCtx::kTickets && max_splits(d) >= 1 &&
+         (size_t)d.B * d.C * 32 + (size_t)d.B * d.G * 8 <= CudaCtx::kAuxFloats * 4;
 }
 double2* sums_of(CudaCtx& ctx) { return reinterpret_cast<double2*>(ctx.aux()); }
 float2* coef_buf(CudaCtx& ctx, const Dims& d) {
   return reinterpret_cast<float2*>(reinterpret_cast<char*>(ctx.aux()) + (size_t)d.B * d.C * 16);
+}
+double2* dx_sums_of(CudaCtx& ctx, const Dims& d) {
+  return reinterpret_cast<double2*>(reinterpret_cast<char*>(coef_buf(ctx, d)) + (size_t)d.B * d.G * 8);
 }
 
 template <class T, int V>
@@ -504,22 +532,27 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
                   *mean = dptr<float>(o.mean), *rstd = dptr<float>(o.rstd), *xbias = dptr<float>(o.xbias),
                   *xemb = dptr<float>(o.xemb);
       float2* coef = coef_buf(ctx, d);
+      // dgamma / dbeta: added by the dx pass's extra block when there is a dx pass
+      const bool later = o.dx.defined();
+      float *dgamma = dptr<float>(o.dgamma), *dbeta = dptr<float>(o.dbeta);
       bwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
           x, dy, gamma, beta, ss, mean, rstd, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu,
-          reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), coef, ctx.tickets, dptr<float>(o.dgamma),
-          dptr<float>(o.dbeta), dptr<float>(o.dss));
+          reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), coef, ctx.tickets, later ? nullptr : dgamma,
+          later ? nullptr : dbeta, dptr<float>(o.dss));
       KERNEL_CHECK();
-      if (!o.dx.defined()) return;
+      if (!later) return;
       const auto dx_pass = [&](auto sums_tag) {
         constexpr bool SUMS = decltype(sums_tag)::value;
-        // with SUMS the dx kernel's partials reuse bwd_sums's room (those were consumed), its
-        // per-(b, c) sums bwd_sums's (coef lies after them)
+        // with SUMS the dx kernel's partials reuse bwd_sums's room (those were consumed)
         const Plan q = plan(dx_kernel<T, V, SUMS>, d.B, d.R, d.C, V, kU2, SUMS ? max_splits(d) : 1 << 20);
-        dx_kernel<T, V, SUMS><<<q.grid(), q.nt, 0, ctx.stream>>>(
+        dim3 grid = q.grid();
+        if (dgamma || dbeta) grid.y += 1;
+        dx_kernel<T, V, SUMS><<<grid, q.nt, 0, ctx.stream>>>(
             x, dy, dptr<T>(o.dx), dptr<T>(o.dx2), C1, dptr<T>(o.add), dptr<T>(o.add2), gamma, beta, ss, mean, rstd, xbias, xemb, coef,
             d.R, d.C, d.G, q.Cl, q.L,
-            q.rps, o.silu, reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), ctx.tickets,
-            dptr<float>(o.dx_sums), dptr<float>(o.dx_total), dptr<float>(o.add_total));
+            q.rps, o.silu, reinterpret_cast<float2*>(ctx.partial()), dx_sums_of(ctx, d), ctx.tickets,
+            dptr<float>(o.dx_sums), dptr<float>(o.dx_total), dptr<float>(o.add_total), d.B, sums_of(ctx), dgamma,
+            dbeta);
         KERNEL_CHECK();
       };
       if (o.dx_sums.defined() || o.dx_total.defined() || o.add_total.defined())
@@ -803,24 +836,7 @@ __global__ void __launch_bounds__(kThreads)
           if (dx_total) dx_total[c] = (float)v.x;
           if (add_total) add_total[c] = (float)v.y;
         });
-  if (!dgamma && !dbeta) {
-    if (t == 0) tickets[0] = 0;
-    return;
-  }
-  auto run = [&](int c, int i0, int i1) {
-    if (!ss) return sum_run(sums + (size_t)i0 * C + c, i1 - i0, (size_t)C);
-    double sgm = 0, sbt = 0;
-    for (int bi = i0; bi < i1; ++bi) {
-      const double2 q = __ldcg(sums + (size_t)bi * C + c);
-      const double k = f(bi, c);
-      sgm += k * q.x, sbt += k * q.y;
-    }
-    return make_double2(sgm, sbt);
-  };
-  finish_columns(B, C, part, run, [&](int c, double2 v) {
-    if (dgamma) dgamma[c] = (float)v.x;
-    if (dbeta) dbeta[c] = (float)v.y;
-  });
+  if (dgamma || dbeta) param_grads(sums, ss, B, C, 0, C, part, dgamma, dbeta);
   if (t == 0) tickets[0] = 0;
 }
 
