@@ -57,6 +57,13 @@ constexpr int kUS = 8, kU2 = 2;
 // they spill: 9.07 -> 9.52 ms).
 template <int V>
 constexpr int kBlocks = V >= 8 ? 2 : 3;
+// f32: the element kernels load their first rows before their per-channel coefficients (or the
+// statistics' shifts), so that the two round trips overlap. H100, same run: tf32 step 14.922 /
+// 14.882 / 14.903 -> 14.851 / 14.871 / 14.875 ms; for bf16 it cost 8.370 / 8.376 / 8.375 -> 8.383 /
+// 8.390 / 8.387, so bf16 loads them in the loop (another H100, f32 only: tf32 14.926 / 14.900 /
+// 14.910 -> 14.870 / 14.867 / 14.832, bf16 8.530 / 8.513 / 8.524 -> 8.528 / 8.520 / 8.516).
+template <class T>
+constexpr bool kPrologue = std::is_same_v<T, float>;
 
 // z = (x - m) a + bb (before SiLU) for channel c of sample b: a = rstd gamma (1 + scale),
 // bb = beta (1 + scale) + shift.
@@ -110,17 +117,22 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int k = 0; k < V; ++k) s1[k] = 0.f, s2[k] = 0.f;
     if (j < Cv) {
+      typename Vec<T, V>::Raw raw[kUS];
+      const auto load = [&](int r) {
+#pragma unroll
+        for (int u = 0; u < kUS; ++u)
+          if (r + u * L < r1) raw[u] = Vec<T, V>::ld(xb + (size_t)(r + u * L) * C + j * V);
+      };
+      const int rf = r0 + rl;
+      if (kPrologue<T>) load(rf);
       float K[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) {  // the group's first value as read, minus this channel's offset
         const int c = j * V + k, c0 = c / Cg * Cg;
         K[k] = ldf(xb, (size_t)c0) + xoff(xbias, xemb, b, c0, C) - xoff(xbias, xemb, b, c, C);
       }
-      for (int r = r0 + rl; r < r1; r += kUS * L) {
-        typename Vec<T, V>::Raw raw[kUS];
-#pragma unroll
-        for (int u = 0; u < kUS; ++u)
-          if (r + u * L < r1) raw[u] = Vec<T, V>::ld(xb + (size_t)(r + u * L) * C + j * V);
+      for (int r = rf; r < r1; r += kUS * L) {
+        if (!kPrologue<T> || r != rf) load(r);
 #pragma unroll
         for (int u = 0; u < kUS; ++u)
           if (r + u * L < r1) {
@@ -168,17 +180,22 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   const int r1 = min(R, s * rps + rps);
   const size_t base = (size_t)b * R * C;
   for (int j = cl; j < Cv; j += Cl) {
+    typename Vec<T, V>::Raw raw[kUA<V>];
+    const auto load = [&](int r) {
+#pragma unroll
+      for (int u = 0; u < kUA<V>; ++u)
+        if (r + u * L < r1) raw[u] = Vec<T, V>::ld(x + base + (size_t)(r + u * L) * C + j * V);
+    };
+    const int rf = s * rps + rl;
+    if (kPrologue<T>) load(rf);
     float m[V], a[V], bb[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
       m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
     }
-    for (int r = s * rps + rl; r < r1; r += kUA<V> * L) {
-      typename Vec<T, V>::Raw raw[kUA<V>];
-#pragma unroll
-      for (int u = 0; u < kUA<V>; ++u)
-        if (r + u * L < r1) raw[u] = Vec<T, V>::ld(x + base + (size_t)(r + u * L) * C + j * V);
+    for (int r = rf; r < r1; r += kUA<V> * L) {
+      if (!kPrologue<T> || r != rf) load(r);
 #pragma unroll
       for (int u = 0; u < kUA<V>; ++u)
         if (r + u * L < r1) {
@@ -245,14 +262,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
 #pragma unroll
     for (int k = 0; k < V; ++k) p1[k] = 0.f, p0[k] = 0.f;
     if (j < Cv) {
-      float m[V], rs[V], a[V], bb[V];
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
-        m[k] = q.m, rs[k] = q.r, a[k] = q.a, bb[k] = q.bb;
-      }
-      for (int r = r0 + rl; r < r1; r += kU2 * L) {
-        typename Vec<T, V>::Raw xr[kU2], gr[kU2];
+      typename Vec<T, V>::Raw xr[kU2], gr[kU2];
+      const auto load = [&](int r) {
 #pragma unroll
         for (int u = 0; u < kU2; ++u)
           if (r + u * L < r1) {
@@ -260,6 +271,17 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
             xr[u] = Vec<T, V>::ld(x + o);
             gr[u] = Vec<T, V>::ld(dy + o);
           }
+      };
+      const int rf = r0 + rl;
+      if (kPrologue<T>) load(rf);
+      float m[V], rs[V], a[V], bb[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
+        m[k] = q.m, rs[k] = q.r, a[k] = q.a, bb[k] = q.bb;
+      }
+      for (int r = rf; r < r1; r += kU2 * L) {
+        if (!kPrologue<T> || r != rf) load(r);
 #pragma unroll
         for (int u = 0; u < kU2; ++u)
           if (r + u * L < r1) {
@@ -356,6 +378,22 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
 #pragma unroll
     for (int k = 0; k < V; ++k) sx[k] = 0.f, sa[k] = 0.f;
     if (j < Cv) {
+      // add's rows are loaded with x's and dy's (after the arithmetic they were a second round
+      // trip per iteration: H100 bf16 step 8.721 / 8.726 -> 8.669 / 8.661 ms, tf32 14.996 / 15.046 ->
+      // 15.040 / 15.022, same run)
+      typename Vec<T, V>::Raw xr[kU2], gr[kU2], ar[kU2];
+      const auto load = [&](int r) {
+#pragma unroll
+        for (int u = 0; u < kU2; ++u)
+          if (r + u * L < r1) {
+            const size_t o = base + (size_t)(r + u * L) * C + j * V;
+            xr[u] = Vec<T, V>::ld(x + o);
+            gr[u] = Vec<T, V>::ld(dy + o);
+            if (add) ar[u] = Vec<T, V>::ld(add + o);
+          }
+      };
+      const int rf = s * rps + rl;
+      if (kPrologue<T>) load(rf);
       float m[V], a[V], bb[V], bq[V], cq[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -366,19 +404,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
         bq[k] = -q.r * q.r * kk.y;
         cq[k] = -q.r * kk.x;
       }
-      for (int r = s * rps + rl; r < r1; r += kU2 * L) {
-        // add's rows are loaded with x's and dy's (after the arithmetic they were a second round
-        // trip per iteration: H100 bf16 step 8.721 / 8.726 -> 8.669 / 8.661 ms, tf32 14.996 / 15.046 ->
-        // 15.040 / 15.022, same run)
-        typename Vec<T, V>::Raw xr[kU2], gr[kU2], ar[kU2];
-#pragma unroll
-        for (int u = 0; u < kU2; ++u)
-          if (r + u * L < r1) {
-            const size_t o = base + (size_t)(r + u * L) * C + j * V;
-            xr[u] = Vec<T, V>::ld(x + o);
-            gr[u] = Vec<T, V>::ld(dy + o);
-            if (add) ar[u] = Vec<T, V>::ld(add + o);
-          }
+      for (int r = rf; r < r1; r += kU2 * L) {
+        if (!kPrologue<T> || r != rf) load(r);
 #pragma unroll
         for (int u = 0; u < kU2; ++u)
           if (r + u * L < r1) {
