@@ -212,6 +212,23 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   }
 }
 
+// The backward kernels' row loads, packed: rows r, r + L, ... (kU2 of them, those below r1) of x
+// and dy, and of add when given (ar then too), at channel vector j; base: the sample's first row.
+template <class T, int V>
+__device__ __forceinline__ void load_rows(typename Vec<T, V>::Raw (&xr)[kU2], typename Vec<T, V>::Raw (&gr)[kU2],
+                                          typename Vec<T, V>::Raw* ar, const T* __restrict__ x,
+                                          const T* __restrict__ dy, const T* __restrict__ add, size_t base, int r,
+                                          int r1, int L, int C, int j) {
+#pragma unroll
+  for (int u = 0; u < kU2; ++u)
+    if (r + u * L < r1) {
+      const size_t o = base + (size_t)(r + u * L) * C + j * V;
+      xr[u] = Vec<T, V>::ld(x + o);
+      gr[u] = Vec<T, V>::ld(dy + o);
+      if (add) ar[u] = Vec<T, V>::ld(add + o);
+    }
+}
+
 // dgamma, dbeta of channels [c0, c0 + Cn) over the batch from the per-(b, c) sums (dz xhat, dz),
 // each scaled by the sample's (1 + scale) with ss: one block, every thread of it.
 __device__ __forceinline__ void param_grads(const double2* sums, const float* ss, int B, int C, int c0, int Cn,
@@ -263,15 +280,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
     for (int k = 0; k < V; ++k) p1[k] = 0.f, p0[k] = 0.f;
     if (j < Cv) {
       typename Vec<T, V>::Raw xr[kU2], gr[kU2];
-      const auto load = [&](int r) {
-#pragma unroll
-        for (int u = 0; u < kU2; ++u)
-          if (r + u * L < r1) {
-            const size_t o = base + (size_t)(r + u * L) * C + j * V;
-            xr[u] = Vec<T, V>::ld(x + o);
-            gr[u] = Vec<T, V>::ld(dy + o);
-          }
-      };
+      const auto load = [&](int r) { load_rows<T, V>(xr, gr, nullptr, x, dy, nullptr, base, r, r1, L, C, j); };
       const int rf = r0 + rl;
       if (kPrologue<T>) load(rf);
       float m[V], rs[V], a[V], bb[V];
@@ -382,16 +391,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
       // trip per iteration: H100 bf16 step 8.721 / 8.726 -> 8.669 / 8.661 ms, tf32 14.996 / 15.046 ->
       // 15.040 / 15.022, same run)
       typename Vec<T, V>::Raw xr[kU2], gr[kU2], ar[kU2];
-      const auto load = [&](int r) {
-#pragma unroll
-        for (int u = 0; u < kU2; ++u)
-          if (r + u * L < r1) {
-            const size_t o = base + (size_t)(r + u * L) * C + j * V;
-            xr[u] = Vec<T, V>::ld(x + o);
-            gr[u] = Vec<T, V>::ld(dy + o);
-            if (add) ar[u] = Vec<T, V>::ld(add + o);
-          }
-      };
+      const auto load = [&](int r) { load_rows<T, V>(xr, gr, ar, x, dy, add, base, r, r1, L, C, j); };
       const int rf = s * rps + rl;
       if (kPrologue<T>) load(rf);
       float m[V], a[V], bb[V], bq[V], cq[V];
