@@ -489,9 +489,11 @@ Dims dims(const Tensor& x, const Tensor& mean) {
 
 // Scratch: partials [B, S, C] float2 in ctx.partial(); in ctx.aux() per-(b, c) double2 sums, then
 // coef [B, G] float2, then the dx pass's per-(b, c) double2 sums (bwd_sums's are read by the dx
-// pass's parameter-gradient block while its sample blocks write theirs).
+// pass's parameter-gradient block while its sample blocks write theirs). ("smem"'s backward: its
+// sums, then its column sums' col, in the same 2 B C double2.)
 long long max_splits(const Dims& d) { return (long long)(CudaCtx::kPartialFloats / 2) / ((long long)d.B * d.C); }
 bool fits(const Dims& d) {
+  // (B + 1 grid rows with the dx pass's parameter-gradient row, at most 65535)
   return d.B >= 1 && d.B < 65535 && (size_t)d.B + 1 <= CudaCtx::kTickets && max_splits(d) >= 1 &&
          (size_t)d.B * d.C * 32 + (size_t)d.B * d.G * 8 <= CudaCtx::kAuxFloats * 4;
 }
@@ -959,9 +961,8 @@ bool smem_bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
   const Dims d = dims(o.x, o.mean);
   return o.x.dtype == DType::BF16 && o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
          (!o.dx2.defined() || o.dx2.dtype == o.x.dtype) && (!o.add2.defined() || o.add2.dtype == o.x.dtype) &&
-         (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(d) &&
-         smem_fits(d, o.x.dtype, 2, bwd_wide<bf16>(o)) &&
-         (size_t)d.B * d.C * 32 <= CudaCtx::kAuxFloats * 4;  // sums, then the column sums' col
+         (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(d) &&  // (fits: sums, then col)
+         smem_fits(d, o.x.dtype, 2, bwd_wide<bf16>(o));
 }
 
 }  // namespace
