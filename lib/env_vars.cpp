@@ -59,6 +59,12 @@ bool env_pdl() {
                     "must be 1 (programmatic dependent launch in CUDA graphs) or 0 (off; the default)");
 }
 
+bool env_graph_fill() {
+  return switch_var("UNET_GRAPH_FILL", true,
+                    "must be 1 (memsets in captured CUDA graphs run as kernels; the default) or 0 (as memset "
+                    "nodes)");
+}
+
 bool env_conv_stats() {
   return switch_var("UNET_CONV_STATS", false,
                     "must be 1 (a convolution gives the statistics of the GroupNorm after it) or 0 (off; the "
@@ -96,6 +102,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_bucket_bytes(0);
   env_stream_data();
   env_pdl();
+  env_graph_fill();
   env_conv_stats();
   env_lanes();
   env_cpu_comm();

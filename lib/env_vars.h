@@ -29,6 +29,8 @@ size_t env_bucket_bytes(size_t dflt);
 int env_stream_data();
 // UNET_PDL: true for "1"; false when unset, empty or "0".
 bool env_pdl();
+// UNET_GRAPH_FILL: memset nodes of captured CUDA graphs replaced by fill kernels (default on).
+bool env_graph_fill();
 // UNET_CONV_STATS: true for "1"; false when unset, empty or "0".
 bool env_conv_stats();
 // UNET_LANES: false for "0"; true when unset, empty or "1".

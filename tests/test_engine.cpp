@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <set>
 
 #include "cpu_engine.h"
@@ -318,3 +319,97 @@ TEST(Kernels, EveryKernelBeginsWithPdlEntry) {
 }
 
 }  // namespace
+
+#if UNET_HAVE_CUDA
+#include <cuda_runtime.h>
+
+namespace unet {
+void graph_memsets_as_kernels(cudaGraph_t g);  // kernels/device/cuda_engine.cu
+}
+
+namespace {
+
+// The memset nodes of a graph (1-, 2- and 4-byte elements, 1D and pitched 2D, aligned for the fill
+// kernel's 16-byte stores or not) replaced by fill kernels: no memset node is left, the bytes
+// written are those of the memsets (checked against a host model, the rest keeps its poison), and
+// the edges hold: a later memset over part of an earlier one wins, and a copy after the memsets
+// sees their values.
+TEST(CudaGraphs, MemsetNodesBecomeFillKernels) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  constexpr size_t kBytes = 1 << 16;
+  char *buf = nullptr, *copy = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&copy, kBytes), cudaSuccess);
+  std::vector<unsigned char> want(kBytes, 0xEE);
+  ASSERT_EQ(cudaMemcpy(buf, want.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(copy, 0x11, kBytes), cudaSuccess);
+  struct Set {
+    size_t off, pitch;
+    unsigned value, es;
+    size_t width, height;
+  };
+  std::mt19937 rng((unsigned)test::test_seed());
+  const std::vector<Set> sets = {
+      {0, 0, 0x5a, 1, 4096, 1},                       // 16-byte aligned, wide stores
+      {4096 + 3, 0, 0xc3, 1, 1001, 1},                // unaligned, odd length
+      {8192, 48, 0x7f, 1, 32, 9},                     // 2D, 16-byte rows and pitch
+      {12288 + 2, 50, 0xa5, 1, 21, 7},                // 2D, unaligned
+      {16384, 0, 0xbeef, 2, 1001, 1},                 // 2-byte elements, 2002 bytes: element stores
+      {20480, 0, 0x3f80a1b2u, 4, 1024, 1},            // 4-byte elements, wide
+      {24576 + 4, 64, 0x12345678u, 4, 5, 6},          // 4-byte elements, 2D, narrow rows
+      {100, 0, 0x01, 1, 200, 1},                      // over part of the first (must come after it)
+      {30000, 0, (unsigned)(rng() & 0xff), 1, rng() % 3000 + 1, 1},
+  };
+  cudaGraph_t g = nullptr;
+  ASSERT_EQ(cudaGraphCreate(&g, 0), cudaSuccess);
+  cudaGraphNode_t prev = nullptr;
+  for (const Set& s : sets) {
+    cudaMemsetParams p = {};
+    p.dst = buf + s.off;
+    p.pitch = s.height > 1 ? s.pitch : 0;
+    p.value = s.value;
+    p.elementSize = s.es;
+    p.width = s.width;
+    p.height = s.height;
+    cudaGraphNode_t n = nullptr;
+    ASSERT_EQ(cudaGraphAddMemsetNode(&n, g, prev ? &prev : nullptr, prev ? 1 : 0, &p), cudaSuccess);
+    prev = n;
+    for (size_t r = 0; r < s.height; ++r)
+      for (size_t k = 0; k < s.width; ++k)
+        for (unsigned b = 0; b < s.es; ++b)
+          want[s.off + r * (s.height > 1 ? s.pitch : 0) + k * s.es + b] = (unsigned char)(s.value >> (8 * b));
+  }
+  cudaGraphNode_t cp = nullptr;
+  ASSERT_EQ(cudaGraphAddMemcpyNode1D(&cp, g, &prev, 1, copy, buf, kBytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+  graph_memsets_as_kernels(g);
+  size_t n = 0;
+  ASSERT_EQ(cudaGraphGetNodes(g, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  ASSERT_EQ(cudaGraphGetNodes(g, nodes.data(), &n), cudaSuccess);
+  int kernels = 0;
+  for (cudaGraphNode_t x : nodes) {
+    cudaGraphNodeType t;
+    ASSERT_EQ(cudaGraphNodeGetType(x, &t), cudaSuccess);
+    EXPECT_NE(t, cudaGraphNodeTypeMemset);
+    kernels += t == cudaGraphNodeTypeKernel;
+  }
+  EXPECT_EQ(kernels, (int)sets.size());
+  cudaGraphExec_t ge = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(ge, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<unsigned char> got(kBytes), got_copy(kBytes);
+  ASSERT_EQ(cudaMemcpy(got.data(), buf, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(got_copy.data(), copy, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  size_t bad = 0, first = kBytes;
+  for (size_t i = 0; i < kBytes; ++i)
+    if (got[i] != want[i] || got_copy[i] != want[i]) ++bad, first = std::min(first, i);
+  EXPECT_EQ(bad, 0u) << "first differing byte " << first;
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaFree(buf);
+  cudaFree(copy);
+}
+
+}  // namespace
+#endif

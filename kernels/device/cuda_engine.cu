@@ -2,6 +2,7 @@
 // kernel variants run with, the cuBLAS GEMM wrapper, and the op table's registration.
 #include <nvtx3/nvToolsExt.h>
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -120,6 +121,79 @@ void programmatic_edges(cudaGraph_t g) {
   }
 }
 
+// A memset node's work as a kernel: rows of `width` elements of `es` bytes (1, 2 or 4) set to
+// `value`, `pitch` bytes apart; 16-byte stores where the rows allow them.
+__global__ void fill_kernel(char* dst, size_t pitch, unsigned value, unsigned es, size_t width, size_t height) {
+  pdl_entry();
+  const size_t row_bytes = width * es;
+  const bool wide = ((uintptr_t)dst | pitch | row_bytes) % 16 == 0;
+  unsigned word = value;  // the element pattern repeated over 4 bytes
+  if (es == 1) word = (value & 0xffu) * 0x01010101u;
+  if (es == 2) word = (value & 0xffffu) * 0x00010001u;
+  const size_t per_row = wide ? row_bytes / 16 : width, n = per_row * height;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const size_t r = i / per_row, k = i % per_row;
+    char* row = dst + r * pitch;
+    if (wide) {
+      reinterpret_cast<uint4*>(row)[k] = make_uint4(word, word, word, word);
+    } else if (es == 4) {
+      reinterpret_cast<unsigned*>(row)[k] = value;
+    } else if (es == 2) {
+      reinterpret_cast<unsigned short*>(row)[k] = (unsigned short)value;
+    } else {
+      row[k] = (char)value;
+    }
+  }
+}
+
+// Every memset node of a captured graph becomes a kernel node doing the same (same dependencies
+// both ways). cuDNN's engines memset their workspace before some kernels; in a replayed graph a
+// memset node cost 3-10 us of idle GPU around it (H100, CUPTI timelines of seed64's step and
+// sampling forward), a kernel node the usual ~0.5 us.
+void memsets_as_kernels(cudaGraph_t g) {
+  size_t n = 0;
+  CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+  for (cudaGraphNode_t m : nodes) {
+    cudaGraphNodeType t;
+    CUDA_CHECK(cudaGraphNodeGetType(m, &t));
+    if (t != cudaGraphNodeTypeMemset) continue;
+    cudaMemsetParams mp = {};
+    CUDA_CHECK(cudaGraphMemsetNodeGetParams(m, &mp));
+    if (mp.elementSize != 1 && mp.elementSize != 2 && mp.elementSize != 4) continue;
+    size_t np = 0, nd = 0;
+    CUDA_CHECK(cudaGraphNodeGetDependencies(m, nullptr, nullptr, &np));
+    CUDA_CHECK(cudaGraphNodeGetDependentNodes(m, nullptr, nullptr, &nd));
+    std::vector<cudaGraphNode_t> pre(np), post(nd);
+    std::vector<cudaGraphEdgeData> pre_e(np), post_e(nd);
+    CUDA_CHECK(cudaGraphNodeGetDependencies(m, pre.data(), pre_e.data(), &np));
+    CUDA_CHECK(cudaGraphNodeGetDependentNodes(m, post.data(), post_e.data(), &nd));
+    char* dst = static_cast<char*>(mp.dst);
+    size_t pitch = mp.height > 1 ? mp.pitch : mp.width * mp.elementSize;
+    unsigned value = mp.value, es = mp.elementSize;
+    size_t width = mp.width, height = mp.height;
+    void* args[] = {&dst, &pitch, &value, &es, &width, &height};
+    const size_t work = ((uintptr_t)dst | pitch | (width * es)) % 16 == 0 ? width * es / 16 * height : width * height;
+    cudaKernelNodeParams kp = {};
+    kp.func = reinterpret_cast<void*>(fill_kernel);
+    kp.gridDim = dim3((unsigned)std::max<size_t>(1, std::min<size_t>((work + 255) / 256, 1056)));
+    kp.blockDim = dim3(256);
+    kp.kernelParams = args;
+    cudaGraphNode_t k = nullptr;
+    CUDA_CHECK(cudaGraphAddKernelNode(&k, g, nullptr, 0, &kp));
+    for (size_t i = 0; i < np; ++i) CUDA_CHECK(cudaGraphAddDependencies(g, &pre[i], &k, &pre_e[i], 1));
+    for (size_t i = 0; i < nd; ++i) CUDA_CHECK(cudaGraphAddDependencies(g, &k, &post[i], &post_e[i], 1));
+    CUDA_CHECK(cudaGraphDestroyNode(m));  // (and its edges)
+  }
+}
+
+}  // namespace
+
+void graph_memsets_as_kernels(cudaGraph_t g) { memsets_as_kernels(g); }
+
+namespace {
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(Precision p) {
@@ -218,6 +292,7 @@ class CudaDevice final : public Device {
     ctx.capturing = false;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
+    if (env_graph_fill()) memsets_as_kernels(g);
     if (env_pdl()) programmatic_edges(g);
     if (graph_) {
       CUDA_CHECK(cudaGraphExecDestroy(graph_));

@@ -54,6 +54,10 @@ inline unsigned grid_for(size_t n, int threads = kThreads) {
 
 using bf16 = __nv_bfloat16;
 
+// Replaces every memset node of a captured graph (cuDNN memsets its workspace before some of its
+// kernels) by a kernel node doing the same, with the same edges (cuda_engine.cu says why).
+void graph_memsets_as_kernels(cudaGraph_t g);
+
 // The first statement of every unet kernel. In the CUDA graphs (programmatic_edges() in
 // cuda_engine.cu) an edge into a unet kernel lets it launch while its predecessor still runs
 // (programmatic dependent launch, sm_90); this waits until the predecessor has completed and its
