@@ -517,7 +517,7 @@ void Blocks::attn_bwd(L& s, const Tensor& dout) {
                    s.dx_total_param != SIZE_MAX ? gvec(s.dx_total_param, C) : Tensor{}, gvec(s.b2, C)});
 }
 
-Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {
+Tensor Blocks::layer_bwd(L& s, const Tensor& dout, bool join) {
   ScopedRange r(eng.device(), s.bwd_name.c_str());
   const Layer& l = s.l;
   switch (l.kind) {
@@ -545,7 +545,7 @@ Tensor Blocks::layer_bwd(L& s, const Tensor& dout) {
       attn_bwd(s, dout);
       break;
   }
-  join_lanes();  // the layer's gradients are final (the grad-ready hook may send them)
+  if (join) join_lanes();  // the layer's gradients are final (the grad-ready hook may send them)
   return at(s.dx);
 }
 

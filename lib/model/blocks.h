@@ -151,7 +151,9 @@ struct Blocks {
   // for a single layer, zeroed by embedding_bwd_begin and added to by its backward)
   void embedding_bwd_begin();
   void embedding_bwd(const Tensor& labels);
-  Tensor layer_bwd(L& s, const Tensor& dout);  // the gradient of the layer's input (s.dx)
+  // The gradient of the layer's input (s.dx). join: join the side lane at the end (its gradients
+  // final); without, the caller joins later.
+  Tensor layer_bwd(L& s, const Tensor& dout, bool join = true);
 
   // ---- access ----
   Ops& ops() { return tracing ? *tracing : eng.ops(); }

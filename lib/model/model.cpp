@@ -293,9 +293,17 @@ struct Model::Impl {
       auto& blk = in_blocks[bi];
       const L* joiner = skip_joiner(bi);  // (a ResBlock there added the skip's gradient already)
       if (!joiner || !joiner->dx_add.defined()) run(Add{g, at(dskip[out_blocks.size() - 1 - bi]), g});
-      for (size_t j = blk.size(); j-- > 0;) g = bk.layer_bwd(blk[j], g), ready(blk[j].lowest_param());
+      for (size_t j = blk.size(); j-- > 0;) {
+        // The input convolution (no input gradient) is the main lane's last layer: its filter
+        // gradient, on the side lane, runs beside the embedding's backward instead of before it
+        // (H100, seed64: the step's tail was the two one after the other).
+        const bool last = bi == 0 && j == 0 && !blk[j].dx.defined();
+        g = bk.layer_bwd(blk[j], g, !last);
+        if (!last) ready(blk[j].lowest_param());
+      }
     }
     bk.embedding_bwd(labels_in);
+    bk.join_lanes();
     ready(0);
   }
 };
