@@ -84,7 +84,7 @@ class Sampler {
   // fences say when a buffer may be written again.
   float* hz_[2] = {nullptr, nullptr};
   float* ht_ = nullptr;
-  uint64_t zfence_[2] = {0, 0}, tfence_ = 0;
+  uint64_t zfence_[2] = {0, 0}, tfence_ = 0, zfree_ = 0;
   int zbuf_ = 0;
   // Draws step noise into the next staging buffer and uploads it to z.
   void upload_noise(uint64_t seed, int t_orig, int64_t first, int B, size_t numel, const Tensor& z);
