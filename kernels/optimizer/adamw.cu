@@ -64,6 +64,9 @@ struct AdamWF {
   __device__ void vec4(size_t j) const {
     const float gs = grad_scale ? *grad_scale : 1.f;
     float4 pp = ld4(p, j), gg = ld4(g, j), mm = ld4(m, j), vv = ld4(v, j);
+    // the EMA's load with the others (after the stores below it was a second round trip: the
+    // compiler cannot move a load across stores that may alias it)
+    const float4 a = e ? ld4(e, j) : float4{};
     one(pp.x, gg.x, mm.x, vv.x, gs);
     one(pp.y, gg.y, mm.y, vv.y, gs);
     one(pp.z, gg.z, mm.z, vv.z, gs);
@@ -73,7 +76,6 @@ struct AdamWF {
     st4(v, j, vv);
     if (s) st4(s, j, pp);
     if (e) {
-      const float4 a = ld4(e, j);
       st4(e, j,
           make_float4(ema_one(a.x, pp.x, rate, r1), ema_one(a.y, pp.y, rate, r1), ema_one(a.z, pp.z, rate, r1),
                       ema_one(a.w, pp.w, rate, r1)));
