@@ -500,7 +500,9 @@ TEST(GradReadyHook, GradientsAtOrAboveTheOffsetAreFinal) {
   m.backward(dout);
   std::vector<float> g(P);
   eng->download(g.data(), m.grads());
-  ASSERT_GT(snaps.size(), 5u);
+  // (during the backward, not only at its end: the output layers', then every kJoinEvery = 5
+  // layers' (lib/model/model.cpp), then the last call with 0)
+  ASSERT_GE(snaps.size(), 4u);
   EXPECT_EQ(snaps.back().first, 0u);
   for (size_t i = 0; i < snaps.size(); ++i) {
     if (i) {

@@ -197,10 +197,12 @@ TEST(Planner, PacksByLifetimeWithoutOverlap) {
   EXPECT_THROW(p.declare("other", DType::F32, {500}), std::logic_error);  // not the planned sequence
 }
 
-// Lanes: ops issued between the first lane(true) and the join run in no fixed order against each
-// other, so every buffer used there is live over the whole span. Sequentially, `x` (last read by
-// the side lane's op) and `dx` (first written after it on the main lane) could share memory;
-// inside a region they must not, while buffers outside it still reuse memory.
+// Lanes: a side-lane op runs after the main lane's earlier ops and before those after the join,
+// in no fixed order against the main lane's ops in between. So the buffers a side op uses are live
+// until the join: sequentially `x` (last read by the side lane's op) and `dx` (first written after
+// it on the main lane) could share memory; inside a region they must not. Buffers only the main
+// lane uses keep their own lifetimes there (t1 and t2 need not be live together), and buffers
+// outside the region still reuse memory.
 TEST(Planner, LaneRegionsKeepTheirBuffersLiveTogether) {
   auto e = make_cpu_engine();
   for (bool region : {false, true}) {
@@ -208,18 +210,22 @@ TEST(Planner, LaneRegionsKeepTheirBuffersLiveTogether) {
     Planner p;
     Tensor x = p.declare("x", DType::F32, {1000}), dy = p.declare("dy", DType::F32, {1000});
     Tensor dw = p.declare("dw", DType::F32, {1000}), dx = p.declare("dx", DType::F32, {1000});
+    Tensor t1 = p.declare("t1", DType::F32, {1000}), t2 = p.declare("t2", DType::F32, {1000});
     Tensor after = p.declare("after", DType::F32, {1000});
     Ops& ops = p.tracer(e->ops());
-    ops.run(Fill{x, 1});
-    ops.run(Fill{dy, 2});
+    ops.run(Fill{x, 1});                   // 0
+    ops.run(Fill{dy, 2});                  // 1
     if (region) ops.lane(true);
-    ops.run(Add{x, dy, dw});  // the side lane's: reads x and dy, writes dw
+    ops.run(Add{x, dy, dw});               // 2: the side lane's: reads x and dy, writes dw
     if (region) ops.lane(false);
-    ops.run(Copy{dy, dx});  // the main lane's: x is dead sequentially
-    ops.run(Copy{dw, dw});
+    ops.run(Copy{dy, dx});                 // 3: the main lane's: x is dead sequentially
+    ops.run(Fill{t1, 3});                  // 4: main-lane temporaries, one after the other
+    ops.run(Add{t1, dx, dx});              // 5
+    ops.run(Fill{t2, 4});                  // 6
+    ops.run(Add{t2, dx, dx});              // 7
     if (region) ops.join();
-    ops.run(Copy{dx, after});  // after the join: free to reuse x's or dy's memory
-    ops.run(Copy{after, after});
+    ops.run(Copy{dx, after});              // 8: after the join: free to reuse x's or dy's memory
+    ops.run(Add{after, dw, after});        // 9
     p.pack();
     EXPECT_NO_THROW(p.verify());
     auto find = [&](const char* n) {
@@ -228,14 +234,21 @@ TEST(Planner, LaneRegionsKeepTheirBuffersLiveTogether) {
       ADD_FAILURE() << n;
       return Planner::Buffer{};
     };
-    const Planner::Buffer bx = find("x"), bdx = find("dx"), bdw = find("dw"), bafter = find("after");
-    const bool shared = bx.offset == bdx.offset || bx.offset == bdw.offset;
-    EXPECT_EQ(shared, !region) << "x at " << bx.offset << ", dx at " << bdx.offset << ", dw at " << bdw.offset;
+    const Planner::Buffer bx = find("x"), bdy = find("dy"), bdx = find("dx"), bdw = find("dw");
+    const Planner::Buffer b1 = find("t1"), b2 = find("t2");
+    const bool shared = bx.offset == bdx.offset || bx.offset == b1.offset || bx.offset == b2.offset;
+    EXPECT_EQ(shared, !region) << "x at " << bx.offset << ", dx at " << bdx.offset;
     if (region) {
-      EXPECT_EQ(bx.last, bdw.last);
-      EXPECT_EQ(bdx.first, bdw.first);
+      EXPECT_EQ(bx.last, 7);   // the side op's inputs live until the join
+      EXPECT_EQ(bdy.last, 7);
+      EXPECT_EQ(bdx.first, 3);  // the main lane's keep their own lifetimes
+      EXPECT_EQ(b1.first, 4);
+      EXPECT_EQ(b1.last, 5);
+      EXPECT_EQ(b2.first, 6);
+      for (const auto* m : {&b1, &b2, &bdx})
+        for (const auto* sd : {&bx, &bdy, &bdw}) EXPECT_NE(m->offset, sd->offset) << m->name << " " << sd->name;
     }
-    EXPECT_LT(p.arena_bytes(), p.declared_bytes());  // `after` reuses memory either way
+    EXPECT_LT(p.arena_bytes(), p.declared_bytes());  // memory is reused either way
   }
 }
 

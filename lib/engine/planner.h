@@ -60,9 +60,11 @@ class Planner {
   int buffer_of(const void* p) const;
   void use(int id, int op, bool write, const std::string& what);
   void next_op() { ++nops_; }
-  // Lanes (Ops::lane/join): the span from the first lane(true) to the join.
+  // Lanes (Ops::lane/join): the span from the first lane(true) to the join; side: the ops that
+  // follow are the side lane's (lane(true)) or the main lane's (lane(false)).
   void region_open();
   void region_close();
+  void set_side(bool side) { side_ = side; }
 
  private:
   std::vector<Buffer> bufs_;
@@ -71,7 +73,8 @@ class Planner {
   size_t bound_ = 0;      // declare() calls seen since bind()
   int nops_ = 0;
   int region_ = -1;           // first op of the open lane region, -1: none
-  std::vector<int> touched_;  // buffers used inside it
+  bool side_ = false;         // the ops being traced are the side lane's
+  std::vector<int> touched_;  // buffers the side lane's ops use inside it
   class Tracer;
   std::unique_ptr<Tracer> tracer_;
 };
