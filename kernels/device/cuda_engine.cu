@@ -146,11 +146,13 @@ __global__ void fill_kernel(char* dst, size_t pitch, unsigned value, unsigned es
   }
 }
 
+}  // namespace
+
 // Every memset node of a captured graph becomes a kernel node doing the same (same dependencies
 // both ways). cuDNN's engines memset their workspace before some kernels; in a replayed graph a
 // memset node cost 3-10 us of idle GPU around it (H100, CUPTI timelines of seed64's step and
 // sampling forward), a kernel node the usual ~0.5 us.
-void memsets_as_kernels(cudaGraph_t g) {
+void graph_memsets_as_kernels(cudaGraph_t g) {
   size_t n = 0;
   CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
   std::vector<cudaGraphNode_t> nodes(n);
@@ -174,6 +176,7 @@ void memsets_as_kernels(cudaGraph_t g) {
     unsigned value = mp.value, es = mp.elementSize;
     size_t width = mp.width, height = mp.height;
     void* args[] = {&dst, &pitch, &value, &es, &width, &height};
+    // (fill_kernel's items: 16-byte stores where dst, pitch and the row allow them, else elements)
     const size_t work = ((uintptr_t)dst | pitch | (width * es)) % 16 == 0 ? width * es / 16 * height : width * height;
     cudaKernelNodeParams kp = {};
     kp.func = reinterpret_cast<void*>(fill_kernel);
@@ -187,10 +190,6 @@ void memsets_as_kernels(cudaGraph_t g) {
     CUDA_CHECK(cudaGraphDestroyNode(m));  // (and its edges)
   }
 }
-
-}  // namespace
-
-void graph_memsets_as_kernels(cudaGraph_t g) { memsets_as_kernels(g); }
 
 namespace {
 
@@ -314,7 +313,7 @@ class CudaDevice final : public Device {
     ctx.capturing = false;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
-    if (env_graph_fill()) memsets_as_kernels(g);
+    if (env_graph_fill()) graph_memsets_as_kernels(g);
     if (env_pdl()) programmatic_edges(g);
     if (graph_) {
       CUDA_CHECK(cudaGraphExecDestroy(graph_));

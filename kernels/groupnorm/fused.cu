@@ -229,14 +229,10 @@ __device__ __forceinline__ void load_rows(typename Vec<T, V>::Raw (&xr)[kU2], ty
     }
 }
 
-// dgamma, dbeta of channels [c0, c0 + Cn) over the batch from the per-(b, c) sums (dz xhat, dz),
-// each scaled by the sample's (1 + scale) with ss: one block, every thread of it.
-__device__ __forceinline__ void param_grads(const double2* sums, const float* ss, int B, int C, int c0, int Cn,
-                                            double2* tmp, float* dgamma, float* dbeta) {
-  sums += c0;
-  if (ss) ss += c0;
-  if (dgamma) dgamma += c0;
-  if (dbeta) dbeta += c0;
+// dgamma, dbeta over the batch from the per-(b, c) sums (dz xhat, dz), each scaled by the
+// sample's (1 + scale) with ss: one block, every thread of it.
+__device__ __forceinline__ void param_grads(const double2* sums, const float* ss, int B, int C, double2* tmp,
+                                            float* dgamma, float* dbeta) {
   auto run = [&](int c, int i0, int i1) {
     if (!ss) return sum_run(sums + (size_t)i0 * C + c, i1 - i0, (size_t)C);
     double sg = 0, sb = 0;
@@ -247,7 +243,7 @@ __device__ __forceinline__ void param_grads(const double2* sums, const float* ss
     }
     return make_double2(sg, sb);
   };
-  finish_columns(B, Cn, tmp, run, [&](int c, double2 v) {
+  finish_columns(B, C, tmp, run, [&](int c, double2 v) {
     if (dgamma) dgamma[c] = (float)v.x;
     if (dbeta) dbeta[c] = (float)v.y;
   });
@@ -337,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   }
   if (!dgamma && !dbeta) return;
   if (!last_block(tickets, B)) return;
-  param_grads(sums, ss, B, C, 0, C, tmp, dgamma, dbeta);
+  param_grads(sums, ss, B, C, tmp, dgamma, dbeta);
   if (t == 0) tickets[0] = 0;
 }
 
@@ -376,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V, Cg = C / G;
   if (b == B) {  // the parameter-gradient row
     __shared__ double2 ptmp[kThreads];
-    if (s == 0) param_grads(bsums, ss, B, C, 0, C, ptmp, dgamma, dbeta);
+    if (s == 0) param_grads(bsums, ss, B, C, ptmp, dgamma, dbeta);
     return;
   }
   const int r1 = min(R, s * rps + rps);
@@ -865,7 +861,7 @@ __global__ void __launch_bounds__(kThreads)
           if (dx_total) dx_total[c] = (float)v.x;
           if (add_total) add_total[c] = (float)v.y;
         });
-  if (dgamma || dbeta) param_grads(sums, ss, B, C, 0, C, part, dgamma, dbeta);
+  if (dgamma || dbeta) param_grads(sums, ss, B, C, part, dgamma, dbeta);
   if (t == 0) tickets[0] = 0;
 }
 

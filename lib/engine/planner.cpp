@@ -38,13 +38,11 @@ class Planner::Tracer final : public OpsAdapter<Planner::Tracer> {
   }
   // The engine sees the lanes too (a side lane plans its own workspace).
   void lane(bool side) override {
-    if (side) p_.region_open();
-    p_.set_side(side);
+    p_.lane_side(side);
     inner_.lane(side);
   }
   void join() override {
-    p_.region_close();
-    p_.set_side(false);
+    p_.lanes_joined();
     inner_.join();
   }
   void aside(bool on) override { inner_.aside(on); }
@@ -104,7 +102,7 @@ void Planner::use(int id, int op, bool write, const std::string& what) {
     b.first = op;
   }
   b.last = std::max(b.last, op);
-  if (region_ >= 0 && side_) touched_.push_back(id);
+  if (side_) touched_.push_back(id);
 }
 
 // A side-lane op runs after every main-lane op issued before it (lane(true) forks there) and
@@ -113,14 +111,10 @@ void Planner::use(int id, int op, bool write, const std::string& what) {
 // main lane uses after that op shares its memory. Buffers only the main lane uses keep their own
 // lifetimes (its ops run in order). (Before, every buffer used in the span was live over all of
 // it; deferring joins over several layers then cost 0.3-0.8 GB on seed64 at batch 32.)
-void Planner::region_open() {
-  if (region_ < 0) region_ = nops_;
-}
-void Planner::region_close() {
-  if (region_ < 0) return;
+void Planner::lanes_joined() {
   for (int id : touched_) bufs_[id].last = std::max(bufs_[id].last, nops_ - 1);
   touched_.clear();
-  region_ = -1;
+  side_ = false;
 }
 
 Ops& Planner::tracer(Ops& engine_ops) {
@@ -129,7 +123,7 @@ Ops& Planner::tracer(Ops& engine_ops) {
 }
 
 void Planner::pack() {
-  region_close();  // a trace that ended inside a region
+  lanes_joined();  // a trace that ended before a join
   std::vector<int> order;
   for (int i = 0; i < (int)bufs_.size(); ++i)
     if (bufs_[i].first >= 0 && bufs_[i].bytes) order.push_back(i);

@@ -60,11 +60,10 @@ class Planner {
   int buffer_of(const void* p) const;
   void use(int id, int op, bool write, const std::string& what);
   void next_op() { ++nops_; }
-  // Lanes (Ops::lane/join): the span from the first lane(true) to the join; side: the ops that
-  // follow are the side lane's (lane(true)) or the main lane's (lane(false)).
-  void region_open();
-  void region_close();
-  void set_side(bool side) { side_ = side; }
+  // Lanes (Ops::lane/join): lane_side(true) / (false): the ops that follow are the side lane's /
+  // the main lane's; lanes_joined(): at the join.
+  void lane_side(bool side) { side_ = side; }
+  void lanes_joined();
 
  private:
   std::vector<Buffer> bufs_;
@@ -72,9 +71,8 @@ class Planner {
   char* base_ = nullptr;  // bound arena
   size_t bound_ = 0;      // declare() calls seen since bind()
   int nops_ = 0;
-  int region_ = -1;           // first op of the open lane region, -1: none
   bool side_ = false;         // the ops being traced are the side lane's
-  std::vector<int> touched_;  // buffers the side lane's ops use inside it
+  std::vector<int> touched_;  // buffers the side lane's ops used since the last join
   class Tracer;
   std::unique_ptr<Tracer> tracer_;
 };

@@ -288,37 +288,36 @@ struct Model::Impl {
     // / 3.13 GB. 5: most of the gain, and the all-reduce's buckets (multi-GPU) hear of their
     // gradients at most 5 layers late.
     constexpr int kJoinEvery = 5;
-    std::vector<size_t> pending;
-    auto flush = [&] {
-      if (pending.empty()) return;
-      bk.join_lanes();
-      ready(*std::min_element(pending.begin(), pending.end()));
-      pending.clear();
-    };
-    auto back = [&](L& s, bool last) {
+    int unjoined = 0;         // layers since the last join
+    size_t lowest = SIZE_MAX;  // the lowest parameter offset of the layers done (it only falls)
+    // Joins before a layer once kJoinEvery are pending; the last layers are joined after the
+    // embedding's backward (so the input convolution's filter gradient runs beside it).
+    auto back = [&](L& s) {
+      if (unjoined == kJoinEvery) {
+        bk.join_lanes();
+        ready(lowest);
+        unjoined = 0;
+      }
       g = bk.layer_bwd(s, g, false);
-      pending.push_back(s.lowest_param());
-      if (!last && (int)pending.size() >= kJoinEvery) flush();
+      lowest = std::min(lowest, s.lowest_param());
+      ++unjoined;
     };
     const size_t n_in = in_blocks.size();
     for (size_t bi = out_blocks.size(); bi-- > 0;) {
       auto& blk = out_blocks[bi];
-      for (size_t j = blk.size(); j-- > 0;) back(blk[j], false);
+      for (size_t j = blk.size(); j-- > 0;) back(blk[j]);
       if (!blk[0].dx2.defined()) {  // (else the layer wrote g as dcat_h and dskip)
         ScopedRange r(bk.eng.device(), "concat bwd");
         run(ConcatBwd{g, at(dcat_h[bi]), at(dskip[bi])});
       }
       g = at(dcat_h[bi]);
     }
-    for (size_t j = mid.size(); j-- > 0;) back(mid[j], false);
+    for (size_t j = mid.size(); j-- > 0;) back(mid[j]);
     for (size_t bi = n_in; bi-- > 0;) {
       auto& blk = in_blocks[bi];
       const L* joiner = skip_joiner(bi);  // (a ResBlock there added the skip's gradient already)
       if (!joiner || !joiner->dx_add.defined()) run(Add{g, at(dskip[out_blocks.size() - 1 - bi]), g});
-      // The input convolution (no input gradient) is the main lane's last layer: its filter
-      // gradient, on the side lane, runs beside the embedding's backward instead of before it
-      // (H100, seed64: the step's tail was the two one after the other).
-      for (size_t j = blk.size(); j-- > 0;) back(blk[j], bi == 0 && j == 0 && !blk[j].dx.defined());
+      for (size_t j = blk.size(); j-- > 0;) back(blk[j]);
     }
     bk.embedding_bwd(labels_in);
     bk.join_lanes();
