@@ -77,6 +77,12 @@ bool env_lanes() {
                     "(one stream)");
 }
 
+bool env_stream_priority() {
+  return switch_var("UNET_STREAM_PRIORITY", true,
+                    "must be 1 (the main lane's kernels first, then the side lane's, the optimizer's last; "
+                    "the default) or 0 (one priority for all)");
+}
+
 std::string env_cpu_comm() {
   const char* v = value("UNET_CPU_COMM");
   if (!v) return "";
@@ -103,6 +109,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_stream_data();
   env_pdl();
   env_graph_fill();
+  env_stream_priority();
   env_conv_stats();
   env_lanes();
   env_cpu_comm();

@@ -12,6 +12,8 @@
 //   UNET_CONV_STATS    1 or 0 (default): the convolution (or skip concatenation) in front of a
 //                      GroupNorm also gives the norm's statistics (on the GPU from its epilogue's or
 //                      copy's pass); opt-in until measured
+//   UNET_STREAM_PRIORITY 1 (default) or 0: CUDA stream priorities, main lane > side lane >
+//                      optimizer (kept per kernel node in CUDA graphs)
 //   UNET_CPU_COMM      tcp or mpi (CPU ranks' gradient reduction); unset = by launcher
 //   UNET_CUDNN_CACHE   the cuDNN plan cache file (default $XDG_CACHE_HOME or ~/.cache
 //                      /unet/cudnn-plans.txt): a regular file (or none yet), never an input
@@ -35,6 +37,8 @@ bool env_graph_fill();
 bool env_conv_stats();
 // UNET_LANES: false for "0"; true when unset, empty or "1".
 bool env_lanes();
+// UNET_STREAM_PRIORITY: false for "0"; true when unset, empty or "1".
+bool env_stream_priority();
 // UNET_CPU_COMM: "tcp", "mpi", or "" when unset.
 std::string env_cpu_comm();
 // Where the cuDNN plan cache lives: UNET_CUDNN_CACHE, else $XDG_CACHE_HOME/unet/cudnn-plans.txt,

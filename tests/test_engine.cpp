@@ -335,7 +335,10 @@ TEST(Kernels, EveryKernelBeginsWithPdlEntry) {
 }  // namespace
 
 #if UNET_HAVE_CUDA
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <cstdlib>
 
 namespace unet {
 void graph_memsets_as_kernels(cudaGraph_t g);  // kernels/device/cuda_engine.cu
@@ -425,6 +428,78 @@ TEST(CudaGraphs, MemsetNodesBecomeFillKernels) {
   cudaFree(copy);
 }
 
+
+// Stream priorities: the engine's main lane is the most urgent stream (UNET_STREAM_PRIORITY=0: the
+// default priority); a captured graph's kernel nodes keep their stream's priority, and a memset
+// node replaced by a fill kernel takes the priority of the kernel it was for, so the lane keeps
+// its place with the block scheduler. The replaced graph, instantiated with node priorities,
+// still orders the fill before the kernel (cuBLAS scales what the fill wrote).
+TEST(CudaGraphs, KernelNodesKeepLanePriority) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  for (const char* v : {"1", "0"}) {
+    setenv("UNET_STREAM_PRIORITY", v, 1);
+    std::string why;
+    auto eng = make_cuda_engine(Precision::FP32, &why);
+    ASSERT_NE(eng, nullptr) << why;
+    int prio = 1;
+    ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(eng->device().native_stream()), &prio), cudaSuccess);
+    EXPECT_EQ(prio, std::string(v) == "1" ? greatest : 0) << "UNET_STREAM_PRIORITY=" << v;
+  }
+  unsetenv("UNET_STREAM_PRIORITY");
+
+  constexpr int kN = 4096;
+  float* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, kN * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(buf, 0xff, kN * sizeof(float)), cudaSuccess);  // NaN until the fill
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest), cudaSuccess);
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(h, s), CUBLAS_STATUS_SUCCESS);
+  std::mt19937 rng((unsigned)test::test_seed());
+  const float alpha = 1.5f + (float)(rng() % 100);
+  const unsigned char byte = (unsigned char)(0x30 + rng() % 16);  // a finite, normal float pattern
+  cudaGraph_t g = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(buf, byte, kN * sizeof(float), s), cudaSuccess);
+  ASSERT_EQ(cublasSscal(h, kN, &alpha, buf, 1), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  graph_memsets_as_kernels(g);
+  size_t n = 0;
+  ASSERT_EQ(cudaGraphGetNodes(g, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n);
+  ASSERT_EQ(cudaGraphGetNodes(g, nodes.data(), &n), cudaSuccess);
+  int kernels = 0;
+  for (cudaGraphNode_t x : nodes) {
+    cudaGraphNodeType t;
+    ASSERT_EQ(cudaGraphNodeGetType(x, &t), cudaSuccess);
+    EXPECT_NE(t, cudaGraphNodeTypeMemset);
+    if (t != cudaGraphNodeTypeKernel) continue;
+    ++kernels;
+    cudaKernelNodeAttrValue a = {};
+    ASSERT_EQ(cudaGraphKernelNodeGetAttribute(x, cudaLaunchAttributePriority, &a), cudaSuccess);
+    EXPECT_EQ(a.priority, greatest);
+  }
+  EXPECT_GE(kernels, 2);  // the fill and cuBLAS's scale
+  cudaGraphExec_t ge = nullptr;
+  ASSERT_EQ(cudaGraphInstantiateWithFlags(&ge, g, cudaGraphInstantiateFlagUseNodePriority), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(ge, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  std::vector<float> got(kN);
+  ASSERT_EQ(cudaMemcpy(got.data(), buf, kN * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  float filled;
+  std::memset(&filled, byte, sizeof filled);
+  size_t bad = 0;
+  for (float x : got) bad += x != filled * alpha;
+  EXPECT_EQ(bad, 0u);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cublasDestroy(h);
+  cudaStreamDestroy(s);
+  cudaFree(buf);
+}
 
 // upload_after: each copy waits for the readers of the previous contents (the fence after them)
 // and the reader after wait_uploads() sees the new contents. 40 rounds through one buffer, each

@@ -867,6 +867,50 @@ TEST(ProfileReport, ChromeTraceIsValid) {
   EXPECT_TRUE(named_stream);
 }
 
+// The graph replays go to their own process, on their own clock from 0, stream by stream.
+TEST(ProfileReport, ChromeTraceHasGraphReplays) {
+  RangeTracker tracker;
+  std::vector<Activity> acts;
+  Report r = sample_report(&acts, tracker);
+  std::vector<Activity> replays;
+  std::mt19937 rng(std::random_device{}());
+  const uint64_t base = 5'000'000'000ull + rng() % 1000;
+  for (int i = 0; i < 5; ++i) {
+    Activity a;
+    a.kind = ActivityKind::Kernel;
+    a.name = "replayed_" + std::to_string(i);
+    a.start = base + 1000 * i + rng() % 100;
+    a.end = a.start + 200 + rng() % 500;
+    a.stream = 20 + i % 2;
+    replays.push_back(a);
+  }
+  std::ostringstream os;
+  write_chrome_trace(os, acts, tracker, r.gpu, &replays);
+  json t = json::parse(os.str());
+  size_t kernels = 0, layers = 0;
+  validate_trace(t, &kernels, &layers);
+  EXPECT_EQ(kernels, 4u * 6 + replays.size());
+  EXPECT_EQ(layers, 4u * 3);
+  int pid = -1, found = 0;
+  for (auto& e : t["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "process_name" && e["args"]["name"] == "GPU: CUDA-graph replays")
+      pid = e["pid"];
+  ASSERT_GE(pid, 0);
+  uint64_t r0 = replays[0].start;
+  for (const auto& a : replays) r0 = std::min(r0, a.start);
+  for (auto& e : t["traceEvents"]) {
+    if (e["ph"] != "X" || e["pid"] != pid) continue;
+    const std::string name = e["name"];
+    auto it = std::find_if(replays.begin(), replays.end(), [&](const Activity& a) { return a.name == name; });
+    ASSERT_NE(it, replays.end()) << name;
+    EXPECT_NEAR(e["ts"].get<double>(), (double)(it->start - r0) / 1000.0, 1e-6);
+    EXPECT_NEAR(e["dur"].get<double>(), (double)it->duration() / 1000.0, 1e-6);
+    EXPECT_EQ(e["tid"].get<int>(), (int)it->stream + 1);
+    ++found;
+  }
+  EXPECT_EQ(found, (int)replays.size());
+}
+
 // ---- the command without a GPU ----
 
 TEST(ProfileCli, WithoutGpuOneLineAndExit1) {

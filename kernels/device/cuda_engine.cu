@@ -27,8 +27,8 @@ constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommen
 // lane, at its first use; both have these fields): its stream, a cuBLAS handle bound to it with
 // its own workspace, the reduction scratch and the tickets.
 template <class L>
-void make_lane(L& l) {
-  CUDA_CHECK(cudaStreamCreate(&l.stream));
+void make_lane(L& l, int priority) {
+  CUDA_CHECK(cudaStreamCreateWithPriority(&l.stream, cudaStreamDefault, priority));
   CUBLAS_CHECK(cublasCreate(&l.cublas));
   // Order matters: cublasSetStream resets the workspace to cuBLAS's own pool.
   CUBLAS_CHECK(cublasSetStream(l.cublas, l.stream));
@@ -152,6 +152,23 @@ __global__ void fill_kernel(char* dst, size_t pitch, unsigned value, unsigned es
 // both ways). cuDNN's engines memset their workspace before some kernels; in a replayed graph a
 // memset node cost 3-10 us of idle GPU around it (H100, CUPTI timelines of seed64's step and
 // sampling forward), a kernel node the usual ~0.5 us.
+// Where the block scheduler sends freed SMs first. A kernel fills every SM it can as soon as it is
+// issued, and its blocks keep being scheduled ahead of a later kernel's: with one priority, an
+// optimizer range (2,112 blocks) or a filter gradient issued just before the main lane's next
+// kernel held that kernel back for its whole run (H100 timeline: AdamW ran alone for 0.25 ms of
+// the bf16 step). So: the main lane (the step's critical path) most urgent, the side lane (filter
+// gradients, joined every few layers) next, the optimizer's updates least. Kernel nodes of a
+// captured graph keep their stream's priority, used with cudaGraphInstantiateFlagUseNodePriority.
+void set_priorities(CudaCtx& c) {
+  c.prio_main = c.prio_side = c.prio_aside = 0;
+  if (!env_stream_priority()) return;
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  c.prio_main = greatest;
+  c.prio_side = std::min(least, greatest + 1);
+  c.prio_aside = least;
+}
+
 void graph_memsets_as_kernels(cudaGraph_t g) {
   size_t n = 0;
   CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
@@ -185,6 +202,17 @@ void graph_memsets_as_kernels(cudaGraph_t g) {
     kp.kernelParams = args;
     cudaGraphNode_t k = nullptr;
     CUDA_CHECK(cudaGraphAddKernelNode(&k, g, nullptr, 0, &kp));
+    // The lane's priority: that of the kernel the memset was for (captured nodes carry their
+    // stream's; a new node has the default, the least urgent).
+    for (cudaGraphNode_t d : post) {
+      cudaGraphNodeType dt;
+      CUDA_CHECK(cudaGraphNodeGetType(d, &dt));
+      if (dt != cudaGraphNodeTypeKernel) continue;
+      cudaKernelNodeAttrValue v = {};
+      CUDA_CHECK(cudaGraphKernelNodeGetAttribute(d, cudaLaunchAttributePriority, &v));
+      CUDA_CHECK(cudaGraphKernelNodeSetAttribute(k, cudaLaunchAttributePriority, &v));
+      break;
+    }
     for (size_t i = 0; i < np; ++i) CUDA_CHECK(cudaGraphAddDependencies(g, &pre[i], &k, &pre_e[i], 1));
     for (size_t i = 0; i < nd; ++i) CUDA_CHECK(cudaGraphAddDependencies(g, &k, &post[i], &post_e[i], 1));
     CUDA_CHECK(cudaGraphDestroyNode(m));  // (and its edges)
@@ -203,9 +231,9 @@ class CudaDevice final : public Device {
       CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
       ctx.device_name = prop.name;
       ctx.prec = p;
-      make_lane(ctx);
-      // (stream priorities, lanes high and this one low, measured no different on the H100)
-      CUDA_CHECK(cudaStreamCreate(&ctx.aside_stream));
+      set_priorities(ctx);
+      make_lane(ctx, ctx.prio_main);
+      CUDA_CHECK(cudaStreamCreateWithPriority(&ctx.aside_stream, cudaStreamDefault, ctx.prio_aside));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_fork_ev, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_join_ev, cudaEventDisableTiming));
       for (auto& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -319,7 +347,8 @@ class CudaDevice final : public Device {
       CUDA_CHECK(cudaGraphExecDestroy(graph_));
       graph_ = nullptr;
     }
-    CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
+    // Node priorities: each kernel node keeps its capturing stream's, the fill nodes their lane's.
+    CUDA_CHECK(cudaGraphInstantiateWithFlags(&graph_, g, cudaGraphInstantiateFlagUseNodePriority));
     CUDA_CHECK(cudaGraphDestroy(g));
   }
   void graph_launch() override {
@@ -446,7 +475,7 @@ void swap_lane(CudaCtx& c) {
 // its kernels share nothing with the main lane's but the buffers the caller hands them.
 static void make_side(CudaCtx& c) {
   if (c.capturing) throw std::logic_error("the side lane must be made before a graph capture (plan memory first)");
-  make_lane(c.other);
+  make_lane(c.other, c.prio_side);
   CUDA_CHECK(cudaEventCreateWithFlags(&c.fork_ev, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&c.join_ev, cudaEventDisableTiming));
 }

@@ -142,7 +142,11 @@ class NcclComm final : public Communicator {
     setenv("NCCL_NVLS_ENABLE", "0", 1);
     stream_ = static_cast<cudaStream_t>(eng.device().native_stream());
     if (!stream_) throw std::logic_error("NcclComm: the engine has no CUDA stream");
-    check(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // The all-reduce's stream as urgent as the engine's main lane: its kernels wait for peers, so
+    // any delay in scheduling them holds back every rank.
+    int prio = 0;
+    check(cudaStreamGetPriority(stream_, &prio), "cudaStreamGetPriority");
+    check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, prio), "cudaStreamCreate");
     check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreate");
     // Bootstrap: rank 0's unique id travels over the control plane.

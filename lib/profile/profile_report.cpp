@@ -835,7 +835,7 @@ std::string format_json(const Report& r) {
 // Chrome trace
 
 void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, const RangeTracker& ranges,
-                        const std::string& gpu) {
+                        const std::string& gpu, const std::vector<Activity>* replays) {
   const auto& inst = ranges.instances();
   uint64_t t0 = UINT64_MAX;
   for (const auto& a : acts) t0 = std::min(t0, a.start);
@@ -843,7 +843,7 @@ void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, con
     if (r.host_start) t0 = std::min(t0, r.host_start);
   if (t0 == UINT64_MAX) t0 = 0;
   auto us = [&](uint64_t t) { return t >= t0 ? (double)(t - t0) / 1000.0 : -(double)(t0 - t) / 1000.0; };
-  constexpr int kGpuPid = 1, kHostPid = 2, kLayerTid = 0;
+  constexpr int kGpuPid = 1, kHostPid = 2, kReplayPid = 3, kLayerTid = 0;
 
   bool first = true;
   os << "{\"displayTimeUnit\":\"ns\",\"otherData\":" << ojson({{"gpu", gpu}, {"tool", "unet profile"}}).dump()
@@ -906,7 +906,7 @@ void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, con
             {"dur", (double)(r.host_end - r.host_start) / 1000.0},
             {"args", {{"path", path}}}});
   }
-  for (const auto& a : acts) {
+  auto activity = [&](const Activity& a, int pid, double ts) {
     ojson args = {{"correlation", a.correlation}};
     if (a.range) args["range"] = range_path(ranges, a.range);
     if (a.kind == ActivityKind::Kernel) {
@@ -920,11 +920,21 @@ void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, con
                   : a.kind == ActivityKind::Memcpy ? "memcpy"
                                                    : "memset"},
           {"ph", "X"},
-          {"pid", kGpuPid},
+          {"pid", pid},
           {"tid", (int)a.stream + 1},
-          {"ts", us(a.start)},
+          {"ts", ts},
           {"dur", (double)a.duration() / 1000.0},
           {"args", std::move(args)}});
+  };
+  for (const auto& a : acts) activity(a, kGpuPid, us(a.start));
+  if (replays && !replays->empty()) {
+    meta(kReplayPid, 0, "process_name", "GPU: CUDA-graph replays", false);
+    std::map<uint32_t, bool> rstreams;
+    uint64_t r0 = UINT64_MAX;
+    for (const auto& a : *replays) rstreams[a.stream] = true, r0 = std::min(r0, a.start);
+    for (const auto& s : rstreams)
+      meta(kReplayPid, (int)s.first + 1, "thread_name", "stream " + std::to_string(s.first), true);
+    for (const auto& a : *replays) activity(a, kReplayPid, (double)(a.start - r0) / 1000.0);
   }
   os << "\n]}\n";
 }

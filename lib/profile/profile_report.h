@@ -204,9 +204,11 @@ std::string eager_line(const Report& r);
 
 // Chrome trace-event JSON (Perfetto, chrome://tracing): process "GPU" with one track per stream
 // (kernels, memcpy, memset) and a "layers (GPU)" track spanning each range's kernels; process
-// "host" with the layer ranges as the host issued them. ts/dur in microseconds.
+// "host" with the layer ranges as the host issued them; with `replays` (the CUDA-graph replays'
+// activities: no ranges, but the streams and overlap the step really runs with) a third process,
+// "GPU: CUDA-graph replays", on its own clock from 0. ts/dur in microseconds.
 void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, const RangeTracker& ranges,
-                        const std::string& gpu);
+                        const std::string& gpu, const std::vector<Activity>* replays = nullptr);
 
 std::string demangle(const std::string& mangled);
 std::string range_path(const RangeTracker& t, uint64_t id);

@@ -447,20 +447,21 @@ std::string run_profile(const ProfileRequest& a) {
           "Peak (%) above 100: that range's data stayed in the L2 cache, which is faster than the DRAM roof");
       break;
     }
-  // The trace shows the eager pass: there the kernels carry their layer ranges.
-  if (!a.trace.empty()) {
+  // The trace: the eager pass (there the kernels carry their layer ranges), then the graph replays.
+  auto write_trace = [&](const std::vector<prof::Activity>* replays) {
+    if (a.trace.empty()) return;
     AtomicFile f(a.trace);
     {
       std::ofstream os(f.tmp_path());
-      prof::write_chrome_trace(os, acts, tracker, rep.gpu);
+      prof::write_chrome_trace(os, acts, tracker, rep.gpu, replays);
       os.flush();
       if (!os) throw UserError(a.trace + ": write failed");
     }
     f.commit();
-    rep.notes.push_back("trace written to " + a.trace + " (" + (graph ? "the eager pass, " : "") +
+    rep.notes.push_back("trace written to " + a.trace + " (" +
+                        (replays ? "the eager pass with its layers, then the CUDA-graph replays; " : "") +
                         "open in https://ui.perfetto.dev or chrome://tracing)");
-  }
-  acts.clear();
+  };
 
   // Ranges are plain host calls from here on: no external ids, nothing the layer table counts.
   tracker.on_push = nullptr;
@@ -480,6 +481,7 @@ std::string run_profile(const ProfileRequest& a) {
     const double graph_ms = gp->region_end();
     std::vector<prof::Activity> gacts = gp->take_activities();
     prof::use_graph_replays(rep, gacts, graph_ms);
+    write_trace(&gacts);
     rep.dropped += gp->dropped();
     rep.notes.push_back(
         "kernel table, kernel sum and CUDA events: " + std::to_string(a.iters) +
@@ -497,6 +499,8 @@ std::string run_profile(const ProfileRequest& a) {
       rep.notes.push_back(
           "dropout: its seed is fixed (captured in the graph), so every iteration uses the same mask");
   }
+  if (!graph) write_trace(nullptr);
+  acts.clear();
   gp->stop();
   if (rep.difference_pct() > 10) {
     char b[300];
