@@ -346,6 +346,22 @@ void graph_memsets_as_kernels(cudaGraph_t g);  // kernels/device/cuda_engine.cu
 
 namespace {
 
+// graph_memsets_as_kernels on g, then its kernel nodes (no memset node may be left).
+std::vector<cudaGraphNode_t> fill_and_list_kernels(cudaGraph_t g) {
+  graph_memsets_as_kernels(g);
+  size_t n = 0;
+  EXPECT_EQ(cudaGraphGetNodes(g, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(n), kernels;
+  EXPECT_EQ(cudaGraphGetNodes(g, nodes.data(), &n), cudaSuccess);
+  for (cudaGraphNode_t x : nodes) {
+    cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
+    EXPECT_EQ(cudaGraphNodeGetType(x, &t), cudaSuccess);
+    EXPECT_NE(t, cudaGraphNodeTypeMemset);
+    if (t == cudaGraphNodeTypeKernel) kernels.push_back(x);
+  }
+  return kernels;
+}
+
 // The memset nodes of a graph (1-, 2- and 4-byte elements, 1D and pitched 2D, aligned for the fill
 // kernel's 16-byte stores or not) replaced by fill kernels: no memset node is left, the bytes
 // written are those of the memsets (checked against a host model, the rest keeps its poison), and
@@ -398,19 +414,7 @@ TEST(CudaGraphs, MemsetNodesBecomeFillKernels) {
   }
   cudaGraphNode_t cp = nullptr;
   ASSERT_EQ(cudaGraphAddMemcpyNode1D(&cp, g, &prev, 1, copy, buf, kBytes, cudaMemcpyDeviceToDevice), cudaSuccess);
-  graph_memsets_as_kernels(g);
-  size_t n = 0;
-  ASSERT_EQ(cudaGraphGetNodes(g, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  ASSERT_EQ(cudaGraphGetNodes(g, nodes.data(), &n), cudaSuccess);
-  int kernels = 0;
-  for (cudaGraphNode_t x : nodes) {
-    cudaGraphNodeType t;
-    ASSERT_EQ(cudaGraphNodeGetType(x, &t), cudaSuccess);
-    EXPECT_NE(t, cudaGraphNodeTypeMemset);
-    kernels += t == cudaGraphNodeTypeKernel;
-  }
-  EXPECT_EQ(kernels, (int)sets.size());
+  EXPECT_EQ(fill_and_list_kernels(g).size(), sets.size());
   cudaGraphExec_t ge = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
   for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(ge, 0), cudaSuccess);
@@ -466,23 +470,13 @@ TEST(CudaGraphs, KernelNodesKeepLanePriority) {
   ASSERT_EQ(cudaMemsetAsync(buf, byte, kN * sizeof(float), s), cudaSuccess);
   ASSERT_EQ(cublasSscal(h, kN, &alpha, buf, 1), CUBLAS_STATUS_SUCCESS);
   ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
-  graph_memsets_as_kernels(g);
-  size_t n = 0;
-  ASSERT_EQ(cudaGraphGetNodes(g, nullptr, &n), cudaSuccess);
-  std::vector<cudaGraphNode_t> nodes(n);
-  ASSERT_EQ(cudaGraphGetNodes(g, nodes.data(), &n), cudaSuccess);
-  int kernels = 0;
-  for (cudaGraphNode_t x : nodes) {
-    cudaGraphNodeType t;
-    ASSERT_EQ(cudaGraphNodeGetType(x, &t), cudaSuccess);
-    EXPECT_NE(t, cudaGraphNodeTypeMemset);
-    if (t != cudaGraphNodeTypeKernel) continue;
-    ++kernels;
+  const std::vector<cudaGraphNode_t> kernels = fill_and_list_kernels(g);
+  for (cudaGraphNode_t x : kernels) {
     cudaKernelNodeAttrValue a = {};
     ASSERT_EQ(cudaGraphKernelNodeGetAttribute(x, cudaLaunchAttributePriority, &a), cudaSuccess);
     EXPECT_EQ(a.priority, greatest);
   }
-  EXPECT_GE(kernels, 2);  // the fill and cuBLAS's scale
+  EXPECT_GE(kernels.size(), 2u);  // the fill and cuBLAS's scale
   cudaGraphExec_t ge = nullptr;
   ASSERT_EQ(cudaGraphInstantiateWithFlags(&ge, g, cudaGraphInstantiateFlagUseNodePriority), cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(ge, s), cudaSuccess);

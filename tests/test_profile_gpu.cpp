@@ -37,10 +37,17 @@ bool have_gpu(std::string* why) {
   } while (0)
 
 // Chrome trace-event format (JSON object form) as Perfetto / chrome://tracing read it.
-void validate_trace(const json& t, size_t* kernels, size_t* layers) {
+// kernels / memsets: those of the eager pass; replay_kernels: those of the process "GPU: CUDA-graph
+// replays".
+void validate_trace(const json& t, size_t* kernels, size_t* layers, size_t* replay_kernels, size_t* memsets) {
   ASSERT_TRUE(t.is_object());
   ASSERT_TRUE(t.contains("traceEvents") && t["traceEvents"].is_array());
-  *kernels = *layers = 0;
+  *kernels = *layers = *replay_kernels = *memsets = 0;
+  int replay_pid = -1;
+  for (const auto& e : t["traceEvents"])
+    if (e.value("ph", "") == "M" && e.value("name", "") == "process_name" &&
+        e["args"].value("name", "") == "GPU: CUDA-graph replays")
+      replay_pid = e["pid"];
   std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> tracks;
   std::map<std::string, std::vector<std::pair<double, double>>> spans;  // layer ranges by path
   for (const auto& e : t["traceEvents"]) {
@@ -59,7 +66,8 @@ void validate_trace(const json& t, size_t* kernels, size_t* layers) {
     ASSERT_TRUE(e.contains("dur") && e["dur"].is_number()) << e.dump();
     EXPECT_GE(e["dur"].get<double>(), 0.0);
     const std::string cat = e.value("cat", "");
-    if (cat == "kernel") ++*kernels;
+    if (cat == "kernel") ++*(e["pid"].get<int>() == replay_pid ? replay_kernels : kernels);
+    if (cat == "memset" && e["pid"].get<int>() != replay_pid) ++*memsets;
     if (cat == "layer") {
       ++*layers;
       ASSERT_TRUE(e.contains("args") && e["args"].contains("path")) << e.dump();
@@ -321,11 +329,14 @@ TEST(ProfileGpu, ResblockJsonAndTrace) {
               1.0, 0.05);
 
   json t = json::parse(read_file(trace));
-  size_t kernels = 0, layers = 0;
-  validate_trace(t, &kernels, &layers);
-  uint64_t instances = 0;  // the trace is the eager pass: as many kernels as the replays ran
+  size_t kernels = 0, layers = 0, replay_kernels = 0, memsets = 0;
+  validate_trace(t, &kernels, &layers, &replay_kernels, &memsets);
+  // Both passes are in the trace: the replays' kernels are the kernel table's, and the eager pass
+  // ran them too, cuDNN's workspace memsets as memsets (the graph runs them as fill kernels).
+  uint64_t instances = 0;
   for (auto& k : j["kernels"]) instances += k["instances"].get<uint64_t>();
-  EXPECT_EQ(kernels, instances);
+  EXPECT_EQ(replay_kernels, instances);
+  EXPECT_EQ(kernels + memsets, instances);
   EXPECT_GE(layers, 20u * 2);
 }
 
