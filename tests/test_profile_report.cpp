@@ -828,6 +828,77 @@ TEST(ProfileReport, GraphReplaysReplaceKernelTablesKeepLayers) {
   EXPECT_EQ(eager_line(plain), "");
 }
 
+// Overlap and "running alone" against a 1-ns reference grid: random activities on three streams
+// (back-to-back and empty ones included), each ns counted by how many run in it, and the ns where
+// exactly one runs credited to its name. Then the table, JSON and CSV carry the numbers.
+TEST(ProfileReport, OverlapAndAloneMatchAGrid) {
+  std::mt19937_64 g(test::test_seed() + 11);
+  std::uniform_int_distribution<uint64_t> st(0, 4000), du(0, 300);
+  const char* names[] = {"kernel_a", "kernel_b", "kernel_c", "kernel_d"};
+  std::vector<Activity> acts(90);
+  for (size_t i = 0; i < acts.size(); ++i) {
+    Activity& a = acts[i];
+    a.kind = i % 9 == 8 ? ActivityKind::Memset : ActivityKind::Kernel;
+    a.name = a.kind == ActivityKind::Memset ? "[CUDA memset]" : names[g() % 4];
+    a.start = i > 0 && i % 10 == 0 ? acts[i - 1].end : st(g);  // some back-to-back
+    a.end = a.start + du(g);
+    a.stream = (uint32_t)(i % 3);
+  }
+  std::vector<int> count(5000, 0);
+  for (const auto& a : acts)
+    for (uint64_t t = a.start; t < a.end; ++t) ++count[t];
+  std::vector<uint64_t> want_overlap(1, 0);
+  std::map<std::string, uint64_t> want_alone;
+  for (uint64_t t = 0; t < count.size(); ++t) {
+    if (!count[t]) continue;
+    if ((size_t)count[t] >= want_overlap.size()) want_overlap.resize(count[t] + 1, 0);
+    ++want_overlap[count[t]];
+    if (count[t] == 1)
+      for (const auto& a : acts)
+        if (a.start <= t && t < a.end) ++want_alone[a.name];
+  }
+  Report r;
+  r.iters = 2;
+  r.events_ms = 0.01;
+  build_kernel_tables(r, acts);
+  ASSERT_EQ(r.overlap_ns.size(), want_overlap.size());
+  for (size_t k = 1; k < want_overlap.size(); ++k) EXPECT_EQ(r.overlap_ns[k], want_overlap[k]) << k;
+  uint64_t busy = 0;
+  for (uint64_t v : r.overlap_ns) busy += v;
+  EXPECT_EQ(busy, r.busy_ns);
+  ASSERT_EQ(r.alone_ns.size(), want_alone.size());
+  for (size_t i = 0; i < r.alone_ns.size(); ++i) {
+    EXPECT_EQ(r.alone_ns[i].second, want_alone[r.alone_ns[i].first]) << r.alone_ns[i].first;
+    if (i) EXPECT_GE(r.alone_ns[i - 1].second, r.alone_ns[i].second);
+  }
+  ASSERT_GE(want_overlap.size(), 3u) << "the draw should overlap";
+
+  const std::string table = format_table(r);
+  EXPECT_NE(table.find("Running alone"), std::string::npos) << table;
+  EXPECT_NE(table.find(r.alone_ns[0].first), std::string::npos);
+  EXPECT_NE(overlap_line(r).find("1 activity running"), std::string::npos);
+  EXPECT_NE(table.find(overlap_line(r)), std::string::npos);
+  json j = json::parse(format_json(r));
+  EXPECT_NEAR(j["timing"]["overlap_ms_per_iter"]["1"].get<double>(), (double)want_overlap[1] / 1e6 / 2, 1e-12);
+  ASSERT_EQ(j["timing"]["alone"].size(), r.alone_ns.size());
+  EXPECT_EQ(j["timing"]["alone"][0]["name"], r.alone_ns[0].first);
+  auto rows = parse_csv(format_csv(r));
+  const auto& head = rows[0];
+  auto col = [&](const char* n) { return (size_t)(std::find(head.begin(), head.end(), n) - head.begin()); };
+  size_t alone_rows = 0;
+  for (auto& row : rows)
+    if (row[col("section")] == "alone") {
+      ++alone_rows;
+      EXPECT_EQ(std::stoull(row[col("total_ns")]), want_alone[row[col("name")]]);
+    }
+  EXPECT_EQ(alone_rows, want_alone.size());
+
+  Report none;  // no activities: no overlap line, no section
+  build_kernel_tables(none, {});
+  EXPECT_EQ(overlap_line(none), "");
+  EXPECT_EQ(format_table(none).find("Running alone"), std::string::npos);
+}
+
 TEST(ProfileReport, BusyTimeIsTheUnionOfIntervals) {
   // Random overlapping intervals (two streams); reference: a 1-ns bitmap.
   std::mt19937_64 g(test::test_seed() + 4);

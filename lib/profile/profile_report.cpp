@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -365,6 +366,42 @@ double Report::outside_ms_per_iter() const {
   return iters ? (events_ms - (double)span_ns / 1e6) / iters : 0.0;
 }
 
+void overlap_stats(Report& r, const std::vector<Activity>& acts) {
+  r.overlap_ns.assign(1, 0);
+  r.alone_ns.clear();
+  // Sweep over starts (+1) and ends (-1); at equal times ends first, so back-to-back activities
+  // do not count as overlapping.
+  std::vector<std::pair<uint64_t, int64_t>> ev;  // (time, +index+1 | -(index+1))
+  ev.reserve(2 * acts.size());
+  for (size_t i = 0; i < acts.size(); ++i) {
+    if (acts[i].duration() == 0) continue;
+    ev.push_back({acts[i].start, (int64_t)i + 1});
+    ev.push_back({acts[i].end, -((int64_t)i + 1)});
+  }
+  std::sort(ev.begin(), ev.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second < b.second;
+  });
+  std::set<size_t> active;
+  std::map<std::string, uint64_t> alone;
+  uint64_t last = ev.empty() ? 0 : ev.front().first;
+  for (const auto& e : ev) {
+    const uint64_t dt = e.first - last;
+    if (dt && !active.empty()) {
+      if (r.overlap_ns.size() <= active.size()) r.overlap_ns.resize(active.size() + 1, 0);
+      r.overlap_ns[active.size()] += dt;
+      if (active.size() == 1) alone[acts[*active.begin()].name] += dt;
+    }
+    last = e.first;
+    if (e.second > 0)
+      active.insert((size_t)(e.second - 1));
+    else
+      active.erase((size_t)(-e.second - 1));
+  }
+  r.alone_ns.assign(alone.begin(), alone.end());
+  std::stable_sort(r.alone_ns.begin(), r.alone_ns.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+}
+
 void build_kernel_tables(Report& r, const std::vector<Activity>& acts) {
   std::vector<std::pair<uint64_t, uint64_t>> iv;
   for (const auto& a : acts) iv.push_back({a.start, std::max(a.start, a.end)});
@@ -384,6 +421,7 @@ void build_kernel_tables(Report& r, const std::vector<Activity>& acts) {
     }
     r.busy_ns += ce - cs;
   }
+  overlap_stats(r, acts);
   r.kernels = summarize(acts, true);
   r.memops = summarize(acts, false);
   r.kernel_ns = r.memop_ns = 0;
@@ -578,6 +616,19 @@ std::string gap_line(const Report& r) {
   return b;
 }
 
+std::string overlap_line(const Report& r) {
+  if (r.overlap_ns.size() < 2) return "";
+  const double it = std::max(1, r.iters);
+  auto ms = [&](size_t k) { return k < r.overlap_ns.size() ? (double)r.overlap_ns[k] / 1e6 / it : 0.0; };
+  double more = 0;
+  for (size_t k = 3; k < r.overlap_ns.size(); ++k) more += ms(k);
+  char b[300];
+  std::snprintf(b, sizeof b,
+                "Overlap: 1 activity running %.3f ms/iter, 2 running %.3f ms/iter, 3 or more %.3f ms/iter", ms(1),
+                ms(2), more);
+  return b;
+}
+
 std::string eager_line(const Report& r) {
   if (!graph_mode(r)) return "";
   char b[400];
@@ -588,6 +639,9 @@ std::string eager_line(const Report& r) {
                 r.eager.difference_pct(r.iters), r.eager.idle_ms_per_iter(r.iters));
   return b;
 }
+
+// Rows of the table's "Running alone" section (JSON and CSV have all of them).
+constexpr size_t kAloneRows = 15;
 
 std::string format_table(const Report& r, int name_width) {
   std::ostringstream os;
@@ -614,6 +668,23 @@ std::string format_table(const Report& r, int name_width) {
     os << " (none)\n";
   else
     os << sum_table(r.memops, true, name_width);
+
+  if (!r.alone_ns.empty()) {
+    const double it = std::max(1, r.iters), ev = r.events_ms_per_iter();
+    os << "\nRunning alone (no other kernel or copy on the GPU meanwhile: where overlap did not help), per "
+          "iteration, top "
+       << std::min<size_t>(kAloneRows, r.alone_ns.size()) << " of " << r.alone_ns.size() << ":\n\n";
+    TextTable a;
+    a.head = {"Alone (ms)", "Events (%)", "Name"};
+    a.left = {false, false, true};
+    for (size_t i = 0; i < r.alone_ns.size() && i < kAloneRows; ++i) {
+      const double ms = (double)r.alone_ns[i].second / 1e6 / it;
+      std::string name = r.alone_ns[i].first;
+      if ((int)name.size() > name_width) name = name.substr(0, name_width - 3) + "...";
+      a.rows.push_back({fmt(ms, 3), ev > 0 ? fmt(100.0 * ms / ev, 1) : "-", name});
+    }
+    os << a.render();
+  }
 
   os << "\nLayers (per iteration; time = summed GPU time of the range's kernels, nested ranges "
         "included"
@@ -646,6 +717,7 @@ std::string format_table(const Report& r, int name_width) {
      << fmt(tot.peak_pct, 1) << "% of peak, " << tot.bound << "-bound)\n";
   os << (graph ? "CUDA-graph replays: " : "") << timing_line(r) << "\n";
   os << gap_line(r) << "\n";
+  if (!overlap_line(r).empty()) os << overlap_line(r) << "\n";
   if (graph) os << eager_line(r) << "\n";
   if (r.plain_events_ms >= 0)
     os << "without the profiler attached" << (graph ? " (graph replays)" : "") << ": CUDA events "
@@ -741,6 +813,11 @@ std::string format_csv(const Report& r) {
             return v;
           }()}});
   }
+  for (const auto& a : r.alone_ns)
+    row({{"section", "alone"},
+         {"name", a.first},
+         {"total_ns", std::to_string(a.second)},
+         {"ms_per_iter", num((double)a.second / 1e6 / std::max(1, r.iters))}});
   auto timing = [&](const std::string& k, double v) {
     row({{"section", "timing"}, {"name", k}, {"value", num(v)}});
   };
@@ -812,6 +889,14 @@ std::string format_json(const Report& r) {
   tm["gpu_span_ms_per_iter"] = (double)r.span_ns / 1e6 / it;
   tm["idle_between_kernels_ms_per_iter"] = r.idle_ms_per_iter();
   tm["outside_kernel_span_ms_per_iter"] = r.outside_ms_per_iter();
+  {
+    ojson ov = ojson::object();
+    for (size_t k = 1; k < r.overlap_ns.size(); ++k) ov[std::to_string(k)] = (double)r.overlap_ns[k] / 1e6 / it;
+    tm["overlap_ms_per_iter"] = std::move(ov);  // {"1": ms with one activity running, "2": ...}
+    ojson al = ojson::array();
+    for (const auto& a : r.alone_ns) al.push_back({{"name", a.first}, {"ms_per_iter", (double)a.second / 1e6 / it}});
+    tm["alone"] = std::move(al);
+  }
   tm["without_profiler_ms_per_iter"] =
       r.plain_events_ms >= 0 ? ojson(r.plain_events_ms / it) : ojson(nullptr);
   if (graph_mode(r)) {

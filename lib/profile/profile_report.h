@@ -171,6 +171,11 @@ struct Report {
   uint64_t kernel_ns = 0, memop_ns = 0;  // summed over the timed region
   uint64_t span_ns = 0;                  // first activity start to last activity end
   uint64_t busy_ns = 0;                  // union of the activities' intervals (GPU busy)
+  // How the activities overlap (streams, lanes): overlap_ns[k] = time with exactly k of them
+  // running (index 0 unused; idle time is span - busy). alone_ns: per name, the time it ran with
+  // nothing else running (time no overlap hid), descending.
+  std::vector<uint64_t> overlap_ns;
+  std::vector<std::pair<std::string, uint64_t>> alone_ns;
   double events_ms = 0;                  // CUDA-event time of the timed region (all iterations)
   double plain_events_ms = -1;           // same work without the profiler attached (<0: not run)
   double flops = 0, bytes = 0;           // whole timed region
@@ -199,6 +204,10 @@ std::string format_json(const Report& r);
 std::string timing_line(const Report& r);
 // Where the difference goes: "GPU busy ..., idle between kernels ..., outside the kernels ...".
 std::string gap_line(const Report& r);
+// "Overlap: 1 running X ms/iter, 2 running Y, 3 or more Z" ("" without activities).
+std::string overlap_line(const Report& r);
+// Computes r.overlap_ns and r.alone_ns from the records (build_kernel_tables calls it).
+void overlap_stats(Report& r, const std::vector<Activity>& acts);
 // Graph mode only (else ""): "eager launches (layer-table pass): kernel sum ..., CUDA events ...".
 std::string eager_line(const Report& r);
 
