@@ -869,7 +869,9 @@ TEST(ProfileReport, OverlapAndAloneMatchAGrid) {
   ASSERT_EQ(r.alone_ns.size(), want_alone.size());
   for (size_t i = 0; i < r.alone_ns.size(); ++i) {
     EXPECT_EQ(r.alone_ns[i].second, want_alone[r.alone_ns[i].first]) << r.alone_ns[i].first;
-    if (i) EXPECT_GE(r.alone_ns[i - 1].second, r.alone_ns[i].second);
+    if (i) {
+      EXPECT_GE(r.alone_ns[i - 1].second, r.alone_ns[i].second);
+    }
   }
   ASSERT_GE(want_overlap.size(), 3u) << "the draw should overlap";
 
