@@ -152,23 +152,6 @@ __global__ void fill_kernel(char* dst, size_t pitch, unsigned value, unsigned es
 // both ways). cuDNN's engines memset their workspace before some kernels; in a replayed graph a
 // memset node cost 3-10 us of idle GPU around it (H100, CUPTI timelines of seed64's step and
 // sampling forward), a kernel node the usual ~0.5 us.
-// Where the block scheduler sends freed SMs first. A kernel fills every SM it can as soon as it is
-// issued, and its blocks keep being scheduled ahead of a later kernel's: with one priority, an
-// optimizer range (2,112 blocks) or a filter gradient issued just before the main lane's next
-// kernel held that kernel back for its whole run (H100 timeline: AdamW ran alone for 0.25 ms of
-// the bf16 step). So: the main lane (the step's critical path) most urgent, the side lane (filter
-// gradients, joined every few layers) next, the optimizer's updates least. Kernel nodes of a
-// captured graph keep their stream's priority, used with cudaGraphInstantiateFlagUseNodePriority.
-void set_priorities(CudaCtx& c) {
-  c.prio_main = c.prio_side = c.prio_aside = 0;
-  if (!env_stream_priority()) return;
-  int least = 0, greatest = 0;
-  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  c.prio_main = greatest;
-  c.prio_side = std::min(least, greatest + 1);
-  c.prio_aside = least;
-}
-
 void graph_memsets_as_kernels(cudaGraph_t g) {
   size_t n = 0;
   CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
@@ -221,6 +204,24 @@ void graph_memsets_as_kernels(cudaGraph_t g) {
 
 namespace {
 
+// Where the block scheduler sends freed SMs first. A kernel fills every SM it can as soon as it is
+// issued, and its blocks keep being scheduled ahead of a later kernel's: with one priority, an
+// optimizer range (2,112 blocks) or a filter gradient issued just before the main lane's next
+// kernel held that kernel back for its whole run (H100 timeline: AdamW ran alone for 0.25 ms of
+// the bf16 step). So: the main lane (the step's critical path) most urgent, the side lane (filter
+// gradients, joined every few layers) next, the optimizer's updates least. Kernel nodes of a
+// captured graph keep their stream's priority, used with cudaGraphInstantiateFlagUseNodePriority.
+// UNET_STREAM_PRIORITY=0: all at the default.
+struct StreamPriorities {
+  int main = 0, side = 0, aside = 0;
+};
+StreamPriorities stream_priorities() {
+  if (!env_stream_priority()) return {};
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  return {greatest, std::min(least, greatest + 1), least};
+}
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(Precision p) {
@@ -231,9 +232,10 @@ class CudaDevice final : public Device {
       CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
       ctx.device_name = prop.name;
       ctx.prec = p;
-      set_priorities(ctx);
-      make_lane(ctx, ctx.prio_main);
-      CUDA_CHECK(cudaStreamCreateWithPriority(&ctx.aside_stream, cudaStreamDefault, ctx.prio_aside));
+      const StreamPriorities prio = stream_priorities();
+      ctx.prio_side = prio.side;  // (the side lane is made at its first use)
+      make_lane(ctx, prio.main);
+      CUDA_CHECK(cudaStreamCreateWithPriority(&ctx.aside_stream, cudaStreamDefault, prio.aside));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_fork_ev, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_join_ev, cudaEventDisableTiming));
       for (auto& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

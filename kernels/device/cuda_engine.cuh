@@ -128,9 +128,8 @@ struct CudaCtx {
   // its stream (elementwise maps), forked from the main lane by use_aside(true) and joined back by
   // join_aside() only, so the side lane's joins at every layer leave it running.
   cudaStream_t aside_stream = nullptr, aside_saved = nullptr;
-  // Stream priorities (lower is more urgent), kept by CUDA graphs per kernel node: the main lane
-  // (the step's critical path) first, the side lane's filter gradients next, the optimizer last.
-  int prio_main = 0, prio_side = 0, prio_aside = 0;
+  // The side lane's stream priority (lower is more urgent; stream_priorities() in cuda_engine.cu).
+  int prio_side = 0;
   cudaEvent_t aside_fork_ev = nullptr, aside_join_ev = nullptr;
   bool on_aside = false, aside_pending = false;
   void use_aside(bool on);

@@ -403,25 +403,15 @@ void overlap_stats(Report& r, const std::vector<Activity>& acts) {
 }
 
 void build_kernel_tables(Report& r, const std::vector<Activity>& acts) {
-  std::vector<std::pair<uint64_t, uint64_t>> iv;
-  for (const auto& a : acts) iv.push_back({a.start, std::max(a.start, a.end)});
-  std::sort(iv.begin(), iv.end());
-  r.span_ns = r.busy_ns = 0;
-  if (!iv.empty()) {
-    uint64_t last = 0;
-    for (const auto& p : iv) last = std::max(last, p.second);
-    r.span_ns = last - iv.front().first;
-    uint64_t cs = iv.front().first, ce = iv.front().second;
-    for (const auto& p : iv) {
-      if (p.first > ce) {
-        r.busy_ns += ce - cs;
-        cs = p.first;
-      }
-      ce = std::max(ce, p.second);
-    }
-    r.busy_ns += ce - cs;
+  r.span_ns = 0;
+  if (!acts.empty()) {
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (const auto& a : acts) lo = std::min(lo, a.start), hi = std::max(hi, std::max(a.start, a.end));
+    r.span_ns = hi - lo;
   }
   overlap_stats(r, acts);
+  r.busy_ns = 0;  // the union of the intervals: time with at least one running
+  for (uint64_t t : r.overlap_ns) r.busy_ns += t;
   r.kernels = summarize(acts, true);
   r.memops = summarize(acts, false);
   r.kernel_ns = r.memop_ns = 0;

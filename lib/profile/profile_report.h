@@ -172,7 +172,7 @@ struct Report {
   uint64_t span_ns = 0;                  // first activity start to last activity end
   uint64_t busy_ns = 0;                  // union of the activities' intervals (GPU busy)
   // How the activities overlap (streams, lanes): overlap_ns[k] = time with exactly k of them
-  // running (index 0 unused; idle time is span - busy). alone_ns: per name, the time it ran with
+  // running (index 0 unused; their sum is busy_ns, idle time span - busy). alone_ns: per name, the time it ran with
   // nothing else running (time no overlap hid), descending.
   std::vector<uint64_t> overlap_ns;
   std::vector<std::pair<std::string, uint64_t>> alone_ns;
