@@ -214,6 +214,19 @@ TEST(ConvVariants, SmallOddShapes) {
   // and every epilogue term; 1x1 with a partial 64-channel tile and 3 K blocks.
   check_conv("3x3 mma odd", 3, 13, 64, 72, 3, 1, true, true);
   check_conv("1x1 mma", 2, 9, 96, 40, 1, 1, false, true);
+  // "wgmma" (3x3 at width 64, H100, tf32 and bf16 forward, tf32 data gradient): partial channel
+  // blocks (Ci = 40; the data gradient's 72 inputs) and a partial 128-channel tile (Co = 72) with
+  // every epilogue term; 64-channel tiles (48 and 64 outputs). "wgmma_tap" (forward): pixel boxes
+  // of whole images past the batch's end (B = 3 at 8x8: boxes of 2 images; 4x4: 8), a partial
+  // channel block and a partial 128-channel tile, 1x1 and 3x3 with 256-channel tiles (Co = 200),
+  // rows of 128 pixels (W = 128, 256).
+  check_conv("3x3 wgmma", 2, 64, 40, 72, 3, 1, true, true);
+  check_conv("3x3 wgmma 64", 1, 64, 64, 48, 3, 1, false, true);
+  check_conv("3x3 wgmma_tap odd", 3, 8, 36, 72, 3, 1, true, true);
+  check_conv("3x3 wgmma_tap 4x4", 3, 4, 64, 64, 3, 1, true, false);
+  check_conv("1x1 wgmma_tap", 2, 16, 40, 200, 1, 1, false, true);
+  check_conv("3x3 wgmma_tap wide", 1, 256, 32, 16, 3, 1, false, true);
+  check_conv("3x3 wgmma_tap 128", 1, 128, 64, 200, 3, 1, true, false);
   // The model's output layer: activation inputs, an f32 output (bf16 in, f32 out in bf16 engines),
   // forward only; B, H, Ci, Co, emb, res:
   //  * small, and the released models' 192 -> 6 (learned sigma);
@@ -256,6 +269,30 @@ TEST(ConvVariants, NarrowRunsTheOutputLayer) {
     EXPECT_EQ(g->base_ops().variant(out), p == Precision::BF16 ? "narrow_tc" : "narrow");
     const ConvFwd wide = fwd_op(A, g->act_dtype(), 2, 8, 64, 16, 3, 1, false, false, DType::F32, false);
     EXPECT_EQ(g->base_ops().variant(wide).rfind("narrow", 0), std::string::npos);  // more than 8 outputs: the GEMM engines
+  }
+}
+
+// "wgmma" (and "wgmma_tap") run only when forced: by default cuDNN keeps the 64x64 level's forwards
+// and data gradients in tf32 and bf16; forced, the forward takes "wgmma" on an H100 / H200.
+TEST(ConvVariants, WgmmaOnlyWhenForced) {
+  SKIP_WITHOUT_GPU();
+  for (Precision p : {Precision::TF32, Precision::BF16}) {
+    SCOPED_TRACE(precision_name(p));
+    Engine* g = gpu_engine(p);
+    ASSERT_TRUE(g);
+    const std::string dev = g->name();
+    if (dev.find("H100") == std::string::npos && dev.find("H200") == std::string::npos)
+      GTEST_SKIP() << "not an H100 / H200: " << dev;
+    auto A = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
+    const DType act = g->act_dtype();
+    EXPECT_EQ(g->base_ops().variant(fwd_op(A, act, 2, 64, 128, 64, 3, 1, true, true)).rfind("wgmma", 0),
+              std::string::npos);
+    const ConvBwdData d64{A(act, {2, 64, 64, 64}), A(act, {64, 3, 3, 128}), A(act, {2, 64, 64, 128}), 1};
+    EXPECT_NE(g->base_ops().variant(d64), "wgmma");
+    // (choices are cached per shape: a shape not asked for yet)
+    set_kernel_overrides("conv_fwd=wgmma");
+    EXPECT_EQ(g->base_ops().variant(fwd_op(A, act, 3, 64, 32, 16, 3, 1, false, false)), "wgmma");
+    set_kernel_overrides("");
   }
 }
 

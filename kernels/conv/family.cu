@@ -3,8 +3,9 @@
 // "narrow" on f32 FMAs for the rest), in fp32 mode unet's implicit GEMMs on FMAs (simt.cu), then cuDNN when it is present and has a
 // deterministic engine for the shape (forwards with bias / residual as one fused cuDNN kernel
 // where that timed faster, then with unet's row-block epilogue and bias gradients, then
-// with the earlier elementwise ones), else unet's own im2col + cuBLAS; last, unet's bf16 tensor-core forward (mma.cu), only when
-// forced, as it is slower than cuDNN so far.
+// with the earlier elementwise ones), else unet's own im2col + cuBLAS; last, only when forced, as
+// they are not faster than cuDNN so far: unet's bf16 tensor-core forward (mma.cu), and the Hopper
+// (wgmma + TMA) forwards and data gradient of wgmma.cu (sm_90a builds).
 #include "cuda_engine.cuh"
 
 namespace unet {
@@ -17,6 +18,9 @@ void register_conv_cuda(CudaOps& ops) {
   register_conv_cudnn(ops);
   register_conv_im2col(ops);
   register_conv_mma(ops);
+#ifdef UNET_HAVE_SM90A
+  register_conv_wgmma(ops);
+#endif
 }
 
 }  // namespace unet

@@ -1,5 +1,6 @@
-// Host-side pieces the implicit-GEMM convolution variants share (simt.cu, mma.cu): a conv's
-// geometry in the forward's terms, the shape checks, and the alignment their 16-byte accesses need.
+// Pieces the implicit-GEMM convolution variants share (simt.cu, mma.cu, wgmma.cu): a conv's
+// geometry in the forward's terms, the data gradient's rotated filter, the shape checks, and the
+// alignment their 16-byte accesses need.
 #pragma once
 #include <initializer_list>
 #include <stdexcept>
@@ -26,6 +27,33 @@ inline Geo filter_geo(const ConvBwdFilter& o) {
 }
 // The data gradient as a forward: input dy (Co channels), output dx (Ci).
 inline Geo as_forward(const Geo& g) { return {g.B, g.H, g.W, g.Co, g.Ci, g.KS}; }
+
+__device__ __forceinline__ float tf32_rna(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return __uint_as_float(r);
+}
+// The data gradient as a forward runs on the filter rotated by 180 degrees, axes swapped:
+// wt[ci][tap'][co] = w[co][KK - 1 - tap'][ci], as 32 x 32 transposes through shared memory (grid: Ci/32, Co/32, taps), coalesced both ways.
+// TF32: each value rounded to tf32 (to nearest, ties away: cvt.rna) for kernels whose tensor cores
+// would otherwise truncate it. (A template: one definition for every file that launches it.)
+template <bool TF32 = false>
+__global__ void flip_kernel(const float* __restrict__ w, float* __restrict__ wt, int Co, int KK, int Ci) {
+  pdl_entry();
+  __shared__ float tile[32][33];
+  const int ci0 = blockIdx.x * 32, co0 = blockIdx.y * 32, tp = blockIdx.z, tx = threadIdx.x;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {  // read rows co, columns ci
+    const int co = co0 + r, ci = ci0 + tx;
+    if (co < Co && ci < Ci) tile[r][tx] = w[((size_t)co * KK + (KK - 1 - tp)) * Ci + ci];
+  }
+  __syncthreads();
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {  // write rows ci, columns co
+    const int ci = ci0 + r, co = co0 + tx;
+    if (co < Co && ci < Ci) wt[((size_t)ci * KK + tp) * Co + co] = TF32 ? tf32_rna(tile[tx][r]) : tile[tx][r];
+  }
+}
+// Its bytes, rounded up for the next workspace region.
+inline size_t flip_bytes(const Geo& g) { return round256((size_t)g.Co * g.KS * g.KS * g.Ci * 4); }
 
 inline bool same_size(const Tensor& a, const Tensor& b) { return a.dim[1] == b.dim[1] && a.dim[2] == b.dim[2]; }
 

@@ -267,23 +267,6 @@ __global__ void splitsum_kernel(const float* __restrict__ part, int S, size_t n4
   }
 }
 
-// wt[ci][tap'][co] = w[co][KK - 1 - tap'][ci]: the data gradient's filter (rotated, axes swapped),
-// as 32 x 32 transposes through shared memory (grid: Ci/32, Co/32, taps), coalesced both ways.
-__global__ void flip_kernel(const float* __restrict__ w, float* __restrict__ wt, int Co, int KK, int Ci) {
-  pdl_entry();
-  __shared__ float tile[32][33];
-  const int ci0 = blockIdx.x * 32, co0 = blockIdx.y * 32, tp = blockIdx.z, tx = threadIdx.x;
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {  // read rows co, columns ci
-    const int co = co0 + r, ci = ci0 + tx;
-    if (co < Co && ci < Ci) tile[r][tx] = w[((size_t)co * KK + (KK - 1 - tp)) * Ci + ci];
-  }
-  __syncthreads();
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {  // write rows ci, columns co
-    const int ci = ci0 + r, co = co0 + tx;
-    if (co < Co && ci < Ci) wt[((size_t)ci * KK + tp) * Co + co] = tile[tx][r];
-  }
-}
-
 // ---- tiles and splits, from the shapes alone ----
 // A block of BM x BN / 64 threads holds 128 registers per thread, so an SM keeps 16 warps of any
 // tile: 2 blocks of 128x128, 4 of 128x64 or 64x128, 8 of 64x64. The choice minimises a time
@@ -380,7 +363,6 @@ bool filter_ok(const ConvBwdFilter& o, const CudaCtx& c) {
 
 size_t fwd_ws(const ConvFwd& o, const CudaCtx&) { return fwd_part_bytes(fwd_geo(o)); }
 // The data gradient's workspace: the rotated filter (flip_kernel), then the split partials.
-size_t flip_bytes(const Geo& g) { return round256((size_t)g.Co * g.KS * g.KS * g.Ci * 4); }
 size_t data_ws(const ConvBwdData& o, const CudaCtx&) {
   const Geo g = data_geo(o);
   return flip_bytes(g) + fwd_part_bytes(as_forward(g));
@@ -403,7 +385,7 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
   const Geo g = data_geo(o);
   const int KK = g.KS * g.KS;
   float* wt = static_cast<float*>(ctx.ws);
-  flip_kernel<<<dim3((g.Ci + 31) / 32, (g.Co + 31) / 32, KK), dim3(32, 8), 0, ctx.stream>>>(dptr<float>(o.w), wt, g.Co,
+  flip_kernel<><<<dim3((g.Ci + 31) / 32, (g.Co + 31) / 32, KK), dim3(32, 8), 0, ctx.stream>>>(dptr<float>(o.w), wt, g.Co,
                                                                                            KK, g.Ci);
   KERNEL_CHECK();
   float* part = reinterpret_cast<float*>(static_cast<char*>(ctx.ws) + flip_bytes(g));

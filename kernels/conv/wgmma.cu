@@ -1,0 +1,732 @@
+// Convolution variants "wgmma" and "wgmma_tap": tf32 and bf16 stride-1 convolutions as implicit GEMMs
+// on Hopper's warpgroup tensor-core instructions (wgmma), fed by the tensor memory accelerator (TMA),
+// the path cuDNN's own sm90 kernels take; here so that later work can apply GroupNorm + SiLU to the
+// input tile in shared memory and reduce the norm's statistics in the epilogue, which cuDNN cannot.
+//
+//  * A block computes 128 output pixels x BN output channels with 2 consumer warpgroups (64 pixel
+//    rows each, m64nBNk8 tf32 / k16 bf16, f32 accumulators in registers) and 1 producer warp whose
+//    first thread issues the TMA copies.
+//  * K = (tap, input channel) in blocks of one 128-byte row of the swizzle that the copies write and
+//    the wgmma descriptors read (32 channels of f32, 64 of bf16). The copy engine fills with zeros
+//    whatever lies outside the image (the padding) or past the last channel.
+//  * "wgmma" (halo_kernel; 3x3 at width 64): each K block of the input tile (2 image rows) is loaded
+//    once with its halo and read at 9 shifted starts (below); "wgmma_tap" (fwd_kernel; 3x3 and 1x1
+//    at any width whose rows or images tile 128 pixels): one copy per tap of the pixel box moved by
+//    (ky - 1, kx - 1). The data gradient is "wgmma" on dy with the rotated filter.
+//  * The filter's tiles are 2-D boxes of [Co, KS*KS*Ci]; shared-memory stages have a "full"
+//    mbarrier (the copy's bytes arrived) and an "empty" one (both warpgroups' wgmma's that read it
+//    finished).
+//  * The epilogue stages the sums through shared memory and adds bias, embedding and residual in
+//    that order (the other variants' order) in f32, in 16-byte vectors, rounding bf16 once.
+// Deterministic: every output's K sum is one thread's, in K order, whatever the GPU. tf32 operands
+// are rounded to nearest first (round_tf32), as cuDNN's tf32 kernels do.
+//
+// Only when forced (registered last): with tf32 rounded as cuDNN rounds, the width-64 forwards are
+// at par with cuDNN 9.19 (H100, batch 32, one launch with the filter's rounding: 64 -> 64 0.058 vs
+// 0.059 ms, 128 -> 64 0.095 vs 0.100, 192 -> 64 0.134 vs 0.144; tf32 step 14.28 / 14.30 / 14.26
+// -> 14.33 / 14.31 / 14.29 ms with them, sampling's forward at batch 64 7.735 -> 7.713); bf16's
+// are faster alone (0.032 vs 0.035 ms at 64 -> 64) but not in the model (sampling 4.499 -> 4.540);
+// the data gradient is faster alone (64 -> 64 backward 0.186 -> 0.161 ms, before tf32 rounding) but
+// two blocks per SM on every SM left the side lane's filter gradients no room beside it in the
+// step; the per-tap kernel is at best at par (32x32) and slower at 16x16 and 8x8 (no split K).
+// Built for sm_90a only (CMakeLists.txt: wgmma is arch-specific); the variants decline every op on
+// other GPUs.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+
+#include "cuda_engine.cuh"
+#include "implicit_gemm.cuh"
+
+namespace unet {
+
+namespace {
+
+using namespace igemm;
+
+constexpr int BM = 128, THREADS = 288;  // 2 consumer warpgroups, then 1 producer warp
+// A K block is one 128-byte row of the swizzle: 32 channels of f32 (tf32), 64 of bf16; its 4
+// wgmma k-steps (k8 tf32, k16 bf16) are 32 bytes each either way.
+constexpr int ROW = 128;
+template <class T>
+constexpr int kBK = ROW / (int)sizeof(T);
+
+__device__ __forceinline__ uint32_t saddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// TMA tile loads into shared memory, completing on mbarrier `bar`.
+__device__ __forceinline__ void tma4(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                     int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void tma2(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+// Shared-memory matrix descriptor of a K-major tile of 128-byte rows with the 128-byte swizzle:
+// 8-row groups 1024 bytes apart (the stride byte offset); the leading byte offset is unused then.
+__device__ __forceinline__ uint64_t sdesc(uint32_t addr) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// tf32: the tensor cores read an f32 operand's top 19 bits (truncation, which shrinks every product
+// by 2^-11 on average per operand: a conv's outputs came out ~1e-3 small, relative error 7.7e-4
+// against cuDNN's 2.9e-4); cuDNN and PyTorch round to nearest. The filter is rounded as it is copied
+// into the workspace (round_kernel, flip_kernel<true>); the input tile in shared memory by the
+// consumer warpgroup about to read it (cvt.rna), overlapped with its previous wgmma's: the halo
+// kernel once per 32-channel block (its 3 padded rows; rounding rows the other warpgroup also
+// rounds gives the same bits, so every read sees the rounded tile whichever writes last), the
+// per-tap kernel per tap. Then the proxy fence (generic writes -> the wgmma's async-proxy reads)
+// and the warpgroup's own named barrier (id 2 + g). (Rounding the filter's tiles there too, per
+// tap, cost 0.053 -> 0.079 ms at 64 -> 64.)
+template <class T>
+__device__ __forceinline__ void round_tf32(uint32_t addr, int bytes, int t) {
+  if constexpr (sizeof(T) == 4) {
+    for (int i = t * 16; i < bytes; i += 128 * 16) {
+      uint32_t v[4];
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                   : "r"(addr + i));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = __float_as_uint(tf32_rna(__uint_as_float(v[e])));
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr + i), "r"(v[0]), "r"(v[1]), "r"(v[2]),
+                   "r"(v[3])
+                   : "memory");
+    }
+  }
+}
+template <class T>
+__device__ __forceinline__ void rounded(int g) {
+  if constexpr (sizeof(T) == 4) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+  }
+}
+
+// D[64 x N] += A[64 x k] B[N x k]^T (k = 8 tf32 / 16 bf16), operands from shared memory, f32 D in
+// registers.
+template <class T, int N>
+struct Wgmma;
+template <>
+struct Wgmma<float, 64> {
+  static __device__ __forceinline__ void mma(float (&d)[32], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31} "
+        ", %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+
+template <>
+struct Wgmma<float, 128> {
+  static __device__ __forceinline__ void mma(float (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63} "
+        ", %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+
+template <>
+struct Wgmma<float, 192> {
+  static __device__ __forceinline__ void mma(float (&d)[96], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+        "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+        "%92, %93, %94, %95} "
+        ", %96, %97, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
+          "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+          "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+
+template <>
+struct Wgmma<float, 256> {
+  static __device__ __forceinline__ void mma(float (&d)[128], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+        "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+        "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
+        "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+        "%123, %124, %125, %126, %127} "
+        ", %128, %129, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
+          "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+          "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),
+          "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]),
+          "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
+          "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+          "+f"(d[127])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+
+template <>
+struct Wgmma<bf16, 64> {
+  static __device__ __forceinline__ void mma(float (&d)[32], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31} "
+        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+
+template <>
+struct Wgmma<bf16, 128> {
+  static __device__ __forceinline__ void mma(float (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63} "
+        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(1));
+  }
+};
+
+// The kernel's scalar arguments.
+struct Args {
+  const float* bias;
+  const float* emb;
+  const void* res;  // T, as y
+  void* y;
+  int M, HW, W, N, Ci, Cb, KS, KB;  // Cb: K blocks per tap; KB = KS*KS*Cb
+};
+
+// The epilogue of both kernels, once every consumer's wgmma's are done: the accumulators go to
+// shared memory (the freed input stages, `stage`), then all 256 consumer threads add bias,
+// embedding and residual and store, as 16-byte vectors along the rows (coalesced, 8 loads in
+// flight per thread; straight from the fragments, each thread's loads of the residual waited
+// for one another behind its stores). Thread (warp w, lane l) of warpgroup g holds rows
+// 64 g + 16 w + l / 4 (+ 8) and columns 8 j + 2 (l % 4) (+ 1).
+template <class T, int BN>
+__device__ __forceinline__ void store_tile(const Args& a, const float (&d)[BN / 2], int m0, int n0, int g, int t,
+                                           float* stage) {
+  constexpr int LD = BN + 8;  // row pitch in floats: the fragment's 8 rows in 4 bank groups
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' wgmma's have read the stages
+  const int w = t >> 5, l = t & 31;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* row = stage + (g * 64 + w * 16 + h * 8 + (l >> 2)) * LD + 2 * (l & 3);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+      *reinterpret_cast<float2*>(row + 8 * j) = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+  }
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  constexpr int V = BN / 4, TOTAL = BM * V, PER = TOTAL / 256, U = PER < 8 ? PER : 8;
+  static_assert(TOTAL % 256 == 0 && PER % U == 0, "whole vectors per thread");
+  const T* res = static_cast<const T*>(a.res);
+  T* y = static_cast<T*>(a.y);
+  const int tid = g * 128 + t;
+#pragma unroll 1
+  for (int i0 = 0; i0 < PER; i0 += U) {
+    float4 v[U], r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int idx = tid + (i0 + u) * 256, rr = idx / V, c = (idx % V) * 4, m = m0 + rr, n = n0 + c;
+      v[u] = *reinterpret_cast<const float4*>(stage + rr * LD + c);
+      r[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (res && m < a.M && n < a.N) r[u] = ld4(res, ((size_t)m * a.N + n) / 4);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int idx = tid + (i0 + u) * 256, rr = idx / V, c = (idx % V) * 4, m = m0 + rr, n = n0 + c;
+      if (m >= a.M || n >= a.N) continue;
+      float4 o = v[u];
+      if (a.bias) {
+        const float4 b = *reinterpret_cast<const float4*>(a.bias + n);
+        o.x += b.x, o.y += b.y, o.z += b.z, o.w += b.w;
+      }
+      if (a.emb) {
+        const float4 e = *reinterpret_cast<const float4*>(a.emb + (size_t)(m / a.HW) * a.N + n);
+        o.x += e.x, o.y += e.y, o.z += e.z, o.w += e.w;
+      }
+      if (res) o.x += r[u].x, o.y += r[u].y, o.z += r[u].z, o.w += r[u].w;
+      st4(y, ((size_t)m * a.N + n) / 4, o);
+    }
+  }
+}
+
+// y [M, N] = conv(x, w) (+ bias + emb + res), x [B, H, W, Ci] and w [N, KS, KS, Ci] through their
+// tensor maps. Block tile BM x BN; warpgroup 0 loads, warpgroups 1 and 2 multiply.
+template <class T, int BN, int STAGES, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB)
+    fwd_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, const Args a) {
+  pdl_entry();  // (before any load; the barriers' set-up could go first, but it is short)
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (the host pass parses it too)
+  constexpr uint32_t A_BYTES = BM * ROW, B_BYTES = BN * ROW, STAGE = A_BYTES + B_BYTES;
+  constexpr int BK = kBK<T>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (saddr(smem_raw) + 1023) & ~1023u;  // the 128-byte swizzle's 1024-byte period
+  const uint32_t full = base + STAGES * STAGE, empty = full + 8 * STAGES;
+  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 2);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (wg == 2) {
+    if (t == 0) {
+      const int b0 = m0 / a.HW, r = m0 - b0 * a.HW, y0 = r / a.W, x0 = r - y0 * a.W, pad = a.KS / 2;
+      for (int kb = 0, tap = 0, cb = 0; kb < a.KB; ++kb) {
+        const int s = kb % STAGES;
+        if (kb >= STAGES) mbar_wait(empty + 8 * s, ((kb / STAGES) - 1) & 1);
+        const int ky = tap / a.KS, kx = tap - ky * a.KS;
+        const uint32_t dst = base + s * STAGE;
+        mbar_expect_tx(full + 8 * s, STAGE);
+        tma4(dst, &xmap, full + 8 * s, cb * BK, x0 + kx - pad, y0 + ky - pad, b0);
+        tma2(dst + A_BYTES, &wmap, full + 8 * s, tap * a.Ci + cb * BK, n0);
+        if (++cb == a.Cb) cb = 0, ++tap;
+      }
+    }
+    return;
+  }
+  const int g = wg;  // this warpgroup's 64 pixel rows
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+  for (int kb = 0; kb < a.KB; ++kb) {
+    const int s = kb % STAGES;
+    mbar_wait(full + 8 * s, (kb / STAGES) & 1);
+    const uint32_t sa = base + s * STAGE + g * 64 * 128, sb = base + s * STAGE + A_BYTES;
+    round_tf32<T>(sa, 64 * ROW, t);
+    rounded<T>(g);
+    wg_fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) Wgmma<T, BN>::mma(d, sdesc(sa + 32 * k), sdesc(sb + 32 * k));
+    wg_commit();
+    wg_wait<1>();  // the previous block's wgmma's are done: its stage may be refilled
+    if (kb > 0 && t == 0) mbar_arrive(empty + 8 * ((kb - 1) % STAGES));
+  }
+  wg_wait<0>();
+
+  store_tile<T, BN>(a, d, m0, n0, g, t, reinterpret_cast<float*>(smem_raw + (base - saddr(smem_raw))));
+#endif
+}
+
+// 3x3 at width 64 (tiles of 2 image rows): the input tile is loaded once per 32-channel block with
+// its halo, 4 x 66 pixels (zeros outside the image, from the copy engine), and each tap's A
+// operand is that tile read from another start row: a warpgroup's 64 pixels are one padded row,
+// so the shifted window is again 64 rows 128 bytes apart (the 128-byte swizzle follows the
+// address bits, so any 128-byte row start works with base offset 0). The input comes from shared
+// memory once where per-tap loads read it 9 times; the filter's 9 tap tiles of the block stream
+// through STAGES stages. Two slots for the input tile: the next block's loads while this one's
+// taps run.
+constexpr int TW = 64, TH = BM / TW, HALO_BYTES = (TW + 2) * (TH + 2) * ROW,
+              HALO_SLOT = (HALO_BYTES + 1023) / 1024 * 1024;
+template <class T, int BN, int STAGES, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB)
+    halo_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, const Args a) {
+  pdl_entry();  // (before any load; the barriers' set-up could go first, but it is short)
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (the host pass parses it too)
+  constexpr uint32_t B_BYTES = BN * ROW, slot = HALO_SLOT;
+  constexpr int BK = kBK<T>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (saddr(smem_raw) + 1023) & ~1023u;
+  const uint32_t bbase = base + 2 * slot;
+  const uint32_t full = bbase + STAGES * B_BYTES, empty = full + 8 * STAGES, afull = empty + 8 * STAGES,
+                 aempty = afull + 16;
+  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 2);
+    for (int s = 0; s < 2; ++s) mbar_init(afull + 8 * s, 1), mbar_init(aempty + 8 * s, 2);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (wg == 2) {
+    if (t == 0) {
+      const int b0 = m0 / a.HW, r = m0 - b0 * a.HW, y0 = r / a.W, x0 = r - y0 * a.W;
+      for (int cb = 0, kb = 0; cb < a.Cb; ++cb) {
+        const int as = cb & 1;
+        if (cb >= 2) mbar_wait(aempty + 8 * as, ((cb >> 1) - 1) & 1);
+        mbar_expect_tx(afull + 8 * as, HALO_BYTES);
+        tma4(base + as * slot, &xmap, afull + 8 * as, cb * BK, x0 - 1, y0 - 1, b0);
+        for (int tap = 0; tap < 9; ++tap, ++kb) {
+          const int s = kb % STAGES;
+          if (kb >= STAGES) mbar_wait(empty + 8 * s, ((kb / STAGES) - 1) & 1);
+          mbar_expect_tx(full + 8 * s, B_BYTES);
+          tma2(bbase + s * B_BYTES, &wmap, full + 8 * s, tap * a.Ci + cb * BK, n0);
+        }
+      }
+    }
+    return;
+  }
+  const int g = wg;
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+  for (int cb = 0, kb = 0; cb < a.Cb; ++cb) {
+    const int as = cb & 1;
+    mbar_wait(afull + 8 * as, (cb >> 1) & 1);
+    const uint32_t ab = base + as * slot;
+    round_tf32<T>(ab + g * (TW + 2) * ROW, 3 * (TW + 2) * ROW, t);  // the 3 padded rows it reads
+    rounded<T>(g);
+    for (int tap = 0; tap < 9; ++tap, ++kb) {
+      const int s = kb % STAGES, ky = tap / 3, kx = tap - ky * 3;
+      mbar_wait(full + 8 * s, (kb / STAGES) & 1);
+      const uint32_t sa = ab + (uint32_t)(((g + ky) * (TW + 2) + kx) * 128), sb = bbase + s * B_BYTES;
+      wg_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) Wgmma<T, BN>::mma(d, sdesc(sa + 32 * k), sdesc(sb + 32 * k));
+      wg_commit();
+      wg_wait<1>();
+      if (t == 0) {
+        if (kb > 0) mbar_arrive(empty + 8 * ((kb - 1) % STAGES));
+        if (tap == 0 && cb > 0) mbar_arrive(aempty + 8 * ((cb - 1) & 1));
+      }
+    }
+  }
+  wg_wait<0>();
+  store_tile<T, BN>(a, d, m0, n0, g, t, reinterpret_cast<float*>(smem_raw + (base - saddr(smem_raw))));
+#endif
+}
+
+// The pixel tile as a box of the NHWC input: (bw, bh, bn) pixels x rows x images, 128 in all,
+// covering 128 consecutive output pixels. False where the shape does not tile that way.
+struct Box {
+  int w = 0, h = 0, n = 0;
+};
+bool pixel_box(int H, int W, Box& b) {
+  if (W >= BM) {
+    if (W % BM) return false;
+    b = {BM, 1, 1};
+    return true;
+  }
+  if (BM % W) return false;
+  const int rows = BM / W;
+  if (H >= rows) {
+    if (H % rows) return false;
+    b = {W, rows, 1};
+    return true;
+  }
+  if (rows % H) return false;
+  b = {W, H, rows / H};
+  return true;
+}
+
+bool sm90a_device() {
+  static const bool yes = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+  }();
+  return yes;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// The storage type of a precision: f32 (tf32 tensor cores) or bf16; fp32 has none here.
+DType elt(Precision p) { return p == Precision::BF16 ? DType::BF16 : DType::F32; }
+// What every path needs: tf32 or bf16 on an sm_90 GPU (the encoder from the driver), stride 1,
+// channel rows of whole 16-byte units for the tensor maps and 4-channel output vectors.
+bool common_ok(const CudaCtx& c, const Geo& g) {
+  const int unit = c.prec == Precision::BF16 ? 8 : 4;
+  return c.prec != Precision::FP32 && sm90a_device() && encoder() && g.Ci % unit == 0 && g.Co % 8 == 0 &&
+         g.M() < (1LL << 31) && (long long)g.KS * g.KS * g.Ci < (1LL << 31);
+}
+// The halo kernel's shapes: 3x3 at width 64 with at most 128 output channels (two blocks per SM).
+bool halo_ok(const CudaCtx& c, const Geo& g) {
+  return common_ok(c, g) && g.KS == 3 && g.W == TW && g.H % TH == 0 && g.Co <= 128;
+}
+bool typed(DType t, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* x : ts)
+    if (x->defined() && x->dtype != t) return false;
+  return true;
+}
+bool fwd_shape_ok(const ConvFwd& o, const CudaCtx& c) {
+  return o.stride == 1 && typed(elt(c.prec), {&o.x, &o.w, &o.y, &o.res}) && typed(DType::F32, {&o.bias, &o.emb}) &&
+         o.w.dim[1] == o.w.dim[2] && same_size(o.x, o.y) &&
+         (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean));
+}
+bool fwd_ok(const ConvFwd& o, const CudaCtx& c) { return fwd_shape_ok(o, c) && halo_ok(c, fwd_geo(o)); }
+bool tap_ok(const ConvFwd& o, const CudaCtx& c) {
+  const Geo g = fwd_geo(o);
+  Box b;
+  return fwd_shape_ok(o, c) && common_ok(c, g) && (g.KS == 1 || g.KS == 3) && pixel_box(g.H, g.W, b);
+}
+// (tf32 only: the rotated filter is written by an f32 kernel)
+bool data_ok(const ConvBwdData& o, const CudaCtx& c) {
+  return c.prec == Precision::TF32 && o.stride == 1 && typed(DType::F32, {&o.dy, &o.w, &o.dx}) &&
+         o.w.dim[1] == o.w.dim[2] && same_size(o.dy, o.dx) && halo_ok(c, as_forward(data_geo(o)));
+}
+
+template <class T>
+void encode(CUtensorMap* m, const void* p, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+            const cuuint32_t* box) {
+  const cuuint32_t ones[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType dt = sizeof(T) == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encoder()(m, dt, rank, const_cast<void*>(p), dims, strides, box, ones,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) throw std::runtime_error("conv wgmma: cuTensorMapEncodeTiled failed (" + std::to_string(r) + ")");
+}
+// x [B, H, W, Ci] as boxes of one K block's channels x bw x bh x bn; w [Co, K] as boxes of a K block
+// x bn.
+template <class T>
+void encode_x(CUtensorMap* m, const void* x, const Geo& g, int bw, int bh, int bn) {
+  const cuuint64_t e = sizeof(T), d[4] = {(cuuint64_t)g.Ci, (cuuint64_t)g.W, (cuuint64_t)g.H, (cuuint64_t)g.B};
+  const cuuint64_t st[3] = {g.Ci * e, (cuuint64_t)g.W * g.Ci * e, (cuuint64_t)g.H * g.W * g.Ci * e};
+  const cuuint32_t b[4] = {(cuuint32_t)kBK<T>, (cuuint32_t)bw, (cuuint32_t)bh, (cuuint32_t)bn};
+  encode<T>(m, x, 4, d, st, b);
+}
+template <class T>
+void encode_w(CUtensorMap* m, const void* w, const Geo& g, int bn) {
+  const int K = g.KS * g.KS * g.Ci;
+  const cuuint64_t d[2] = {(cuuint64_t)K, (cuuint64_t)g.Co}, st[1] = {(cuuint64_t)K * sizeof(T)};
+  const cuuint32_t b[2] = {(cuuint32_t)kBK<T>, (cuuint32_t)bn};
+  encode<T>(m, w, 2, d, st, b);
+}
+
+// The kernels' pointers and sizes; y = conv(x, w) (+ bias + emb + res); x, w, res, y of type T.
+struct Io {
+  const void *x, *w;
+  const float *bias, *emb;
+  const void* res;
+  void* y;
+};
+template <class T>
+Io io_of(const ConvFwd& o, const void* w) {
+  return {o.x.data, w, dptr<float>(o.bias), dptr<float>(o.emb), o.res.defined() ? o.res.data : nullptr,
+          o.y.data};
+}
+template <class T>
+Args args(const Geo& g, const Io& io) {
+  const int Cb = (g.Ci + kBK<T> - 1) / kBK<T>;
+  return Args{io.bias, io.emb, io.res, io.y, (int)g.M(), g.H * g.W, g.W, g.Co, g.Ci, Cb, g.KS, g.KS * g.KS * Cb};
+}
+// The filter rounded to tf32 into the workspace (tf32 forwards; see round_tf32).
+__global__ void round_kernel(const float* __restrict__ w, float* __restrict__ o, int n4) {
+  pdl_entry();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += gridDim.x * blockDim.x) {
+    float4 v = reinterpret_cast<const float4*>(w)[i];
+    v.x = tf32_rna(v.x), v.y = tf32_rna(v.y), v.z = tf32_rna(v.z), v.w = tf32_rna(v.w);
+    reinterpret_cast<float4*>(o)[i] = v;
+  }
+}
+size_t fwd_ws(const ConvFwd& o, const CudaCtx& c) {
+  return c.prec == Precision::TF32 ? round256((size_t)o.w.numel() * 4) : 0;
+}
+// The filter the kernels read: tf32's rounded copy (in the workspace), bf16's own.
+const void* filter(const ConvFwd& o, CudaCtx& ctx) {
+  if (ctx.prec != Precision::TF32) return o.w.data;
+  const int n4 = (int)(o.w.numel() / 4);
+  float* out = static_cast<float*>(ctx.ws);
+  round_kernel<<<std::min((n4 + 255) / 256, 1024), 256, 0, ctx.stream>>>(dptr<float>(o.w), out, n4);
+  KERNEL_CHECK();
+  return out;
+}
+
+template <class K>
+void set_smem(K kernel, int bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <class T, int BN, int STAGES, int MINB>
+void launch_tap(CudaCtx& ctx, const Geo& g, const Io& io) {
+  constexpr int bytes = STAGES * (BM + BN) * ROW + 1024 + 16 * STAGES;
+  static const bool attr = (set_smem(fwd_kernel<T, BN, STAGES, MINB>, bytes), true);
+  (void)attr;
+  Box b;
+  pixel_box(g.H, g.W, b);
+  CUtensorMap xmap, wmap;
+  encode_x<T>(&xmap, io.x, g, b.w, b.h, b.n);
+  encode_w<T>(&wmap, io.w, g, BN);
+  const dim3 grid((unsigned)((g.M() + BM - 1) / BM), (unsigned)((g.Co + BN - 1) / BN));
+  fwd_kernel<T, BN, STAGES, MINB><<<grid, THREADS, bytes, ctx.stream>>>(xmap, wmap, args<T>(g, io));
+  KERNEL_CHECK();
+}
+
+template <class T, int BN, int STAGES>
+void launch_halo(CudaCtx& ctx, const Geo& g, const Io& io) {
+  constexpr int bytes = 2 * HALO_SLOT + STAGES * BN * ROW + 1024 + 16 * STAGES + 32;
+  static const bool attr = (set_smem(halo_kernel<T, BN, STAGES, 2>, bytes), true);
+  (void)attr;
+  CUtensorMap xmap, wmap;
+  encode_x<T>(&xmap, io.x, g, TW + 2, TH + 2, 1);
+  encode_w<T>(&wmap, io.w, g, BN);
+  const dim3 grid((unsigned)((g.M() + BM - 1) / BM), (unsigned)((g.Co + BN - 1) / BN));
+  halo_kernel<T, BN, STAGES, 2><<<grid, THREADS, bytes, ctx.stream>>>(xmap, wmap, args<T>(g, io));
+  KERNEL_CHECK();
+}
+// Two blocks per SM: ~100 KB of shared memory each.
+template <class T>
+void run_halo(CudaCtx& ctx, const Geo& g, const Io& io) {
+  g.Co <= 64 ? launch_halo<T, 64, 4>(ctx, g, io) : launch_halo<T, 128, 2>(ctx, g, io);
+}
+
+void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
+  need_aligned("wgmma", {o.x.data, o.w.data, o.y.data, o.res.data, ctx.ws});
+  const void* w = filter(o, ctx);
+  if (ctx.prec == Precision::BF16)
+    run_halo<bf16>(ctx, fwd_geo(o), io_of<bf16>(o, w));
+  else
+    run_halo<float>(ctx, fwd_geo(o), io_of<float>(o, w));
+  if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
+}
+
+// Per-tap loads: two blocks per SM up to 128 output channels, else one with the widest tile
+// (tf32; bf16 has the 64- and 128-channel tiles only).
+template <class T>
+void run_tap(CudaCtx& ctx, const Geo& g, const Io& io) {
+  if (g.Co <= 64) launch_tap<T, 64, 4, 2>(ctx, g, io);
+  else if (g.Co <= 128 || sizeof(T) == 2) launch_tap<T, 128, 3, 2>(ctx, g, io);
+  else if (g.Co <= 192) launch_tap<float, 192, 5, 1>(ctx, g, io);
+  else launch_tap<float, 256, 4, 1>(ctx, g, io);
+}
+void conv_fwd_tap(const ConvFwd& o, CudaCtx& ctx) {
+  need_aligned("wgmma_tap", {o.x.data, o.w.data, o.y.data, o.res.data, ctx.ws});
+  const void* w = filter(o, ctx);
+  if (ctx.prec == Precision::BF16)
+    run_tap<bf16>(ctx, fwd_geo(o), io_of<bf16>(o, w));
+  else
+    run_tap<float>(ctx, fwd_geo(o), io_of<float>(o, w));
+  if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
+}
+
+// dx = the forward of dy with the rotated filter (in the workspace).
+size_t data_ws(const ConvBwdData& o, const CudaCtx&) { return flip_bytes(data_geo(o)); }
+void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
+  need_aligned("wgmma", {o.dy.data, o.w.data, o.dx.data, ctx.ws});
+  const Geo g = data_geo(o);
+  float* wt = static_cast<float*>(ctx.ws);
+  flip_kernel<true><<<dim3((g.Ci + 31) / 32, (g.Co + 31) / 32, 9), dim3(32, 8), 0, ctx.stream>>>(
+      dptr<float>(o.w), wt, g.Co, 9, g.Ci);
+  KERNEL_CHECK();
+  run_halo<float>(ctx, as_forward(g), {o.dy.data, wt, nullptr, nullptr, nullptr, o.dx.data});
+}
+
+}  // namespace
+
+// Last in the tables: only when forced (--kernels conv_fwd=wgmma, conv_fwd=wgmma_tap,
+// conv_bwd_data=wgmma), as none beats cuDNN in the step yet (the top of this file).
+void register_conv_wgmma(CudaOps& ops) {
+  ops.variants<ConvFwd>().push_back({"wgmma", fwd_ok, conv_fwd, fwd_ws});
+  ops.variants<ConvFwd>().push_back({"wgmma_tap", tap_ok, conv_fwd_tap, fwd_ws});
+  ops.variants<ConvBwdData>().push_back({"wgmma", data_ok, conv_data, data_ws});
+}
+
+}  // namespace unet
