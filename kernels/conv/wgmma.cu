@@ -138,6 +138,8 @@ __device__ __forceinline__ void rounded(int g) {
 
 // D[64 x N] += A[64 x k] B[N x k]^T (k = 8 tf32 / 16 bf16), operands from shared memory, f32 D in
 // registers.
+// (One specialization per shape and type, its accumulator operands written out: inline PTX takes
+// no operand lists of a length given by a template parameter.)
 template <class T, int N>
 struct Wgmma;
 template <>
