@@ -707,7 +707,7 @@ std::string format_table(const Report& r, int name_width) {
      << fmt(tot.peak_pct, 1) << "% of peak, " << tot.bound << "-bound)\n";
   os << (graph ? "CUDA-graph replays: " : "") << timing_line(r) << "\n";
   os << gap_line(r) << "\n";
-  if (!overlap_line(r).empty()) os << overlap_line(r) << "\n";
+  if (const std::string ov = overlap_line(r); !ov.empty()) os << ov << "\n";
   if (graph) os << eager_line(r) << "\n";
   if (r.plain_events_ms >= 0)
     os << "without the profiler attached" << (graph ? " (graph replays)" : "") << ": CUDA events "
@@ -1004,11 +1004,10 @@ void write_chrome_trace(std::ostream& os, const std::vector<Activity>& acts, con
   for (const auto& a : acts) activity(a, kGpuPid, us(a.start));
   if (replays && !replays->empty()) {
     meta(kReplayPid, 0, "process_name", "GPU: CUDA-graph replays", false);
-    std::map<uint32_t, bool> rstreams;
+    std::set<uint32_t> rstreams;
     uint64_t r0 = UINT64_MAX;
-    for (const auto& a : *replays) rstreams[a.stream] = true, r0 = std::min(r0, a.start);
-    for (const auto& s : rstreams)
-      meta(kReplayPid, (int)s.first + 1, "thread_name", "stream " + std::to_string(s.first), true);
+    for (const auto& a : *replays) rstreams.insert(a.stream), r0 = std::min(r0, a.start);
+    for (uint32_t st : rstreams) meta(kReplayPid, (int)st + 1, "thread_name", "stream " + std::to_string(st), true);
     for (const auto& a : *replays) activity(a, kReplayPid, (double)(a.start - r0) / 1000.0);
   }
   os << "\n]}\n";
