@@ -2,6 +2,8 @@
 // on Hopper's warpgroup tensor-core instructions (wgmma), fed by the tensor memory accelerator (TMA),
 // the path cuDNN's own sm90 kernels take; here so that later work can apply GroupNorm + SiLU to the
 // input tile in shared memory and reduce the norm's statistics in the epilogue, which cuDNN cannot.
+// The tf32 3x3 filter gradient ("wgmma" of ConvBwdFilter, filter_kernel below) is the default on
+// Hopper: tf32 step 14.25 -> 13.40 ms against cuDNN 9.19's (H100, same run).
 //
 //  * A block computes 128 output pixels x BN output channels with 2 consumer warpgroups (64 pixel
 //    rows each, m64nBNk8 tf32 / k16 bf16, f32 accumulators in registers) and 1 producer warp whose
@@ -21,8 +23,9 @@
 // Deterministic: every output's K sum is one thread's, in K order, whatever the GPU. tf32 operands
 // are rounded to nearest first (round_tf32), as cuDNN's tf32 kernels do.
 //
-// Only when forced (registered last): with tf32 rounded as cuDNN rounds, the width-64 forwards are
-// at par with cuDNN 9.19 (H100, batch 32, one launch with the filter's rounding: 64 -> 64 0.058 vs
+// The forwards and the data gradient only when forced (registered last): with tf32 rounded as
+// cuDNN rounds, the width-64 forwards are at par with cuDNN 9.19 (H100, batch 32, one launch with
+// the filter's rounding: 64 -> 64 0.058 vs
 // 0.059 ms, 128 -> 64 0.095 vs 0.100, 192 -> 64 0.134 vs 0.144; tf32 step 14.28 / 14.30 / 14.26
 // -> 14.33 / 14.31 / 14.29 ms with them, sampling's forward at batch 64 7.735 -> 7.713); bf16's
 // are faster alone (0.032 vs 0.035 ms at 64 -> 64) but not in the model (sampling 4.499 -> 4.540);
@@ -38,6 +41,7 @@
 
 #include "cuda_engine.cuh"
 #include "implicit_gemm.cuh"
+#include "rowblock.cuh"
 
 namespace unet {
 
@@ -294,6 +298,18 @@ struct Wgmma<bf16, 128> {
         : "l"(a), "l"(b), "r"(1));
   }
 };
+
+// D[64 x 64] += A[64 x 8] B[64 x 8]^T in tf32 with A from registers (a0..a3: rows l / 4 and
+// l / 4 + 8 of the warp's 16, columns l % 4 and l % 4 + 4: the layout of mma.sync's m16n8k8) and B
+// from shared memory: the filter gradient's operands, whose K (pixels) is not contiguous in NHWC.
+__device__ __forceinline__ void wgmma_rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
 
 // The kernel's scalar arguments.
 struct Args {
@@ -721,6 +737,241 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
   run_halo<float>(ctx, as_forward(g), {o.dy.data, wt, nullptr, nullptr, nullptr, o.dx.data});
 }
 
+// ---- the filter gradient (tf32): dw[co][ky][kx][ci] = sum over pixels p of dy[p][co] x[p + tap][ci]
+// K is the pixels, and NHWC keeps neither operand's K contiguous, which tf32 wgmma needs of a
+// shared-memory operand. So the x side comes from registers (A: M = the block's 64 input channels
+// of one tap; each thread loads its fragment from the swizzled NHWC tile at the tap's shifted
+// pixel, any alignment) and dy is transposed in shared memory into K-major rows (B: N = 64 output
+// channels), rounded to tf32 on the way, once per K block for all 9 taps.
+//  * A block: 64 input x 64 output channels, all 9 taps, a range of K blocks of 64 pixels (R image
+//    rows of Wb pixels). Its input tile is the block's rows with a 1-pixel halo all round (zeros
+//    outside the image, from the copy engine), so each K block's x and dy are read once for the 9
+//    taps. 3 warpgroups, one per filter row ky (3 accumulators of 64 x 64 each); no producer warp:
+//    thread 0 refills a stage once all have read it (a barrier per K block, which the transpose
+//    needs anyway), 3 stages ahead.
+//  * Split K: each block's sums go to its own slice of the workspace and filter_reduce_kernel adds
+//    the slices in order (deterministic; the split count depends on the shape only).
+//  * K order within a k-step of 8 pixels: K position k holds pixel 2 (k % 4) + k / 4, so that a
+//    warp's A loads (8 channels x 4 pixels 2 apart) fall in 32 distinct banks of the swizzled tile.
+constexpr int FK = 64, FTHREADS = 384, FSTAGES = 3, DY_BYTES = FK * ROW;  // dy: 2 atoms of 32 channels
+struct FArgs {
+  float* out;           // [splits][Co][9][Ci]
+  size_t split_stride;  // floats
+  int Ci, H, W, KB, per;  // KB blocks in all, per block
+};
+// WB pixels per tile row (FK / WB rows); an input tile's 32-channel atom of WB + 2 by FK / WB + 2
+// pixels takes xatom bytes, 1024-aligned for the swizzle.
+template <int WB>
+constexpr uint32_t xatom() {
+  return (uint32_t)((WB + 2) * (FK / WB + 2) * ROW + 1023) / 1024 * 1024;
+}
+template <int WB>
+__global__ void __launch_bounds__(FTHREADS, 1)
+    filter_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap dymap, const FArgs a) {
+  pdl_entry();
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (saddr(smem_raw) + 1023) & ~1023u;
+  constexpr int R = FK / WB, PW = WB + 2;  // tile rows; the input tile's row pitch in pixels
+  constexpr uint32_t xa = xatom<WB>(), stage = 2 * xa + 2 * DY_BYTES;
+  const uint32_t dyt = base + FSTAGES * stage, full = dyt + 2 * DY_BYTES;  // the transposed dy, barriers
+  const int split = blockIdx.x, ci0 = blockIdx.y * 64, co0 = blockIdx.z * 64;
+  const int kb0 = split * a.per, nkb = min(a.per, a.KB - kb0);
+  const int xtiles = a.W / WB, per_img = (a.H / R) * xtiles;
+  const int t = threadIdx.x;
+  constexpr unsigned bytes = 2 * PW * (R + 2) * ROW + 2 * DY_BYTES;
+  auto load = [&](int i) {  // K block kb0 + i into its stage (thread 0)
+    const int s = i % FSTAGES, kb = kb0 + i, b = kb / per_img, r = kb - b * per_img;
+    const int y0 = r / xtiles * R, x0 = (r % xtiles) * WB;
+    const uint32_t dst = base + s * stage;
+    mbar_expect_tx(full + 8 * s, bytes);
+    for (int c = 0; c < 2; ++c) {
+      tma4(dst + c * xa, &xmap, full + 8 * s, ci0 + 32 * c, x0 - 1, y0 - 1, b);
+      tma4(dst + 2 * xa + c * DY_BYTES, &dymap, full + 8 * s, co0 + 32 * c, x0, y0, b);
+    }
+  };
+  if (t == 0) {
+    for (int s = 0; s < FSTAGES; ++s) mbar_init(full + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int i = 0; i < FSTAGES && i < nkb; ++i) load(i);
+  }
+  __syncthreads();
+  const int ky = t >> 7, w = (t >> 5) & 3, l = t & 31, r8 = l >> 2, j = l & 3;
+  // This thread's A rows: channels 16 w + r8 (+ 8), in atom w / 2, swizzle chunks ch0 and ch1.
+  // Its pixels at (k-step ks, hh, kx) sit at tile row T + C, T = ky PW + 2 j for the thread and C
+  // a constant of the unrolled loops; the swizzle XORs the chunk with (T + C) % 8, so the 8 offsets
+  // of each chunk are computed once: every load is then one register plus an immediate.
+  const int ch0 = ((16 * (w & 1) + r8) >> 2), ch1 = ch0 + 2, T = ky * PW + 2 * j;
+  const uint32_t athread = (uint32_t)(w >> 1) * xa + ((r8 & 3) << 2) + T * ROW;  // from the stage's start
+  uint32_t sw[2][8];
+#pragma unroll
+  for (int m = 0; m < 8; ++m)
+    sw[0][m] = (uint32_t)((ch0 ^ ((T + m) & 7)) << 4), sw[1][m] = (uint32_t)((ch1 ^ ((T + m) & 7)) << 4);
+  float d[3][32];
+#pragma unroll
+  for (int k = 0; k < 3; ++k)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) d[k][i] = 0.f;
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % FSTAGES;
+    mbar_wait(full + 8 * s, (i / FSTAGES) & 1);
+    const uint32_t xs = base + s * stage, dys = xs + 2 * xa;
+    // dy [64 px][64 co] -> dyt [64 co][64 K positions], rounded, as 4 x 4 blocks (threads < 256):
+    // pixels 8 g + h + 2 e (e < 4) are K positions 8 g + 4 h + e.
+    if (t < 256) {
+      const int cq = t & 15, gh = t >> 4, g = gh >> 1, h = gh & 1;
+      const int co = 4 * cq, atom = co >> 5, chunk = (co & 31) >> 2;
+      float v[4][4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int px = 8 * g + h + 2 * e;
+        const uint32_t ad = dys + atom * DY_BYTES + px * ROW + ((chunk ^ (px & 7)) << 4);
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(v[e][0]), "=f"(v[e][1]), "=f"(v[e][2]), "=f"(v[e][3])
+                     : "r"(ad));
+      }
+      const int kp = 8 * g + 4 * h, katom = kp >> 5, kchunk = (kp & 31) >> 2;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int row = co + c;
+        const uint32_t ad = dyt + katom * DY_BYTES + row * ROW + ((kchunk ^ (row & 7)) << 4);
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(ad), "f"(tf32_rna(v[0][c])),
+                     "f"(tf32_rna(v[1][c])), "f"(tf32_rna(v[2][c])), "f"(tf32_rna(v[3][c]))
+                     : "memory");
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmma's reads
+    }
+    __syncthreads();
+    const unsigned char* xt = smem_raw + (xs - saddr(smem_raw)) + athread;  // generic: loads fold offsets
+    const unsigned char* xp[2][8];
+#pragma unroll
+    for (int m = 0; m < 8; ++m) xp[0][m] = xt + sw[0][m], xp[1][m] = xt + sw[1][m];
+    uint32_t av[2][3][4];  // A fragments of the even and odd k-steps
+#pragma unroll
+    for (int ks = 0; ks < FK / 8; ++ks) {
+      uint32_t(&A)[3][4] = av[ks & 1];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {  // pixels 8 ks + 2 j (a0, a1) and + 1 (a2, a3)
+#pragma unroll
+        for (int kx = 0; kx < 3; ++kx) {
+          const int C = (8 * ks / WB) * PW + (8 * ks) % WB + hh + kx;
+          const float lo = *reinterpret_cast<const float*>(xp[0][C & 7] + C * ROW);
+          const float hi = *reinterpret_cast<const float*>(xp[1][C & 7] + C * ROW);
+          A[kx][2 * hh] = __float_as_uint(tf32_rna(lo));
+          A[kx][2 * hh + 1] = __float_as_uint(tf32_rna(hi));
+        }
+      }
+      wg_fence();
+      const uint64_t bd = sdesc(dyt + (ks >> 2) * DY_BYTES + 32 * (ks & 3));
+#pragma unroll
+      for (int kx = 0; kx < 3; ++kx) wgmma_rs64(d[kx], A[kx], bd);
+      wg_commit();
+      wg_wait<1>();  // (ptxas keeps an in-flight wgmma's A registers from reuse until it is done)
+    }
+    // Drained per K block (wgmma's still reading registers across the loop's back edge made ptxas
+    // serialize them all, C7515); then every warpgroup is done with the stage and dyt.
+    wg_wait<0>();
+    __syncthreads();
+    if (t == 0 && i + FSTAGES < nkb) load(i + FSTAGES);
+  }
+  // Accumulator (row, col) = (input channel, output channel): rows 16 w + r8 (+ 8), columns
+  // 8 n + 2 j (+ 1).
+  float* out = a.out + (size_t)split * a.split_stride;
+  const size_t tapstride = (size_t)a.Ci, costride = (size_t)9 * a.Ci;
+#pragma unroll
+  for (int kx = 0; kx < 3; ++kx) {
+    float* o = out + (size_t)(ky * 3 + kx) * tapstride + ci0 + 16 * w + r8;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const size_t c = (size_t)(co0 + 8 * n + 2 * j) * costride;
+      o[c] = d[kx][4 * n];
+      o[c + costride] = d[kx][4 * n + 1];
+      o[c + 8] = d[kx][4 * n + 2];
+      o[c + costride + 8] = d[kx][4 * n + 3];
+    }
+  }
+#endif
+}
+// dw = the sum of the splits' slices, in split order.
+__global__ void filter_reduce_kernel(const float4* __restrict__ part, float4* __restrict__ dw, size_t n4,
+                                     size_t stride4, int splits) {
+  pdl_entry();
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+    float4 s = part[i];
+    for (int k = 1; k < splits; ++k) {
+      const float4 v = part[i + k * stride4];
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    dw[i] = s;
+  }
+}
+
+// A K block's tile: wb = min(W, 64) pixels (8, 16, 32 or 64) x 64 / wb rows; 0 where the shape
+// does not tile that way.
+int filter_wb(const Geo& g) {
+  const int wb = std::min(g.W, FK);
+  return (wb == 8 || wb == 16 || wb == 32 || wb == 64) && g.W % wb == 0 && g.H % (FK / wb) == 0 ? wb : 0;
+}
+template <int WB>
+constexpr int filter_smem() {
+  return FSTAGES * (2 * (int)xatom<WB>() + 2 * DY_BYTES) + 2 * DY_BYTES + 1024 + 8 * FSTAGES;
+}
+// Splits: about 132 blocks (one per SM of a 132-SM H100) whatever the GPU, so the sums' order
+// (and bits) depend on the shape alone.
+int filter_splits(const Geo& g, int& per) {
+  const int KB = (int)(g.M() / FK), blocks = (g.Ci / 64) * (g.Co / 64);
+  const int want = std::max(1, std::min(KB, (132 + blocks / 2) / blocks));
+  per = (KB + want - 1) / want;
+  return (KB + per - 1) / per;
+}
+bool filter_ok(const ConvBwdFilter& o, const CudaCtx& c) {
+  if (!(c.prec == Precision::TF32 && o.stride == 1 && o.dw.defined() && typed(DType::F32, {&o.x, &o.dy, &o.dw}) &&
+        o.dw.dim[1] == 3 && o.dw.dim[2] == 3 && same_size(o.x, o.dy)))
+    return false;
+  if ((o.db.defined() || o.demb.defined()) && !rowblock::column_sums_fit(o.dy)) return false;
+  const Geo g = filter_geo(o);
+  return common_ok(c, g) && g.Ci % 64 == 0 && g.Co % 64 == 0 && filter_wb(g) > 0;
+}
+template <int WB>
+void launch_filter(CudaCtx& ctx, dim3 grid, const CUtensorMap& xmap, const CUtensorMap& dymap, const FArgs& fa) {
+  static const bool attr = (set_smem(filter_kernel<WB>, filter_smem<WB>()), true);
+  (void)attr;
+  filter_kernel<WB><<<grid, FTHREADS, filter_smem<WB>(), ctx.stream>>>(xmap, dymap, fa);
+}
+size_t filter_ws(const ConvBwdFilter& o, const CudaCtx&) {
+  int per = 0;
+  const Geo g = filter_geo(o);
+  const int splits = filter_splits(g, per);
+  return splits > 1 ? (size_t)splits * round256((size_t)o.dw.numel() * 4) : 0;
+}
+void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
+  need_aligned("wgmma", {o.x.data, o.dy.data, o.dw.data, ctx.ws});
+  rowblock::column_sums(ctx, o.dy, o.demb, o.db);
+  const Geo g = filter_geo(o);
+  int per = 0;
+  const int splits = filter_splits(g, per), wb = filter_wb(g);
+  CUtensorMap xmap, dymap;
+  encode_x<float>(&xmap, o.x.data, g, wb + 2, FK / wb + 2, 1);
+  encode_x<float>(&dymap, o.dy.data, Geo{g.B, g.H, g.W, g.Co, g.Co, 3}, wb, FK / wb, 1);
+  const size_t n = (size_t)o.dw.numel(), stride = round256(n * 4) / 4;
+  const FArgs fa{splits > 1 ? static_cast<float*>(ctx.ws) : dptr<float>(o.dw), stride, g.Ci, g.H, g.W,
+                 (int)(g.M() / FK), per};
+  const dim3 grid(splits, g.Ci / 64, g.Co / 64);
+  switch (wb) {
+    case 64: launch_filter<64>(ctx, grid, xmap, dymap, fa); break;
+    case 32: launch_filter<32>(ctx, grid, xmap, dymap, fa); break;
+    case 16: launch_filter<16>(ctx, grid, xmap, dymap, fa); break;
+    default: launch_filter<8>(ctx, grid, xmap, dymap, fa);
+  }
+  KERNEL_CHECK();
+  if (splits > 1) {
+    const size_t n4 = n / 4;
+    filter_reduce_kernel<<<(unsigned)std::min<size_t>((n4 + 255) / 256, 1024), 256, 0, ctx.stream>>>(
+        static_cast<const float4*>(ctx.ws), reinterpret_cast<float4*>(o.dw.data), n4, stride / 4, splits);
+    KERNEL_CHECK();
+  }
+}
+
 }  // namespace
 
 // Last in the tables: only when forced (--kernels conv_fwd=wgmma, conv_fwd=wgmma_tap,
@@ -729,6 +980,11 @@ void register_conv_wgmma(CudaOps& ops) {
   ops.variants<ConvFwd>().push_back({"wgmma", fwd_ok, conv_fwd, fwd_ws});
   ops.variants<ConvFwd>().push_back({"wgmma_tap", tap_ok, conv_fwd_tap, fwd_ws});
   ops.variants<ConvBwdData>().push_back({"wgmma", data_ok, conv_data, data_ws});
+}
+
+// Ahead of cuDNN: the tf32 filter gradient (the top of its kernel, filter_kernel).
+void register_conv_wgmma_filter(CudaOps& ops) {
+  ops.variants<ConvBwdFilter>().push_back({"wgmma", filter_ok, conv_filter, filter_ws});
 }
 
 }  // namespace unet
