@@ -753,7 +753,7 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
 //    the slices in order (deterministic; the split count depends on the shape only).
 //  * K order within a k-step of 8 pixels: K position k holds pixel 2 (k % 4) + k / 4, so that a
 //    warp's A loads (8 channels x 4 pixels 2 apart) fall in 32 distinct banks of the swizzled tile.
-constexpr int FK = 64, FTHREADS = 384, FSTAGES = 3, DY_BYTES = FK * ROW;  // dy: 2 atoms of 32 channels
+constexpr int FK = 64, FTHREADS = 384, DY_BYTES = FK * ROW;  // dy: 2 atoms of 32 channels
 struct FArgs {
   float* out;           // [splits][Co][9][Ci]
   size_t split_stride;  // floats
@@ -765,6 +765,11 @@ template <int WB>
 constexpr uint32_t xatom() {
   return (uint32_t)((WB + 2) * (FK / WB + 2) * ROW + 1023) / 1024 * 1024;
 }
+// Stages of x and dy: 3 where they fit beside the two transposed dy (2 at W = 64).
+template <int WB>
+constexpr int fstages() {
+  return WB == 64 ? 2 : 3;
+}
 template <int WB>
 __global__ void __launch_bounds__(FTHREADS, 1)
     filter_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap dymap, const FArgs a) {
@@ -773,8 +778,9 @@ __global__ void __launch_bounds__(FTHREADS, 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (saddr(smem_raw) + 1023) & ~1023u;
   constexpr int R = FK / WB, PW = WB + 2;  // tile rows; the input tile's row pitch in pixels
+  constexpr int FSTAGES = fstages<WB>();
   constexpr uint32_t xa = xatom<WB>(), stage = 2 * xa + 2 * DY_BYTES;
-  const uint32_t dyt = base + FSTAGES * stage, full = dyt + 2 * DY_BYTES;  // the transposed dy, barriers
+  const uint32_t dyt = base + FSTAGES * stage, full = dyt + 4 * DY_BYTES;  // the 2 transposed dy, barriers
   const int split = blockIdx.x, ci0 = blockIdx.y * 64, co0 = blockIdx.z * 64;
   const int kb0 = split * a.per, nkb = min(a.per, a.KB - kb0);
   const int xtiles = a.W / WB, per_img = (a.H / R) * xtiles;
@@ -797,55 +803,62 @@ __global__ void __launch_bounds__(FTHREADS, 1)
   }
   __syncthreads();
   const int ky = t >> 7, w = (t >> 5) & 3, l = t & 31, r8 = l >> 2, j = l & 3;
-  // This thread's A rows: channels 16 w + r8 (+ 8), in atom w / 2, swizzle chunks ch0 and ch1.
+  // This thread's A rows: channels 16 w + r8 (+ 8), in atom w / 2, swizzle chunks ch0 and ch0 + 2.
   // Its pixels at (k-step ks, hh, kx) sit at tile row T + C, T = ky PW + 2 j for the thread and C
   // a constant of the unrolled loops; the swizzle XORs the chunk with (T + C) % 8, so the 8 offsets
   // of each chunk are computed once: every load is then one register plus an immediate.
-  const int ch0 = ((16 * (w & 1) + r8) >> 2), ch1 = ch0 + 2, T = ky * PW + 2 * j;
+  const int ch0 = ((16 * (w & 1) + r8) >> 2), T = ky * PW + 2 * j;
   const uint32_t athread = (uint32_t)(w >> 1) * xa + ((r8 & 3) << 2) + T * ROW;  // from the stage's start
-  uint32_t sw[2][8];
+  // (ch1 = ch0 ^ 2, and nothing else sets address bits 4-6: the + 8 rows' address is the other's ^ 32)
+  uint32_t sw[8];
 #pragma unroll
-  for (int m = 0; m < 8; ++m)
-    sw[0][m] = (uint32_t)((ch0 ^ ((T + m) & 7)) << 4), sw[1][m] = (uint32_t)((ch1 ^ ((T + m) & 7)) << 4);
+  for (int m = 0; m < 8; ++m) sw[m] = (uint32_t)((ch0 ^ ((T + m) & 7)) << 4);
   float d[3][32];
 #pragma unroll
   for (int k = 0; k < 3; ++k)
 #pragma unroll
     for (int i = 0; i < 32; ++i) d[k][i] = 0.f;
-  for (int i = 0; i < nkb; ++i) {
+  // dy of K block i (its stage) -> dyt[i & 1] [64 co][64 K positions], rounded, as 4 x 4 blocks
+  // (threads < 256): pixels 8 g + h + 2 e (e < 4) are K positions 8 g + 4 h + e. The blocks of each
+  // 8 lanes (a phase of a 16-byte access) are chosen so that both their loads and their stores fall
+  // in 8 distinct 16-byte bank groups: h = i % 2, g % 4 = i / 2 and co / 8 = 2 ((i / 2 + ua) % 4)
+  // + ub (lane i of the phase; ua, ub, uc, ug: the phase's number).
+  auto transpose = [&](int i) {
     const int s = i % FSTAGES;
     mbar_wait(full + 8 * s, (i / FSTAGES) & 1);
-    const uint32_t xs = base + s * stage, dys = xs + 2 * xa;
-    // dy [64 px][64 co] -> dyt [64 co][64 K positions], rounded, as 4 x 4 blocks (threads < 256):
-    // pixels 8 g + h + 2 e (e < 4) are K positions 8 g + 4 h + e.
-    if (t < 256) {
-      const int cq = t & 15, gh = t >> 4, g = gh >> 1, h = gh & 1;
-      const int co = 4 * cq, atom = co >> 5, chunk = (co & 31) >> 2;
-      float v[4][4];
+    const uint32_t dys = base + s * stage + 2 * xa, dt = dyt + (i & 1) * 2 * DY_BYTES;
+    const int li = t & 7, u = t >> 3;
+    const int h = li & 1, g = ((li >> 1) & 3) + 4 * ((u >> 4) & 1);
+    const int cq = 2 * (((li >> 1) + u) & 3) + ((u >> 2) & 1) + 8 * ((u >> 3) & 1);
+    const int co = 4 * cq, atom = co >> 5, chunk = (co & 31) >> 2;
+    float v[4][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int px = 8 * g + h + 2 * e;
-        const uint32_t ad = dys + atom * DY_BYTES + px * ROW + ((chunk ^ (px & 7)) << 4);
-        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=f"(v[e][0]), "=f"(v[e][1]), "=f"(v[e][2]), "=f"(v[e][3])
-                     : "r"(ad));
-      }
-      const int kp = 8 * g + 4 * h, katom = kp >> 5, kchunk = (kp & 31) >> 2;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int row = co + c;
-        const uint32_t ad = dyt + katom * DY_BYTES + row * ROW + ((kchunk ^ (row & 7)) << 4);
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(ad), "f"(tf32_rna(v[0][c])),
-                     "f"(tf32_rna(v[1][c])), "f"(tf32_rna(v[2][c])), "f"(tf32_rna(v[3][c]))
-                     : "memory");
-      }
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmma's reads
+    for (int e = 0; e < 4; ++e) {
+      const int px = 8 * g + h + 2 * e;
+      const uint32_t ad = dys + atom * DY_BYTES + px * ROW + ((chunk ^ (px & 7)) << 4);
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(v[e][0]), "=f"(v[e][1]), "=f"(v[e][2]), "=f"(v[e][3])
+                   : "r"(ad));
     }
-    __syncthreads();
-    const unsigned char* xt = smem_raw + (xs - saddr(smem_raw)) + athread;  // generic: loads fold offsets
-    const unsigned char* xp[2][8];
+    const int kp = 8 * g + 4 * h, katom = kp >> 5, kchunk = (kp & 31) >> 2;
 #pragma unroll
-    for (int m = 0; m < 8; ++m) xp[0][m] = xt + sw[0][m], xp[1][m] = xt + sw[1][m];
+    for (int c = 0; c < 4; ++c) {
+      const int row = co + c;
+      const uint32_t ad = dt + katom * DY_BYTES + row * ROW + ((kchunk ^ (row & 7)) << 4);
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(ad), "f"(tf32_rna(v[0][c])),
+                   "f"(tf32_rna(v[1][c])), "f"(tf32_rna(v[2][c])), "f"(tf32_rna(v[3][c]))
+                   : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmma's reads
+  };
+  if (nkb > 0 && t < 256) transpose(0);
+  __syncthreads();
+  for (int i = 0; i < nkb; ++i) {
+    const int s = i % FSTAGES;
+    const uint32_t xs = base + s * stage, dt = dyt + (i & 1) * 2 * DY_BYTES;
+    uint32_t xp[8];  // (32-bit shared addresses: half the registers of generic pointers)
+#pragma unroll
+    for (int m = 0; m < 8; ++m) xp[m] = xs + athread + sw[m];
     uint32_t av[2][3][4];  // A fragments of the even and odd k-steps
 #pragma unroll
     for (int ks = 0; ks < FK / 8; ++ks) {
@@ -855,40 +868,55 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 #pragma unroll
         for (int kx = 0; kx < 3; ++kx) {
           const int C = (8 * ks / WB) * PW + (8 * ks) % WB + hh + kx;
-          const float lo = *reinterpret_cast<const float*>(xp[0][C & 7] + C * ROW);
-          const float hi = *reinterpret_cast<const float*>(xp[1][C & 7] + C * ROW);
+          float lo, hi;
+          const uint32_t ad = xp[C & 7] + C * ROW;
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(lo) : "r"(ad));
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(hi) : "r"(ad ^ 32));
           A[kx][2 * hh] = __float_as_uint(tf32_rna(lo));
           A[kx][2 * hh + 1] = __float_as_uint(tf32_rna(hi));
         }
       }
       wg_fence();
-      const uint64_t bd = sdesc(dyt + (ks >> 2) * DY_BYTES + 32 * (ks & 3));
+      const uint64_t bd = sdesc(dt + (ks >> 2) * DY_BYTES + 32 * (ks & 3));
 #pragma unroll
       for (int kx = 0; kx < 3; ++kx) wgmma_rs64(d[kx], A[kx], bd);
       wg_commit();
+      // The next block's dy beside the last wgmma's (into the other dyt, whose readers were drained
+      // at the end of the previous block).
+      if (ks == FK / 8 - 1 && t < 256 && i + 1 < nkb) transpose(i + 1);
       wg_wait<1>();  // (ptxas keeps an in-flight wgmma's A registers from reuse until it is done)
     }
     // Drained per K block (wgmma's still reading registers across the loop's back edge made ptxas
-    // serialize them all, C7515); then every warpgroup is done with the stage and dyt.
+    // serialize them all, C7515); then every warpgroup is done with the stage and this dyt, and the
+    // next dyt is complete.
     wg_wait<0>();
     __syncthreads();
     if (t == 0 && i + FSTAGES < nkb) load(i + FSTAGES);
   }
-  // Accumulator (row, col) = (input channel, output channel): rows 16 w + r8 (+ 8), columns
-  // 8 n + 2 j (+ 1).
-  float* out = a.out + (size_t)split * a.split_stride;
-  const size_t tapstride = (size_t)a.Ci, costride = (size_t)9 * a.Ci;
+  // The sums go out through shared memory (the stages are free now), [warpgroup][kx][co][ci] at a
+  // pitch of 68 floats (the fragment's stores in 32 banks), then as rows of 16-byte vectors per
+  // (co, tap): accumulator (row, col) = (input channel, output channel), rows 16 w + r8 (+ 8),
+  // columns 8 n + 2 j (+ 1).
+  constexpr int EP = 68;
+  float* ep = reinterpret_cast<float*>(smem_raw + (base - saddr(smem_raw)));
 #pragma unroll
   for (int kx = 0; kx < 3; ++kx) {
-    float* o = out + (size_t)(ky * 3 + kx) * tapstride + ci0 + 16 * w + r8;
+    float* e = ep + (ky * 3 + kx) * 64 * EP + 16 * w + r8;
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
-      const size_t c = (size_t)(co0 + 8 * n + 2 * j) * costride;
-      o[c] = d[kx][4 * n];
-      o[c + costride] = d[kx][4 * n + 1];
-      o[c + 8] = d[kx][4 * n + 2];
-      o[c + costride + 8] = d[kx][4 * n + 3];
+      const int c = 8 * n + 2 * j;
+      e[c * EP] = d[kx][4 * n];
+      e[(c + 1) * EP] = d[kx][4 * n + 1];
+      e[c * EP + 8] = d[kx][4 * n + 2];
+      e[(c + 1) * EP + 8] = d[kx][4 * n + 3];
     }
+  }
+  __syncthreads();
+  float* out = a.out + (size_t)split * a.split_stride + ci0;
+  for (int v = t; v < 9 * 64 * 16; v += FTHREADS) {  // (tap, co, 4 channels)
+    const int tap = v / (64 * 16), co = (v / 16) % 64, c4 = v % 16;
+    const float4 x = *reinterpret_cast<const float4*>(ep + (tap * 64 + co) * EP + 4 * c4);
+    *reinterpret_cast<float4*>(out + ((size_t)(co0 + co) * 9 + tap) * a.Ci + 4 * c4) = x;
   }
 #endif
 }
@@ -914,13 +942,16 @@ int filter_wb(const Geo& g) {
 }
 template <int WB>
 constexpr int filter_smem() {
-  return FSTAGES * (2 * (int)xatom<WB>() + 2 * DY_BYTES) + 2 * DY_BYTES + 1024 + 8 * FSTAGES;
+  return fstages<WB>() * (2 * (int)xatom<WB>() + 2 * DY_BYTES + 8) + 4 * DY_BYTES + 1024;
 }
-// Splits: about 132 blocks (one per SM of a 132-SM H100) whatever the GPU, so the sums' order
-// (and bits) depend on the shape alone.
+// Splits: about 66 blocks, half an H100's SMs, whatever the GPU (so the sums' order, and bits,
+// depend on the shape alone). The filter gradients run on the side lane beside the main lane's
+// kernels, which the other half keeps free; fewer splits also mean fewer partial sums to add.
+// Measured (tf32 step, H100, same run): 264 / 200 / 132 / 100 / 80 / 66 / 52 / 44 / 33 blocks:
+// 14.00 / 13.67 / 13.29 / 13.02 / 12.93 / 12.87 / 13.18 / 13.76 / 14.70 ms.
 int filter_splits(const Geo& g, int& per) {
   const int KB = (int)(g.M() / FK), blocks = (g.Ci / 64) * (g.Co / 64);
-  const int want = std::max(1, std::min(KB, (132 + blocks / 2) / blocks));
+  const int want = std::max(1, std::min(KB, (66 + blocks / 2) / blocks));
   per = (KB + want - 1) / want;
   return (KB + per - 1) / per;
 }
