@@ -227,10 +227,12 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("1x1 wgmma_tap", 2, 16, 40, 200, 1, 1, false, true);
   check_conv("3x3 wgmma_tap wide", 1, 256, 32, 16, 3, 1, false, true);
   check_conv("3x3 wgmma_tap 128", 1, 128, 64, 200, 3, 1, true, false);
-  // "wgmma"'s filter gradient (tf32, 64 x 64-channel blocks): K blocks of whole 8x8 images (3 splits
-  // of 1), of 4 rows x 16, of 1 row x 64 (64 splits of 2) and of half rows at W = 128 (a last split
-  // of 1 block after 85 of 3), with the bias and embedding sums.
+  // "wgmma"'s filter gradient (tf32, 64 x 64-channel blocks, about 66 blocks in all): K blocks of
+  // whole 8x8 images (3 splits of 1; 67 images: 33 splits of 2 and a last of 1), of 4 rows x 16 (8
+  // splits of 1), of 1 row x 64 (64 splits of 2) and of half rows at W = 128 (64 of 4), with the
+  // bias and embedding sums.
   check_conv("3x3 wgmma wgrad 8x8", 3, 8, 64, 128, 3, 1, true, false);
+  check_conv("3x3 wgmma wgrad 8x8 short split", 67, 8, 64, 64, 3, 1, false, false);
   check_conv("3x3 wgmma wgrad 16", 2, 16, 128, 64, 3, 1, false, false);
   check_conv("3x3 wgmma wgrad 64", 2, 64, 64, 64, 3, 1, true, true);
   check_conv("3x3 wgmma wgrad 128", 1, 128, 64, 64, 3, 1, false, false);
