@@ -626,7 +626,6 @@ struct Io {
   const void* res;
   void* y;
 };
-template <class T>
 Io io_of(const ConvFwd& o, const void* w) {
   return {o.x.data, w, dptr<float>(o.bias), dptr<float>(o.emb), o.res.defined() ? o.res.data : nullptr,
           o.y.data};
@@ -700,9 +699,9 @@ void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
   need_aligned("wgmma", {o.x.data, o.w.data, o.y.data, o.res.data, ctx.ws});
   const void* w = filter(o, ctx);
   if (ctx.prec == Precision::BF16)
-    run_halo<bf16>(ctx, fwd_geo(o), io_of<bf16>(o, w));
+    run_halo<bf16>(ctx, fwd_geo(o), io_of(o, w));
   else
-    run_halo<float>(ctx, fwd_geo(o), io_of<float>(o, w));
+    run_halo<float>(ctx, fwd_geo(o), io_of(o, w));
   if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
 }
 
@@ -719,9 +718,9 @@ void conv_fwd_tap(const ConvFwd& o, CudaCtx& ctx) {
   need_aligned("wgmma_tap", {o.x.data, o.w.data, o.y.data, o.res.data, ctx.ws});
   const void* w = filter(o, ctx);
   if (ctx.prec == Precision::BF16)
-    run_tap<bf16>(ctx, fwd_geo(o), io_of<bf16>(o, w));
+    run_tap<bf16>(ctx, fwd_geo(o), io_of(o, w));
   else
-    run_tap<float>(ctx, fwd_geo(o), io_of<float>(o, w));
+    run_tap<float>(ctx, fwd_geo(o), io_of(o, w));
   if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
 }
 
@@ -743,12 +742,16 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
 // of one tap; each thread loads its fragment from the swizzled NHWC tile at the tap's shifted
 // pixel, any alignment) and dy is transposed in shared memory into K-major rows (B: N = 64 output
 // channels), rounded to tf32 on the way, once per K block for all 9 taps.
-//  * A block: 64 input x 64 output channels, all 9 taps, a range of K blocks of 64 pixels (R image
-//    rows of Wb pixels). Its input tile is the block's rows with a 1-pixel halo all round (zeros
-//    outside the image, from the copy engine), so each K block's x and dy are read once for the 9
-//    taps. 3 warpgroups, one per filter row ky (3 accumulators of 64 x 64 each); no producer warp:
-//    thread 0 refills a stage once all have read it (a barrier per K block, which the transpose
-//    needs anyway), 3 stages ahead.
+//  * A block: 64 input x 64 output channels, all 9 taps, a range of K blocks of 64 pixels (64 / WB
+//    image rows of WB pixels, WB = min(W, 64) a template parameter, so that every shared-memory
+//    address is a register plus an immediate). Its input tile is the block's rows with a 1-pixel
+//    halo all round (zeros outside the image, from the copy engine), so each K block's x and dy are
+//    read once for the 9 taps. 3 warpgroups, one per filter row ky (3 accumulators of 64 x 64
+//    each); no producer warp: thread 0 refills a stage once all have read it (one barrier per K
+//    block), 3 stages ahead (2 at W = 64, beside the two transposed dy); the next block's dy is
+//    transposed beside the last k-step's wgmma's.
+//  * About 66 blocks in all (filter_splits: half an H100's SMs; the side lane's filter gradients
+//    leave the other half to the main lane).
 //  * Split K: each block's sums go to its own slice of the workspace and filter_reduce_kernel adds
 //    the slices in order (deterministic; the split count depends on the shape only).
 //  * K order within a k-step of 8 pixels: K position k holds pixel 2 (k % 4) + k / 4, so that a
