@@ -54,6 +54,48 @@ __global__ void flip_kernel(const float* __restrict__ w, float* __restrict__ wt,
 }
 // Its bytes, rounded up for the next workspace region.
 inline size_t flip_bytes(const Geo& g) { return round256((size_t)g.Co * g.KS * g.KS * g.Ci * 4); }
+// wt = g's filter w [Co, KS, KS, Ci] rotated and transposed (flip_kernel) on stream s.
+template <bool TF32 = false>
+inline void flip_filter(cudaStream_t s, const float* w, float* wt, const Geo& g) {
+  const int KK = g.KS * g.KS;
+  flip_kernel<TF32><<<dim3((g.Ci + 31) / 32, (g.Co + 31) / 32, KK), dim3(32, 8), 0, s>>>(w, wt, g.Co, KK, g.Ci);
+  KERNEL_CHECK();
+}
+
+__device__ __forceinline__ float4 ldg4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+// v += bias[n..n+4] + emb[b, n..n+4] + res[o..o+4] (each optional), in that order (the other
+// variants' epilogue order).
+__device__ __forceinline__ void add_terms(float4& v, const float* bias, const float* emb, const float* res, int n,
+                                          size_t b, int N, size_t o) {
+  auto add = [&](const float4 q) { v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w; };
+  if (bias) add(ldg4(bias + n));
+  if (emb) add(ldg4(emb + b * N + n));
+  if (res) add(ldg4(res + o));
+}
+// out[i] = sum over z of part[z][i] (z in order: deterministic), with TERMS + bias[n] + emb[b, n] +
+// res[i] when given (i = m N + n, b = m / HW): the split-K variants' final pass (forwards, filter
+// gradients). n4 = elements / 4 per slice; slices n4 * 4 floats apart.
+template <bool TERMS>
+__global__ void splitsum_kernel(const float* __restrict__ part, int S, size_t n4, float* __restrict__ out,
+                                const float* __restrict__ bias, const float* __restrict__ emb,
+                                const float* __restrict__ res, int N, int HW) {
+  pdl_entry();
+  for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n4; j += (size_t)gridDim.x * blockDim.x) {
+    float4 v = ldg4(part + 4 * j);
+    for (int z = 1; z < S; ++z) {
+      const float4 q = ldg4(part + (size_t)z * n4 * 4 + 4 * j);
+      v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
+    }
+    if constexpr (TERMS) add_terms(v, bias, emb, res, (int)(4 * j % N), 4 * j / ((size_t)HW * N), N, 4 * j);
+    reinterpret_cast<float4*>(out)[j] = v;
+  }
+}
+// out [n] = the sum of S slices of part [S][n] (n a multiple of 4) on stream s.
+inline void sum_splits(cudaStream_t s, const float* part, int S, size_t n, float* out) {
+  const size_t n4 = n / 4;
+  splitsum_kernel<false><<<grid_for(n4), kThreads, 0, s>>>(part, S, n4, out, nullptr, nullptr, nullptr, 1, 1);
+  KERNEL_CHECK();
+}
 
 inline bool same_size(const Tensor& a, const Tensor& b) { return a.dim[1] == b.dim[1] && a.dim[2] == b.dim[2]; }
 

@@ -39,7 +39,6 @@ using namespace igemm;
 
 constexpr int BK = 8;
 
-__device__ __forceinline__ float4 ldg4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
 __device__ __forceinline__ float4 zero4() { return make_float4(0.f, 0.f, 0.f, 0.f); }
 
 // The 8 x 8 outer-product steps of one shared K block: acc[i][j] += A[k][row i] B[k][col j].
@@ -83,16 +82,6 @@ __device__ __forceinline__ void each_out(const float (&acc)[8][8], int ty, int t
     }
   }
 }
-// v += bias[n..n+4] + emb[b, n..n+4] + res[o..o+4] (each optional), in that order (the other
-// variants' epilogue order).
-__device__ __forceinline__ void add_terms(float4& v, const float* bias, const float* emb, const float* res, int n,
-                                          size_t b, int N, size_t o) {
-  auto add = [&](const float4 q) { v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w; };
-  if (bias) add(ldg4(bias + n));
-  if (emb) add(ldg4(emb + b * N + n));
-  if (res) add(ldg4(res + o));
-}
-
 // y [M, N] (+ bias + emb + res) or, split, part[z][M][N] = the K range's sums. M = B*H*W output
 // pixels, x [B, H, W, Ci], w [N, KS, KS, Ci]; K blocks [z kbs, (z + 1) kbs).
 template <int BM, int BN, int KS>
@@ -250,23 +239,6 @@ __global__ void __launch_bounds__(BM * BN / 64, 128 * 128 / (BM * BN) * 2)
                    [&](int c, int n, float4 v) { *reinterpret_cast<float4*>(o + (size_t)c * NN + n) = v; });
 }
 
-// out[i] = sum over z of part[z][i] (z in order), + bias[n] + emb[b, n] + res[i] when given
-// (i = m N + n, b = m / HW): the split forwards' and filter gradients' final pass.
-__global__ void splitsum_kernel(const float* __restrict__ part, int S, size_t n4, float* __restrict__ out,
-                                const float* __restrict__ bias, const float* __restrict__ emb,
-                                const float* __restrict__ res, int N, int HW) {
-  pdl_entry();
-  for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n4; j += (size_t)gridDim.x * blockDim.x) {
-    float4 v = ldg4(part + 4 * j);
-    for (int z = 1; z < S; ++z) {
-      const float4 q = ldg4(part + (size_t)z * n4 * 4 + 4 * j);
-      v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-    }
-    add_terms(v, bias, emb, res, (int)(4 * j % N), 4 * j / ((size_t)HW * N), N, 4 * j);
-    reinterpret_cast<float4*>(out)[j] = v;
-  }
-}
-
 // ---- tiles and splits, from the shapes alone ----
 // A block of BM x BN / 64 threads holds 128 registers per thread, so an SM keeps 16 warps of any
 // tile: 2 blocks of 128x128, 4 of 128x64 or 64x128, 8 of 64x64. The choice minimises a time
@@ -338,7 +310,7 @@ void run_fwd(CudaCtx& ctx, const Geo& g, const float* x, const float* w, float* 
   });
   if (c.S == 1) return;
   const size_t n4 = (size_t)g.M() * g.Co / 4;
-  splitsum_kernel<<<grid_for(n4), kThreads, 0, ctx.stream>>>(part, c.S, n4, y, bias, emb, res, g.Co, g.H * g.W);
+  splitsum_kernel<true><<<grid_for(n4), kThreads, 0, ctx.stream>>>(part, c.S, n4, y, bias, emb, res, g.Co, g.H * g.W);
   KERNEL_CHECK();
 }
 size_t fwd_part_bytes(const Geo& g) {
@@ -383,11 +355,8 @@ void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
 void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
   need_aligned("simt", {o.dy.data, o.w.data, o.dx.data, ctx.ws});
   const Geo g = data_geo(o);
-  const int KK = g.KS * g.KS;
   float* wt = static_cast<float*>(ctx.ws);
-  flip_kernel<><<<dim3((g.Ci + 31) / 32, (g.Co + 31) / 32, KK), dim3(32, 8), 0, ctx.stream>>>(dptr<float>(o.w), wt, g.Co,
-                                                                                           KK, g.Ci);
-  KERNEL_CHECK();
+  flip_filter(ctx.stream, dptr<float>(o.w), wt, g);
   float* part = reinterpret_cast<float*>(static_cast<char*>(ctx.ws) + flip_bytes(g));
   run_fwd(ctx, as_forward(g), dptr<float>(o.dy), wt, dptr<float>(o.dx), nullptr, nullptr, nullptr, part);
 }
@@ -410,11 +379,7 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
       KERNEL_CHECK();
     });
   });
-  if (c.S == 1) return;
-  const size_t n4 = (size_t)g.Co * NN / 4;
-  splitsum_kernel<<<grid_for(n4), kThreads, 0, ctx.stream>>>(out, c.S, n4, dptr<float>(o.dw), nullptr, nullptr,
-                                                             nullptr, (int)NN, 1);
-  KERNEL_CHECK();
+  if (c.S > 1) sum_splits(ctx.stream, out, c.S, (size_t)g.Co * NN, dptr<float>(o.dw));
 }
 
 }  // namespace

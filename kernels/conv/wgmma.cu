@@ -141,163 +141,59 @@ __device__ __forceinline__ void rounded(int g) {
 }
 
 // D[64 x N] += A[64 x k] B[N x k]^T (k = 8 tf32 / 16 bf16), operands from shared memory, f32 D in
-// registers.
-// (One specialization per shape and type, its accumulator operands written out: inline PTX takes
-// no operand lists of a length given by a template parameter.)
+// registers. Inline PTX takes no operand list of a length given by a template parameter, so the
+// accumulators' operands (N / 2 of them, numbered from %0) are spelled by the macros below: WG_R<g>
+// names operands 8 g .. 8 g + 7 in the instruction's text, WG_ACC<n>(d) binds d[0 .. n - 1]; the
+// descriptors and the scale-d flag follow them.
+#define WG_R0 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define WG_R1 "%8, %9, %10, %11, %12, %13, %14, %15"
+#define WG_R2 "%16, %17, %18, %19, %20, %21, %22, %23"
+#define WG_R3 "%24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_R4 "%32, %33, %34, %35, %36, %37, %38, %39"
+#define WG_R5 "%40, %41, %42, %43, %44, %45, %46, %47"
+#define WG_R6 "%48, %49, %50, %51, %52, %53, %54, %55"
+#define WG_R7 "%56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_R8 "%64, %65, %66, %67, %68, %69, %70, %71"
+#define WG_R9 "%72, %73, %74, %75, %76, %77, %78, %79"
+#define WG_R10 "%80, %81, %82, %83, %84, %85, %86, %87"
+#define WG_R11 "%88, %89, %90, %91, %92, %93, %94, %95"
+#define WG_R12 "%96, %97, %98, %99, %100, %101, %102, %103"
+#define WG_R13 "%104, %105, %106, %107, %108, %109, %110, %111"
+#define WG_R14 "%112, %113, %114, %115, %116, %117, %118, %119"
+#define WG_R15 "%120, %121, %122, %123, %124, %125, %126, %127"
+#define WG_R32 WG_R0 ", " WG_R1 ", " WG_R2 ", " WG_R3
+#define WG_R64 WG_R32 ", " WG_R4 ", " WG_R5 ", " WG_R6 ", " WG_R7
+#define WG_R96 WG_R64 ", " WG_R8 ", " WG_R9 ", " WG_R10 ", " WG_R11
+#define WG_R128 WG_R96 ", " WG_R12 ", " WG_R13 ", " WG_R14 ", " WG_R15
+#define WG_ACC8(d, i)                                                                                 \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+      "+f"(d[i + 7])
+#define WG_ACC32_AT(d, i) WG_ACC8(d, i), WG_ACC8(d, i + 8), WG_ACC8(d, i + 16), WG_ACC8(d, i + 24)
+#define WG_ACC32(d) WG_ACC32_AT(d, 0)
+#define WG_ACC64(d) WG_ACC32_AT(d, 0), WG_ACC32_AT(d, 32)
+#define WG_ACC96(d) WG_ACC64(d), WG_ACC32_AT(d, 64)
+#define WG_ACC128(d) WG_ACC96(d), WG_ACC32_AT(d, 96)
+// One specialization: T, N, the instruction's shape and types, R = N / 2 accumulators, and the
+// operand numbers of the A and B descriptors and of the scale-d flag (R, R + 1, R + 2); bf16 adds
+// its two transpose flags (both K-major: 0).
+#define WG_SS(T, N, SHAPE, R, NA, NB, NP, TAIL)                                                        \
+  template <>                                                                                        \
+  struct Wgmma<T, N> {                                                                               \
+    static __device__ __forceinline__ void mma(float (&d)[R], uint64_t a, uint64_t b) {             \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #NP ", 0;\nwgmma.mma_async.sync.aligned." SHAPE \
+                   " {" WG_R##R "}, %" #NA ", %" #NB ", p, 1, 1" TAIL ";\n}\n"                         \
+                   : WG_ACC##R(d)                                                                    \
+                   : "l"(a), "l"(b), "r"(1));                                                        \
+    }                                                                                                \
+  };
 template <class T, int N>
 struct Wgmma;
-template <>
-struct Wgmma<float, 64> {
-  static __device__ __forceinline__ void mma(float (&d)[32], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31} "
-        ", %32, %33, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-          "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
-
-template <>
-struct Wgmma<float, 128> {
-  static __device__ __forceinline__ void mma(float (&d)[64], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-        "%56, %57, %58, %59, %60, %61, %62, %63} "
-        ", %64, %65, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
-
-template <>
-struct Wgmma<float, 192> {
-  static __device__ __forceinline__ void mma(float (&d)[96], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-        "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
-        "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
-        "%92, %93, %94, %95} "
-        ", %96, %97, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
-          "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
-          "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
-          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
-
-template <>
-struct Wgmma<float, 256> {
-  static __device__ __forceinline__ void mma(float (&d)[128], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-        "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
-        "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
-        "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
-        "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
-        "%123, %124, %125, %126, %127} "
-        ", %128, %129, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
-          "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
-          "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
-          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),
-          "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]),
-          "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
-          "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
-          "+f"(d[127])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
-
-template <>
-struct Wgmma<bf16, 64> {
-  static __device__ __forceinline__ void mma(float (&d)[32], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31} "
-        ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-          "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
-
-template <>
-struct Wgmma<bf16, 128> {
-  static __device__ __forceinline__ void mma(float (&d)[64], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-        "%56, %57, %58, %59, %60, %61, %62, %63} "
-        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(a), "l"(b), "r"(1));
-  }
-};
+WG_SS(float, 64, "m64n64k8.f32.tf32.tf32", 32, 32, 33, 34, "")
+WG_SS(float, 128, "m64n128k8.f32.tf32.tf32", 64, 64, 65, 66, "")
+WG_SS(float, 192, "m64n192k8.f32.tf32.tf32", 96, 96, 97, 98, "")
+WG_SS(float, 256, "m64n256k8.f32.tf32.tf32", 128, 128, 129, 130, "")
+WG_SS(bf16, 64, "m64n64k16.f32.bf16.bf16", 32, 32, 33, 34, ", 0, 0")
+WG_SS(bf16, 128, "m64n128k16.f32.bf16.bf16", 64, 64, 65, 66, ", 0, 0")
 
 // D[64 x 64] += A[64 x 8] B[64 x 8]^T in tf32 with A from registers (a0..a3: rows l / 4 and
 // l / 4 + 8 of the warp's 16, columns l % 4 and l % 4 + 4: the layout of mma.sync's m16n8k8) and B
@@ -305,9 +201,8 @@ struct Wgmma<bf16, 128> {
 __device__ __forceinline__ void wgmma_rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {" WG_R32 "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : WG_ACC32(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
@@ -730,9 +625,7 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
   need_aligned("wgmma", {o.dy.data, o.w.data, o.dx.data, ctx.ws});
   const Geo g = data_geo(o);
   float* wt = static_cast<float*>(ctx.ws);
-  flip_kernel<true><<<dim3((g.Ci + 31) / 32, (g.Co + 31) / 32, 9), dim3(32, 8), 0, ctx.stream>>>(
-      dptr<float>(o.w), wt, g.Co, 9, g.Ci);
-  KERNEL_CHECK();
+  flip_filter<true>(ctx.stream, dptr<float>(o.w), wt, g);
   run_halo<float>(ctx, as_forward(g), {o.dy.data, wt, nullptr, nullptr, nullptr, o.dx.data});
 }
 
@@ -752,8 +645,8 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
 //    transposed beside the last k-step's wgmma's.
 //  * About 66 blocks in all (filter_splits: half an H100's SMs; the side lane's filter gradients
 //    leave the other half to the main lane).
-//  * Split K: each block's sums go to its own slice of the workspace and filter_reduce_kernel adds
-//    the slices in order (deterministic; the split count depends on the shape only).
+//  * Split K: each block's sums go to its own slice of the workspace and sum_splits adds the
+//    slices in order (deterministic; the split count depends on the shape only).
 //  * K order within a k-step of 8 pixels: K position k holds pixel 2 (k % 4) + k / 4, so that a
 //    warp's A loads (8 channels x 4 pixels 2 apart) fall in 32 distinct banks of the swizzled tile.
 constexpr int FK = 64, FTHREADS = 384, DY_BYTES = FK * ROW;  // dy: 2 atoms of 32 channels
@@ -923,20 +816,6 @@ __global__ void __launch_bounds__(FTHREADS, 1)
   }
 #endif
 }
-// dw = the sum of the splits' slices, in split order.
-__global__ void filter_reduce_kernel(const float4* __restrict__ part, float4* __restrict__ dw, size_t n4,
-                                     size_t stride4, int splits) {
-  pdl_entry();
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
-    float4 s = part[i];
-    for (int k = 1; k < splits; ++k) {
-      const float4 v = part[i + k * stride4];
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    dw[i] = s;
-  }
-}
-
 // A K block's tile: wb = min(W, 64) pixels (8, 16, 32 or 64) x 64 / wb rows; 0 where the shape
 // does not tile that way.
 int filter_wb(const Geo& g) {
@@ -976,7 +855,7 @@ size_t filter_ws(const ConvBwdFilter& o, const CudaCtx&) {
   int per = 0;
   const Geo g = filter_geo(o);
   const int splits = filter_splits(g, per);
-  return splits > 1 ? (size_t)splits * round256((size_t)o.dw.numel() * 4) : 0;
+  return splits > 1 ? round256((size_t)splits * o.dw.numel() * 4) : 0;
 }
 void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   need_aligned("wgmma", {o.x.data, o.dy.data, o.dw.data, ctx.ws});
@@ -987,8 +866,8 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   CUtensorMap xmap, dymap;
   encode_x<float>(&xmap, o.x.data, g, wb + 2, FK / wb + 2, 1);
   encode_x<float>(&dymap, o.dy.data, Geo{g.B, g.H, g.W, g.Co, g.Co, 3}, wb, FK / wb, 1);
-  const size_t n = (size_t)o.dw.numel(), stride = round256(n * 4) / 4;
-  const FArgs fa{splits > 1 ? static_cast<float*>(ctx.ws) : dptr<float>(o.dw), stride, g.Ci, g.H, g.W,
+  const size_t n = (size_t)o.dw.numel();  // (slices n floats apart, as sum_splits reads them)
+  const FArgs fa{splits > 1 ? static_cast<float*>(ctx.ws) : dptr<float>(o.dw), n, g.Ci, g.H, g.W,
                  (int)(g.M() / FK), per};
   const dim3 grid(splits, g.Ci / 64, g.Co / 64);
   switch (wb) {
@@ -998,12 +877,7 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
     default: launch_filter<8>(ctx, grid, xmap, dymap, fa);
   }
   KERNEL_CHECK();
-  if (splits > 1) {
-    const size_t n4 = n / 4;
-    filter_reduce_kernel<<<(unsigned)std::min<size_t>((n4 + 255) / 256, 1024), 256, 0, ctx.stream>>>(
-        static_cast<const float4*>(ctx.ws), reinterpret_cast<float4*>(o.dw.data), n4, stride / 4, splits);
-    KERNEL_CHECK();
-  }
+  if (splits > 1) sum_splits(ctx.stream, static_cast<const float*>(ctx.ws), splits, n, dptr<float>(o.dw));
 }
 
 }  // namespace
