@@ -590,14 +590,19 @@ void run_halo(CudaCtx& ctx, const Geo& g, const Io& io) {
   g.Co <= 64 ? launch_halo<T, 64, 4>(ctx, g, io) : launch_halo<T, 128, 2>(ctx, g, io);
 }
 
-void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
-  need_aligned("wgmma", {o.x.data, o.w.data, o.y.data, o.res.data, ctx.ws});
-  const void* w = filter(o, ctx);
+// A forward through run(tag) with tag float (tf32) or bf16, then the norm's statistics if asked.
+template <class Run>
+void run_fwd(const ConvFwd& o, CudaCtx& ctx, const char* variant, Run run) {
+  need_aligned(variant, {o.x.data, o.w.data, o.y.data, o.res.data, ctx.ws});
+  const Io io = io_of(o, filter(o, ctx));
   if (ctx.prec == Precision::BF16)
-    run_halo<bf16>(ctx, fwd_geo(o), io_of(o, w));
+    run(bf16{}, fwd_geo(o), io);
   else
-    run_halo<float>(ctx, fwd_geo(o), io_of(o, w));
+    run(float{}, fwd_geo(o), io);
   if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
+}
+void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
+  run_fwd(o, ctx, "wgmma", [&](auto tag, const Geo& g, const Io& io) { run_halo<decltype(tag)>(ctx, g, io); });
 }
 
 // Per-tap loads: two blocks per SM up to 128 output channels, else one with the widest tile
@@ -610,13 +615,7 @@ void run_tap(CudaCtx& ctx, const Geo& g, const Io& io) {
   else launch_tap<float, 256, 4, 1>(ctx, g, io);
 }
 void conv_fwd_tap(const ConvFwd& o, CudaCtx& ctx) {
-  need_aligned("wgmma_tap", {o.x.data, o.w.data, o.y.data, o.res.data, ctx.ws});
-  const void* w = filter(o, ctx);
-  if (ctx.prec == Precision::BF16)
-    run_tap<bf16>(ctx, fwd_geo(o), io_of(o, w));
-  else
-    run_tap<float>(ctx, fwd_geo(o), io_of(o, w));
-  if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
+  run_fwd(o, ctx, "wgmma_tap", [&](auto tag, const Geo& g, const Io& io) { run_tap<decltype(tag)>(ctx, g, io); });
 }
 
 // dx = the forward of dy with the rotated filter (in the workspace).
