@@ -71,6 +71,16 @@ bool env_conv_stats() {
                     "default)");
 }
 
+int env_fuse_norm() {
+  const char* v = value("UNET_FUSE_NORM");
+  if (!v) return -1;
+  if (std::strcmp(v, "0") == 0) return 0;
+  if (std::strcmp(v, "1") == 0) return 1;
+  refuse("UNET_FUSE_NORM", v,
+         "must be 1 (ResBlock convs apply their GroupNorm + SiLU as they read their input, wherever a "
+         "kernel does so) or 0 (a separate pass); unset: 1 on the GPU in training, 0 otherwise");
+}
+
 bool env_lanes() {
   return switch_var("UNET_LANES", true,
                     "must be 1 (filter gradients and skip convolutions on a second stream; the default) or 0 "
@@ -111,6 +121,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_graph_fill();
   env_stream_priority();
   env_conv_stats();
+  env_fuse_norm();
   env_lanes();
   env_cpu_comm();
   const std::string cache = cudnn_cache_path();

@@ -1133,19 +1133,19 @@ void destroy_cudnn(CudaCtx& ctx) {
 }
 
 void register_conv_cudnn_epi(CudaOps& ops) {
-  ops.variants<ConvFwd>().push_back({"cudnn_epi", epi_ok, conv_fwd_epi, epi_ws});
+  ops.variants<ConvFwd>().push_back({"cudnn_epi", no_norm<ConvFwd, epi_ok>, conv_fwd_epi, epi_ws});
 }
 
 void register_conv_cudnn_fused(CudaOps& ops) {
-  ops.variants<ConvFwd>().push_back({"cudnn_fused", fwd_fused_ok, conv_fwd_fused, fwd_ws});
+  ops.variants<ConvFwd>().push_back({"cudnn_fused", no_norm<ConvFwd, fwd_fused_ok>, conv_fwd_fused, fwd_ws});
   ops.variants<ConvBwdData>().push_back({"cudnn_fused", data_ok, conv_data, data_ws});
-  ops.variants<ConvBwdFilter>().push_back({"cudnn_fused", filter_fused_ok, conv_filter_fused, filter_ws});
+  ops.variants<ConvBwdFilter>().push_back({"cudnn_fused", no_norm<ConvBwdFilter, filter_fused_ok>, conv_filter_fused, filter_ws});
 }
 
 void register_conv_cudnn(CudaOps& ops) {
-  ops.variants<ConvFwd>().push_back({"cudnn", stats_ok<ConvFwd, fwd_ok>, then_stats<ConvFwd, conv_fwd>, fwd_ws});
+  ops.variants<ConvFwd>().push_back({"cudnn", no_norm<ConvFwd, stats_ok<ConvFwd, fwd_ok>>, then_stats<ConvFwd, conv_fwd>, fwd_ws});
   ops.variants<ConvBwdData>().push_back({"cudnn", data_ok, conv_data, data_ws});
-  ops.variants<ConvBwdFilter>().push_back({"cudnn", filter_ok, conv_filter, filter_ws});
+  ops.variants<ConvBwdFilter>().push_back({"cudnn", no_norm<ConvBwdFilter, filter_ok>, conv_filter, filter_ws});
 }
 
 }  // namespace unet

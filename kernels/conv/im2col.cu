@@ -296,9 +296,9 @@ size_t filter_ws(const ConvBwdFilter& o, const CudaCtx&) {
 }  // namespace
 
 void register_conv_im2col(CudaOps& ops) {
-  ops.variants<ConvFwd>().push_back({"im2col", stats_ok<ConvFwd, fwd_ok>, then_stats<ConvFwd, conv_fwd>, fwd_ws});
+  ops.variants<ConvFwd>().push_back({"im2col", no_norm<ConvFwd, stats_ok<ConvFwd, fwd_ok>>, then_stats<ConvFwd, conv_fwd>, fwd_ws});
   ops.variants<ConvBwdData>().push_back({"im2col", nullptr, conv_bwd_data, data_ws});
-  ops.variants<ConvBwdFilter>().push_back({"im2col", nullptr, conv_bwd_filter, filter_ws});
+  ops.variants<ConvBwdFilter>().push_back({"im2col", no_norm<ConvBwdFilter>, conv_bwd_filter, filter_ws});
 }
 
 }  // namespace unet

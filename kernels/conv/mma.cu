@@ -224,6 +224,6 @@ void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
 
 // Registered last (after im2col, which takes every shape): chosen only when forced
 // (--kernels conv_fwd=mma), until it is faster than cuDNN (see the top of this file).
-void register_conv_mma(CudaOps& ops) { ops.variants<ConvFwd>().push_back({"mma", fwd_ok, conv_fwd, nullptr}); }
+void register_conv_mma(CudaOps& ops) { ops.variants<ConvFwd>().push_back({"mma", no_norm<ConvFwd, fwd_ok>, conv_fwd, nullptr}); }
 
 }  // namespace unet

@@ -351,8 +351,9 @@ bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
 
 void register_conv_narrow(CudaOps& ops) {
   ops.variants<ConvFwd>().push_back(
-      {"narrow_tc", stats_ok<ConvFwd, narrow_tc_ok>, then_stats<ConvFwd, narrow_tc_fwd>, nullptr});
-  ops.variants<ConvFwd>().push_back({"narrow", stats_ok<ConvFwd, narrow_ok>, then_stats<ConvFwd, narrow_fwd>, nullptr});
+      {"narrow_tc", no_norm<ConvFwd, stats_ok<ConvFwd, narrow_tc_ok>>, then_stats<ConvFwd, narrow_tc_fwd>, nullptr});
+  ops.variants<ConvFwd>().push_back(
+      {"narrow", no_norm<ConvFwd, stats_ok<ConvFwd, narrow_ok>>, then_stats<ConvFwd, narrow_fwd>, nullptr});
 }
 
 }  // namespace unet

@@ -385,9 +385,9 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
 }  // namespace
 
 void register_conv_simt(CudaOps& ops) {
-  ops.variants<ConvFwd>().push_back({"simt", fwd_ok, conv_fwd, fwd_ws});
+  ops.variants<ConvFwd>().push_back({"simt", no_norm<ConvFwd, fwd_ok>, conv_fwd, fwd_ws});
   ops.variants<ConvBwdData>().push_back({"simt", data_ok, conv_data, data_ws});
-  ops.variants<ConvBwdFilter>().push_back({"simt", filter_ok, conv_filter, filter_ws});
+  ops.variants<ConvBwdFilter>().push_back({"simt", no_norm<ConvBwdFilter, filter_ok>, conv_filter, filter_ws});
 }
 
 }  // namespace unet

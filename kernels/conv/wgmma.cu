@@ -751,6 +751,9 @@ __global__ void __launch_bounds__(FTHREADS, 1)
   for (int i = 0; i < nkb; ++i) {
     const int s = i % FSTAGES;
     const uint32_t xs = base + s * stage, dt = dyt + (i & 1) * 2 * DY_BYTES;
+    // Warpgroup 2 did not wait for the stage in transpose(): the wait (for a phase complete by
+    // now, so it returns at once) is what makes the copy engine's writes visible to its reads.
+    if (t >= 256) mbar_wait(full + 8 * s, (i / FSTAGES) & 1);
     uint32_t xp[8];  // (32-bit shared addresses: half the registers of generic pointers)
 #pragma unroll
     for (int m = 0; m < 8; ++m) xp[m] = xs + athread + sw[m];
@@ -884,14 +887,14 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
 // Last in the tables: only when forced (--kernels conv_fwd=wgmma, conv_fwd=wgmma_tap,
 // conv_bwd_data=wgmma), as none beats cuDNN in the step yet (the top of this file).
 void register_conv_wgmma(CudaOps& ops) {
-  ops.variants<ConvFwd>().push_back({"wgmma", fwd_ok, conv_fwd, fwd_ws});
-  ops.variants<ConvFwd>().push_back({"wgmma_tap", tap_ok, conv_fwd_tap, fwd_ws});
+  ops.variants<ConvFwd>().push_back({"wgmma", no_norm<ConvFwd, fwd_ok>, conv_fwd, fwd_ws});
+  ops.variants<ConvFwd>().push_back({"wgmma_tap", no_norm<ConvFwd, tap_ok>, conv_fwd_tap, fwd_ws});
   ops.variants<ConvBwdData>().push_back({"wgmma", data_ok, conv_data, data_ws});
 }
 
 // Ahead of cuDNN: the tf32 filter gradient (the top of its kernel, filter_kernel).
 void register_conv_wgmma_filter(CudaOps& ops) {
-  ops.variants<ConvBwdFilter>().push_back({"wgmma", filter_ok, conv_filter, filter_ws});
+  ops.variants<ConvBwdFilter>().push_back({"wgmma", no_norm<ConvBwdFilter, filter_ok>, conv_filter, filter_ws});
 }
 
 }  // namespace unet

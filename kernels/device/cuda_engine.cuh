@@ -265,6 +265,12 @@ template <class Op, bool (*Ok)(const Op&, const CudaCtx&) = any_op<Op>>
 bool stats_ok(const Op& o, const CudaCtx& c) {
   return (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean)) && Ok(o, c);
 }
+// Conv variants that do not apply a norm of their input (ConvFwd's / ConvBwdFilter's NormIn)
+// decline ops with one (the model asks for it only where a variant does).
+template <class Op, bool (*Ok)(const Op&, const CudaCtx&) = any_op<Op>>
+bool no_norm(const Op& o, const CudaCtx& c) {
+  return !o.norm.on() && Ok(o, c);
+}
 void register_groupnorm_threepass(CudaOps& ops);
 void register_elementwise_cuda(CudaOps& ops);
 void register_resample_cuda(CudaOps& ops);

@@ -528,6 +528,7 @@ void gn_fwd(const GroupNormFwd& o, CudaCtx& ctx) {
     with_width<T>(wide_ok<T>(d.C, {o.x.data, o.y.data}), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
       stats<T, V>(ctx, d, x, o.mean, o.rstd, dptr<float>(o.xbias), dptr<float>(o.xemb));
+      if (!o.y.defined()) return;  // (the statistics of a norm that a conv applies)
       apply<T, V>(ctx, d, x, dptr<T>(o.y),
                   GroupNormApply{o.x, o.gamma, o.beta, o.ss, o.mean, o.rstd, o.y, o.silu, o.xbias, o.xemb});
     });
@@ -588,7 +589,9 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
   });
 }
 
-bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) { return o.y.dtype == o.x.dtype && fits(dims(o.x, o.mean)); }
+bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
+  return (!o.y.defined() || o.y.dtype == o.x.dtype) && fits(dims(o.x, o.mean));
+}
 bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
   return o.y.dtype == o.x.dtype && dims(o.x, o.mean).B < 65536;
 }
@@ -950,7 +953,7 @@ void smem_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
 // restriction).
 bool smem_fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
   const Dims d = dims(o.x, o.mean);
-  return o.x.dtype == DType::BF16 && o.y.dtype == o.x.dtype &&
+  return o.x.dtype == DType::BF16 && o.y.defined() && o.y.dtype == o.x.dtype &&
          smem_fits(d, o.x.dtype, 1, smem_wide(o.x.dtype, d.C, {o.x.data, o.y.data}));
 }
 bool smem_bwd_ok(const GroupNormBwd& o, const CudaCtx&) {

@@ -263,8 +263,9 @@ bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
          rowblock::gn_bwd_column_sums_fit(o) && !gn_has_offset(o) && !o.dx2.defined() &&
          !o.add2.defined();
 }
-// The input offset (gn_has_offset) is read by "smem" and "fused" only.
-bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) { return !gn_has_offset(o); }
+// The input offset (gn_has_offset) is read by "smem" and "fused" only, the statistics alone (no y)
+// computed by "fused" only.
+bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) { return !gn_has_offset(o) && o.y.defined(); }
 
 }  // namespace
 

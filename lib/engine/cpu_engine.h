@@ -6,6 +6,8 @@
 // what the CUDA engine stores; only the order of float sums inside an op differs.
 #pragma once
 #include <deque>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "engine.h"
@@ -18,9 +20,28 @@ struct CpuCtx {
 };
 using CpuOps = VariantOps<CpuCtx>;
 
-// Runs f32impl on op with every bf16 tensor replaced by a float copy; outputs rounded back.
+// GroupNormApply's reference (emulated as cpu_ref's): what the conv ops' norm of their input is.
+void gn_apply_ref(const GroupNormApply& o);
+template <class Op, class = void>
+struct has_norm : std::false_type {};
+template <class Op>
+struct has_norm<Op, std::void_t<decltype(std::declval<const Op&>().norm.on())>> : std::true_type {};
+
+// Runs f32impl on op with every bf16 tensor replaced by a float copy; outputs rounded back. A conv
+// op's norm of its input (NormIn) runs first into a buffer of x's dtype (what the model stores
+// without it), then the op on that: so every CPU variant takes it.
 template <class Op>
 void cpu_run_emulated(const Op& op, void (*f32impl)(const Op&)) {
+  if constexpr (has_norm<Op>::value) {
+    if (op.norm.on()) {
+      std::vector<float> buf((op.x.numel() * dtype_size(op.x.dtype) + 3) / 4);
+      Op c = op;
+      c.x = Tensor(buf.data(), op.x.dtype, {op.x.dim[0], op.x.dim[1], op.x.dim[2], op.x.dim[3]});
+      c.norm = NormIn{};
+      gn_apply_ref(norm_apply(op.norm, op.x, c.x));
+      return cpu_run_emulated(c, f32impl);
+    }
+  }
   bool any = false;
   for_each_tensor(op, [&](const char*, const Tensor& t, Role) { any |= t.dtype == DType::BF16; });
   if (!any) return f32impl(op);

@@ -54,6 +54,17 @@ void check_stats(const Op& op, const Tensor& y, const Tensor& mean, const Tensor
           mean.dim[1] >= 1 && y.dim[3] % mean.dim[1] == 0 && same_shape(mean, rstd),
       "mean and rstd must be f32 [B,G], G dividing y's channels");
 }
+// A conv's optional norm of its input: GroupNormApply's conditions (x normalised, same shape), on 3x3
+// stride-1 convolutions (the model's ResBlock convs).
+template <class Op>
+void check_norm(const Op& op, const Tensor& x, const Tensor& w, const NormIn& n) {
+  if (!n.on()) return;
+  req(op, op.stride == 1 && w.rank == 4 && w.dim[1] == 3 && w.dim[2] == 3, "a norm of x needs a 3x3 stride-1 conv");
+  norm_apply(n, x, x).check();
+}
+double norm_flops(const Tensor& x, const NormIn& n) {
+  return n.on() ? (double)x.numel() * (4 + (n.ss.defined() ? 2 : 0) + (n.silu ? 4 : 0)) : 0.0;
+}
 double conv_macs(const Tensor& x, const Tensor& w, const Tensor& y) {
   (void)x;
   return (double)y.numel() * (double)(w.dim[1] * w.dim[2] * w.dim[3]);
@@ -71,10 +82,12 @@ void ConvFwd::check() const {
       "emb must be [B,Co]");
   req(*this, !res.defined() || (same_shape(res, y) && res.dtype == y.dtype), "res must match y");
   check_stats(*this, y, mean, rstd);
+  check_norm(*this, x, w, norm);
 }
 double ConvFwd::flops() const {
   const double n = (double)y.numel();
-  return 2.0 * conv_macs(x, w, y) + n * (bias.defined() + emb.defined() + res.defined() + 3 * mean.defined());
+  return 2.0 * conv_macs(x, w, y) + n * (bias.defined() + emb.defined() + res.defined() + 3 * mean.defined()) +
+         norm_flops(x, norm);
 }
 void ConvBwdData::check() const {
   check_conv(*this, dx, w, dy, stride);
@@ -89,10 +102,12 @@ void ConvBwdFilter::check() const {
   req(*this, !db.defined() || db.numel() == (size_t)dy.dim[3], "db must be [Co]");
   req(*this, !demb.defined() || (demb.rank == 2 && demb.dim[0] == dy.dim[0] && demb.dim[1] == dy.dim[3]),
       "demb must be [B,Co]");
+  if (norm.on()) req(*this, dw.defined(), "a norm of x needs dw");
+  check_norm(*this, x, dw, norm);
 }
 double ConvBwdFilter::flops() const {
   return (dw.defined() ? 2.0 * conv_macs(x, dw, dy) : 0.0) +
-         (double)dy.numel() * (db.defined() + demb.defined());
+         (double)dy.numel() * (db.defined() + demb.defined()) + norm_flops(x, norm);
 }
 
 // ---- linear ----
@@ -216,10 +231,10 @@ void check_gn(const Op& op, const Tensor& x, const Tensor& gamma, const Tensor& 
 }  // namespace
 void GroupNormFwd::check() const {
   check_gn(*this, x, gamma, beta, ss, mean, rstd);
-  req(*this, same_shape(x, y) && act(y), "y must match x's shape");
+  req(*this, !y.defined() || (same_shape(x, y) && act(y)), "y must match x's shape");
 }
 double GroupNormFwd::flops() const {
-  return (double)x.numel() * (7 + (ss.defined() ? 2 : 0) + (silu ? 4 : 0));
+  return (double)x.numel() * (3 + (y.defined() ? 4 + (ss.defined() ? 2 : 0) + (silu ? 4 : 0) : 0));
 }
 void GroupNormApply::check() const {
   check_gn(*this, x, gamma, beta, ss, mean, rstd);

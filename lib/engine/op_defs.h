@@ -33,6 +33,22 @@ namespace unet {
   void check() const;
 
 // ---------------------------------------------------------------- conv (kernel from w: 1 or 3)
+// Optional GroupNorm (+ scale-shift) (+ SiLU) of a convolution's input, applied as the conv reads
+// it: the conv's input is then GroupNormApply{x, gamma, beta, ss, mean, rstd, ., silu, xbias,
+// xemb}'s y (the padding zeros come after it), which is never stored. On when mean is defined.
+// The model's ResBlocks use it where a variant fuses it (their normalised activations are then
+// neither written in the forward nor kept for the filter gradients); variants that do not,
+// decline such ops.
+struct NormIn {
+  Tensor gamma, beta, ss, mean, rstd, xbias, xemb;
+  bool silu = false;
+  bool on() const { return mean.defined(); }
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.in("n_gamma", s.gamma), v.in("n_beta", s.beta), v.in("n_ss", s.ss), v.in("n_mean", s.mean);
+    v.in("n_rstd", s.rstd), v.in("n_xbias", s.xbias), v.in("n_xemb", s.xemb), v.param("n_silu", s.silu);
+  }
+};
 // y = conv(x, w) + bias[co] + emb[b, co] + res   (padding k/2; each addend optional).
 // The epilogue terms are the fusions the model uses: a ResBlock's timestep-embedding add (emb)
 // and residual add (res). y may be f32 while x/w are bf16 (the model's output layer).
@@ -44,10 +60,12 @@ struct ConvFwd {
   // GroupNormFwd would write), so that the norm which follows runs as GroupNormApply and does
   // not read y once more for them.
   Tensor mean{}, rstd{};
+  NormIn norm{};  // (3x3 stride 1 only)
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("w", s.w), v.in("bias", s.bias), v.in("emb", s.emb), v.in("res", s.res);
     v.out("y", s.y), v.param("stride", s.stride), v.out("mean", s.mean), v.out("rstd", s.rstd);
+    NormIn::fields(s.norm, v);
   }
 };
 // dx = conv_transpose(dy, w).
@@ -60,15 +78,18 @@ struct ConvBwdData {
     v.in("dy", s.dy), v.in("w", s.w), v.out("dx", s.dx), v.param("stride", s.stride);
   }
 };
-// dw = dy^T * patches(x) (f32), db[co] = sum dy, demb[b, co] = sum_hw dy (each optional).
+// dw = dy^T * patches(x) (f32), db[co] = sum dy, demb[b, co] = sum_hw dy (each optional); with
+// norm, patches of the normalised x (as ConvFwd's).
 struct ConvBwdFilter {
   UNET_OP("conv_bwd_filter", "conv")
   Tensor x, dy, dw, db, demb;
   int stride = 1;
+  NormIn norm{};  // (3x3 stride 1 only)
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("dy", s.dy), v.out("dw", s.dw), v.out("db", s.db), v.out("demb", s.demb);
     v.param("stride", s.stride);
+    NormIn::fields(s.norm, v);
   }
 };
 
@@ -130,7 +151,8 @@ struct LinearGroupBwd {
 // ---------------------------------------------------------------- groupnorm, eps 1e-5
 // n = GN(x) (groups of C/G consecutive channels, G = mean.dim[1]), z = n*gamma + beta,
 // then optionally z = z*(1 + scale[b]) + shift[b] with ss [B, 2C] = (scale | shift), then
-// optionally y = SiLU(z). Saves mean/rstd [B, G] (f32).
+// optionally y = SiLU(z). Saves mean/rstd [B, G] (f32); without y, only them (the statistics of a
+// norm that a conv applies as it reads its input: ConvFwd's norm).
 // The three GroupNorm ops also take an optional offset of their input, xbias f32 [C] and xemb f32
 // [B, C]: the norm reads x + xbias[c] + xemb[b, c] (added in that order, in f32) wherever it reads
 // x. A ResBlock's first convolution leaves its bias and timestep embedding to the norm after it
@@ -161,6 +183,10 @@ struct GroupNormApply {
     v.in("xbias", s.xbias), v.in("xemb", s.xemb);
   }
 };
+// The GroupNormApply that a conv's NormIn stands for: y = the normalised x.
+inline GroupNormApply norm_apply(const NormIn& n, const Tensor& x, const Tensor& y) {
+  return GroupNormApply{x, n.gamma, n.beta, n.ss, n.mean, n.rstd, y, n.silu, n.xbias, n.xemb};
+}
 // Backward of GroupNormFwd from the saved statistics (recomputes n and z from x).
 struct GroupNormBwd {
   UNET_OP("groupnorm_bwd", "groupnorm")

@@ -27,6 +27,7 @@ Blocks::Blocks(Engine& e, const ModelConfig& c, const ParamTable& t, const Tenso
       table(t),
       A(e.act_dtype()),
       conv_stats(env_conv_stats()),
+      fuse_norm(env_fuse_norm()),
       lanes(env_lanes()),
       link_bias(A == DType::BF16),
       params_(params),
@@ -83,8 +84,64 @@ Tensor Blocks::G(size_t off, std::initializer_list<int64_t> d) const {
 }
 
 void Blocks::conv_filter_grad(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db,
-                              const Tensor& demb, int stride) {
-  if (dw.defined() || db.defined() || demb.defined()) run_side(ConvBwdFilter{x, dy, dw, db, demb, stride});
+                              const Tensor& demb, int stride, const NormIn& norm) {
+  if (dw.defined() || db.defined() || demb.defined()) run_side(ConvBwdFilter{x, dy, dw, db, demb, stride, norm});
+}
+
+template <class Op>
+bool Blocks::takes(const Op& op) {
+  const std::vector<std::string> v = eng.base_ops().variants_for(op);
+  const auto& ov = kernel_overrides();
+  auto f = ov.find(Op::kName);
+  if (f == ov.end()) f = ov.find(Op::kFamily);
+  if (f != ov.end()) return std::find(v.begin(), v.end(), f->second) != v.end();
+  return !v.empty();
+}
+
+// Probes the engine with the ops the ResBlock's convs will run (shapes and dtypes; no data yet).
+void Blocks::decide_fusion(L& s, int64_t b, Mode mode) {
+  s.fuse1 = s.fuse2 = false;
+  const bool on = fuse_norm == 1 || (fuse_norm < 0 && eng.is_cuda() && mode == Mode::Train);
+  if (!on) return;
+  const Layer& l = s.l;
+  const int64_t ri = l.res, ro = s.ro, ci = l.cin, co = l.cout, g = kGroups;
+  const bool ss = cfg.use_scale_shift_norm, wg = mode == Mode::Train;
+  auto t = [](DType d, std::initializer_list<int64_t> dims) { return Tensor(nullptr, d, dims); };
+  const Tensor f32g = t(DType::F32, {b, g});
+  auto probe = [&](int64_t c, bool second, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& bias,
+                   const Tensor& res) {
+    NormIn n{t(DType::F32, {c}), t(DType::F32, {c}), second && ss ? t(DType::F32, {b, 2 * c}) : Tensor{},
+             f32g, f32g, second ? t(DType::F32, {c}) : Tensor{},
+             second && !ss ? t(DType::F32, {b, c}) : Tensor{}, true};
+    ConvFwd f{x, w, bias, {}, res, y, 1};
+    f.norm = n;
+    if (!takes(f)) return false;
+    if (!wg) return true;
+    ConvBwdFilter bf{x, y, t(DType::F32, {w.dim[0], 3, 3, w.dim[3]}), bias, {}, 1};
+    bf.norm = n;
+    return takes(bf);
+  };
+  if (!l.updown)
+    s.fuse1 = probe(ci, false, t(A, {b, ri, ri, ci}), t(A, {co, 3, 3, ci}), t(A, {b, ro, ro, co}), {}, {});
+  if (cfg.dropout == 0.f)
+    s.fuse2 = probe(co, true, t(A, {b, ro, ro, co}), t(A, {co, 3, 3, co}), t(A, {b, ro, ro, co}),
+                    t(DType::F32, {co}), t(A, {b, ro, ro, co}));
+  fused_norms += s.fuse1 + s.fuse2;
+}
+
+NormIn Blocks::norm1(const L& s) const {
+  if (!s.fuse1) return {};
+  const int ci = s.l.cin;
+  return NormIn{vec(s.n1w, ci), vec(s.n1b, ci), {}, at(s.mean1), at(s.rstd1), {}, {}, true};
+}
+NormIn Blocks::norm2(const L& s) const {
+  if (!s.fuse2) return {};
+  const int co = s.l.cout;
+  Tensor xbias, xemb;
+  h1_offsets(s, xbias, xemb);
+  return NormIn{vec(s.n2w, co), vec(s.n2b, co), cfg.use_scale_shift_norm ? at(s.e) : Tensor{},
+                at(s.mean2),    at(s.rstd2),    xbias,
+                xemb,           true};
 }
 
 size_t Blocks::L::out_bias() const {
@@ -123,6 +180,7 @@ void Blocks::declare_embedding(Planner& pl, int Bp, Mode mode, bool mlp) {
   }
   semb = f32("semb", {b, ed});
   group_emb_ = mlp;
+  fused_norms = 0;
   emb_users_.clear();
   if (mode == Mode::Train) {
     d_semb = f32("d_semb", {b, ed});
@@ -160,17 +218,18 @@ void Blocks::declare_layer(Planner& pl, L& s, int Bp, Mode mode, bool with_dx) {
       s.mean1 = f32(p + ".mean1", {b, kGroups}), s.rstd1 = f32(p + ".rstd1", {b, kGroups});
       s.mean2 = f32(p + ".mean2", {b, kGroups}), s.rstd2 = f32(p + ".rstd2", {b, kGroups});
       if (l.updown) s.xu = act(p + ".xu", ro, ci);
-      s.f_n1 = act(p + ".f_n1", ri, ci);
+      decide_fusion(s, b, mode);
+      if (!s.fuse1) s.f_n1 = act(p + ".f_n1", ri, ci);
       if (l.updown) s.f_n1r = act(p + ".f_n1r", ro, ci);
-      s.f_n2 = act(p + ".f_n2", ro, co);
+      if (!s.fuse2) s.f_n2 = act(p + ".f_n2", ro, co);
       if (s.sw != SIZE_MAX) s.f_sk = act(p + ".f_sk", ro, co);
       if (bw) {
-        if (wg) s.b_n2 = act(p + ".b_n2", ro, co);
+        if (wg && !s.fuse2) s.b_n2 = act(p + ".b_n2", ro, co);
         s.b_dn2 = act(p + ".b_dn2", ro, co);
         s.b_dh1 = act(p + ".b_dh1", ro, co);
         if (wg) s.b_de = f32(p + ".b_de", {b, ec});
         if (wg && !group_emb_) s.b_dpart = f32(p + ".b_dpart", {b, ed});
-        if (wg) s.b_n1 = act(p + ".b_n1", ri, ci);
+        if (wg && !s.fuse1) s.b_n1 = act(p + ".b_n1", ri, ci);
         if (wg && l.updown) s.b_n1r = act(p + ".b_n1r", ro, ci);
         if (l.updown) s.b_dn1 = act(p + ".b_dn1", ri, ci);
         s.b_dn1r = act(p + ".b_dn1r", ro, ci);
@@ -280,6 +339,11 @@ void Blocks::resample_bwd(int updown, const Tensor& dy, const Tensor& dx) {
 // the forward's statistics are reused.
 Tensor Blocks::res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute) {
   const Layer& l = s.l;
+  if (s.fuse1) {  // conv1 applies it: its statistics only (in backward, the forward's)
+    if (!recompute && !s.stats_in)
+      run(GroupNormFwd{at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, {}, at(s.mean1), at(s.rstd1), true});
+    return at(s.in);
+  }
   if (recompute || s.stats_in)
     run(GroupNormApply{
         at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, at(s.mean1), at(s.rstd1), at(n1), true});
@@ -302,6 +366,12 @@ void Blocks::res_conv2_input(L& s, const Tensor& n2, bool have_stats) {
   const Tensor ss = cfg.use_scale_shift_norm ? at(s.e) : Tensor{};
   Tensor xbias, xemb;
   h1_offsets(s, xbias, xemb);
+  if (s.fuse2) {  // conv2 applies it: its statistics only
+    if (!have_stats)
+      run(GroupNormFwd{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, {}, at(s.mean2), at(s.rstd2), true,
+                       xbias, xemb});
+    return;
+  }
   if (have_stats)
     run(GroupNormApply{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(s.mean2), at(s.rstd2), at(n2),
                        true, xbias, xemb});
@@ -340,7 +410,9 @@ void Blocks::res_fwd(L& s) {
       resample(l.updown, at(s.in), at(s.xu));
       xs = at(s.xu);
     }
-    run(ConvFwd{c1in, Wc(s.w0, co, 3, ci), {}, {}, {}, at(s.h1), 1});  // bias, emb: GN2 adds them
+    ConvFwd c1{c1in, Wc(s.w0, co, 3, ci), {}, {}, {}, at(s.h1), 1};  // bias, emb: GN2 adds them
+    c1.norm = norm1(s);
+    run(c1);
   }
   Tensor res = xs;
   if (s.sw != SIZE_MAX) {
@@ -350,7 +422,9 @@ void Blocks::res_fwd(L& s) {
   ScopedRange r(d, "out_layers");
   res_conv2_input(s, s.f_n2);
   if (skip_side) join_lanes();
-  run(with_out_stats(s, ConvFwd{at(s.f_n2), Wc(s.w2, co, 3, co), vec(s.b2, co), {}, res, at(s.out), 1}));
+  ConvFwd c2{s.fuse2 ? at(s.h1) : at(s.f_n2), Wc(s.w2, co, 3, co), vec(s.b2, co), {}, res, at(s.out), 1};
+  c2.norm = norm2(s);
+  run(with_out_stats(s, c2));
 }
 
 ConvFwd Blocks::with_out_stats(const L& s, ConvFwd c) const {
@@ -421,11 +495,11 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     // out_layers: recompute conv2's input, then back through conv2, dropout, SiLU/scale-shift/norm
     ScopedRange r(d, "out_layers");
     if (wgrad) {
-      if (!keep) res_conv2_input(s, s.b_n2, true);
+      if (!keep && !s.fuse2) res_conv2_input(s, s.b_n2, true);
       // conv2's bias gradient (the column sums of dout) comes from GN1's backward below, which
       // adds dout into dx anyway, when dout is what it adds (no skip conv, no resampling)
-      conv_filter_grad(at(keep ? s.f_n2 : s.b_n2), dout, Gc(s.w2, co, 3, co),
-                       plain_skip || s.db_given ? Tensor{} : gvec(s.b2, co), {}, 1);
+      conv_filter_grad(s.fuse2 ? at(s.h1) : at(keep ? s.f_n2 : s.b_n2), dout, Gc(s.w2, co, 3, co),
+                       plain_skip || s.db_given ? Tensor{} : gvec(s.b2, co), {}, 1, norm2(s));
     }
     run(ConvBwdData{dout, Wc(s.w2, co, 3, co), at(s.b_dn2), 1});
     if (dropout_p() > 0) run(DropoutBwd{at(s.b_dn2), at(s.b_dn2), dropout_p(), dseed(s)});
@@ -460,10 +534,11 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     // scale-shifted
     ScopedRange r(d, "in_layers");
     if (wgrad) {
-      const Tensor c1in = !keep       ? res_conv1_input(s, s.b_n1, s.b_n1r, true)
+      const Tensor c1in = s.fuse1     ? at(s.in)
+                          : !keep    ? res_conv1_input(s, s.b_n1, s.b_n1r, true)
                           : l.updown ? at(s.f_n1r)
                                      : at(s.f_n1);
-      conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), {}, {}, 1);
+      conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), {}, {}, 1, norm1(s));
     }
     run(ConvBwdData{at(s.b_dh1), Wc(s.w0, co, 3, ci), at(s.b_dn1r), 1});
     Tensor dg1 = at(s.b_dn1r);

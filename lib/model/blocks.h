@@ -80,6 +80,9 @@ struct Blocks {
     // its own written so (chain_stats).
     Tensor out_mean, out_rstd;
     bool stats_in = false;
+    // A ResBlock whose conv1 (fuse1) / conv2 (fuse2) applies the norm in front of it as it reads
+    // its input (fuse_norm): that norm's output is neither written nor kept (no f_n1 / f_n2).
+    bool fuse1 = false, fuse2 = false;
     // the lowest arena offset of the layer's parameters whose gradients its backward computes
     // (emb_layers' come from the group at the end: embedding_bwd)
     size_t lowest_param() const;
@@ -112,6 +115,13 @@ struct Blocks {
   // skip concatenations give them). Not within a ResBlock: conv1 has no epilogue pass (below).
   // UNET_CONV_STATS=1 (opt-in until measured).
   bool conv_stats = false;
+  // A ResBlock's 3x3 convs apply the GroupNorm + SiLU in front of them as they read their input
+  // (ConvFwd / ConvBwdFilter norm): decided per conv when its buffers are declared, where the
+  // engine has a variant that does so for the forward and (training) the filter gradient, no
+  // resampling or dropout comes between. UNET_FUSE_NORM: 1 or 0; unset: on for CUDA training.
+  // H100, seed64, tf32 (the wgmma kernels, width 64): see README's Speed section.
+  int fuse_norm = -1;
+  int fused_norms = 0;  // how many convs the last declaration fused (reset by declare_embedding)
   // Filter gradients (wgrad, bias and embedding sums) run on the side lane (Ops::lane), beside the
   // data gradient and what follows it on the main lane, joined at the end of each layer's
   // backward, and the forward's skip-connection convs beside in_layers: small levels'
@@ -174,7 +184,7 @@ struct Blocks {
   // ConvBwdFilter when it has anything to compute, on the side lane (with lanes): the caller
   // calls join_lanes() before anything reads its gradients or overwrites x or dy.
   void conv_filter_grad(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db,
-                        const Tensor& demb, int stride);
+                        const Tensor& demb, int stride, const NormIn& norm = {});
   // Runs `op` on the side lane (with lanes), after what conv_filter_grad put there.
   template <class Op>
   void run_side(const Op& op) {
@@ -216,6 +226,15 @@ struct Blocks {
   // no other reader, so the pass that would add them is not needed.
   void h1_offsets(const L& s, Tensor& xbias, Tensor& xemb) const;
   void res_conv2_input(L& s, const Tensor& n2, bool have_stats = false);
+  // The norms in front of a ResBlock's conv1 (GN1 + SiLU of in) and conv2 (GN2 (+ scale-shift) +
+  // SiLU of h1 + b0 + e), as the convs' NormIn where they apply them (fuse1 / fuse2), else absent.
+  NormIn norm1(const L& s) const;
+  NormIn norm2(const L& s) const;
+  // Whether the engine runs op (a conv with a norm of its input) on a variant, the one forced by
+  // UNET_KERNELS / --kernels if any.
+  template <class Op>
+  bool takes(const Op& op);
+  void decide_fusion(L& s, int64_t b, Mode mode);
   void emb_layers_fwd();
   void emb_layers_bwd();
   ConvFwd with_out_stats(const L& s, ConvFwd c) const;  // c, writing s.out_mean/out_rstd if set

@@ -25,6 +25,9 @@ const float* read_x(const Op& o, std::vector<float>& buf) {
 void gn_fwd(const GroupNormFwd& o) {
   const Tensor& x = o.x;
   std::vector<float> buf;
+  if (!o.y.defined())  // the statistics only (as groupnorm_fwd computes them)
+    return ref::groupnorm_stats<float>(read_x(o, buf), o.mean.f32(), o.rstd.f32(), (int)x.dim[0],
+                                       (int)(x.dim[1] * x.dim[2]), (int)x.dim[3], (int)o.mean.dim[1]);
   ref::groupnorm_ss_fwd<float>(read_x(o, buf), o.gamma.f32(), o.beta.f32(), opt(o.ss), o.y.f32(), o.mean.f32(),
                                o.rstd.f32(), (int)x.dim[0], (int)(x.dim[1] * x.dim[2]), (int)x.dim[3],
                                (int)o.mean.dim[1], o.silu);
@@ -52,6 +55,8 @@ void gn_bwd_full(const GroupNormBwd& o) {
 void gn_bwd(const GroupNormBwd& o) { gn_bwd_split(o, gn_bwd_full); }
 
 }  // namespace
+
+void gn_apply_ref(const GroupNormApply& o) { cpu_run_emulated(o, gn_apply); }
 
 void gn_bwd_split(const GroupNormBwd& o, void (*full)(const GroupNormBwd&)) {
   if (!o.dx2.defined()) return full(o);

@@ -20,6 +20,8 @@ bool any_shape(const Op&) {
   return true;
 }
 
+bool with_y(const GroupNormFwd& o) { return o.y.defined(); }
+
 // Sample b's arguments of a GroupNormFwd or GroupNormApply (the same fields; x with the op's input
 // offset added, in the thread's buffer, when it has one).
 template <class Op>
@@ -96,7 +98,8 @@ void gn_bwd_run(const GroupNormBwd& o) {
 }  // namespace
 
 void register_groupnorm_fast_cpu(CpuOps& ops) {
-  cpufast::add_fast_variants<GroupNormFwd, any_shape<GroupNormFwd>, gn_run<0>, gn_run<1>>(ops);
+  // (the statistics alone, without y: the reference)
+  cpufast::add_fast_variants<GroupNormFwd, with_y, gn_run<0>, gn_run<1>>(ops);
   cpufast::add_fast_variants<GroupNormApply, any_shape<GroupNormApply>, gn_apply_run<0>, gn_apply_run<1>>(
       ops);
   cpufast::add_fast_variants<GroupNormBwd, any_shape<GroupNormBwd>, gn_bwd_run<0>, gn_bwd_run<1>>(ops);
