@@ -71,14 +71,10 @@ bool env_conv_stats() {
                     "default)");
 }
 
-int env_fuse_norm() {
-  const char* v = value("UNET_FUSE_NORM");
-  if (!v) return -1;
-  if (std::strcmp(v, "0") == 0) return 0;
-  if (std::strcmp(v, "1") == 0) return 1;
-  refuse("UNET_FUSE_NORM", v,
-         "must be 1 (ResBlock convs apply their GroupNorm + SiLU as they read their input, wherever a "
-         "kernel does so) or 0 (a separate pass); unset: 1 on the GPU in training, 0 otherwise");
+bool env_fuse_norm() {
+  return switch_var("UNET_FUSE_NORM", false,
+                    "must be 1 (ResBlock convs apply their GroupNorm + SiLU as they read their input, where a "
+                    "kernel does so) or 0 (a separate pass; the default)");
 }
 
 bool env_lanes() {

@@ -12,9 +12,9 @@
 //   UNET_CONV_STATS    1 or 0 (default): the convolution (or skip concatenation) in front of a
 //                      GroupNorm also gives the norm's statistics (on the GPU from its epilogue's or
 //                      copy's pass); opt-in until measured
-//   UNET_FUSE_NORM     1 or 0: a ResBlock's convs apply the GroupNorm (+ SiLU) in front of them as
-//                      they read their input (ConvFwd/ConvBwdFilter norm), where a variant does so
-//                      for both; unset = on for CUDA training, off otherwise (sampling, the CPU)
+//   UNET_FUSE_NORM     1 or 0 (default): a ResBlock's convs apply the GroupNorm (+ SiLU) in front of
+//                      them as they read their input (ConvFwd/ConvBwdFilter norm), where variants do
+//                      so (tf32 on Hopper, width 64); opt-in: slower so far (blocks.h)
 //   UNET_STREAM_PRIORITY 1 (default) or 0: CUDA stream priorities, main lane > side lane >
 //                      optimizer (kept per kernel node in CUDA graphs)
 //   UNET_CPU_COMM      tcp or mpi (CPU ranks' gradient reduction); unset = by launcher
@@ -38,8 +38,8 @@ bool env_pdl();
 bool env_graph_fill();
 // UNET_CONV_STATS: true for "1"; false when unset, empty or "0".
 bool env_conv_stats();
-// UNET_FUSE_NORM: 1 or 0; -1 when unset or empty.
-int env_fuse_norm();
+// UNET_FUSE_NORM: true for "1"; false when unset, empty or "0".
+bool env_fuse_norm();
 // UNET_LANES: false for "0"; true when unset, empty or "1".
 bool env_lanes();
 // UNET_STREAM_PRIORITY: false for "0"; true when unset, empty or "1".

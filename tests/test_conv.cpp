@@ -302,6 +302,17 @@ TEST(ConvVariants, WgmmaOnlyWhenForced) {
     const ConvBwdFilter w64{A(act, {2, 64, 64, 128}), A(act, {2, 64, 64, 64}), A(DType::F32, {64, 3, 3, 128}),
                             A(DType::F32, {64}), {}, 1};
     EXPECT_EQ(g->base_ops().variant(w64) == "wgmma", p == Precision::TF32);
+    // With a norm of the input (the model's fused ResBlock convs) tf32 takes "wgmma" unforced, bf16
+    // has no variant.
+    const NormIn n{A(DType::F32, {128}), A(DType::F32, {128}), {}, A(DType::F32, {2, 32}), A(DType::F32, {2, 32}), {}, {},
+                   true};
+    ConvFwd fn = fwd_op(A, act, 2, 64, 128, 64, 3, 1, false, true);
+    fn.norm = n;
+    ConvBwdFilter wn = w64;
+    wn.norm = n;
+    const auto fv = g->base_ops().variants_for(fn), wv = g->base_ops().variants_for(wn);
+    EXPECT_EQ(fv, p == Precision::TF32 ? std::vector<std::string>{"wgmma"} : std::vector<std::string>{});
+    EXPECT_EQ(wv, p == Precision::TF32 ? std::vector<std::string>{"wgmma"} : std::vector<std::string>{});
     // (choices are cached per shape: a shape not asked for yet)
     set_kernel_overrides("conv_fwd=wgmma");
     EXPECT_EQ(g->base_ops().variant(fwd_op(A, act, 3, 64, 32, 16, 3, 1, false, false)), "wgmma");
@@ -542,6 +553,59 @@ TEST(ConvVariants, GroupNormStatisticsOfTheOutput) {
           return o;
         },
         Tol{});
+  }
+}
+
+// A GroupNorm (+ scale-shift) + SiLU of the input applied by the conv as it reads it (ConvFwd's and
+// ConvBwdFilter's norm: "wgmma" in tf32 on Hopper, the forward at width 64, the filter gradient at
+// widths 8 to 64; every other variant declines), against the CPU reference (the norm applied, then
+// the conv): the padding after the norm (zeros where the norm of 0 is not), channels past a
+// partial 32-channel block, the input offsets (bias, embedding) and scale-shift, 64- and 128-channel
+// output tiles. Random statistics (negative rstd included: the arithmetic, not a real norm).
+TEST(ConvVariants, NormOfTheInput) {
+  SKIP_WITHOUT_GPU();
+  struct S {
+    const char* what;
+    int B, H, Ci, Co, G;
+    bool offsets, ss, silu;
+  };
+  Engine* g = gpu_engine(Precision::TF32);
+  ASSERT_TRUE(g);
+  const std::string dev = g->name();
+  const bool hopper = dev.find("H100") != std::string::npos || dev.find("H200") != std::string::npos;
+  for (const S c : {S{"norm 64", 2, 64, 64, 64, 32, false, false, true}, S{"norm 64 offsets", 1, 64, 64, 128, 32, true, false, true},
+                    S{"norm 64 ss", 2, 64, 128, 64, 32, false, true, true}, S{"norm 64 partial block", 1, 64, 40, 72, 8, true, false, false},
+                    S{"norm 32", 2, 32, 128, 64, 32, true, false, true}, S{"norm 16 ss", 2, 16, 64, 128, 32, false, true, true},
+                    S{"norm 8", 3, 8, 64, 64, 16, true, false, true}}) {
+    auto norm = [&](const Alloc& A, int C) {
+      NormIn n{A(DType::F32, {C}), A(DType::F32, {C}), c.ss ? A(DType::F32, {c.B, 2 * C}) : Tensor{},
+               A(DType::F32, {c.B, c.G}), A(DType::F32, {c.B, c.G}), c.offsets ? A(DType::F32, {C}) : Tensor{},
+               c.offsets ? A(DType::F32, {c.B, C}) : Tensor{}, c.silu};
+      return n;
+    };
+    const int fwd = check_variants<ConvFwd>(
+        std::string(c.what) + " fwd",
+        [&](const Alloc& A, DType act) {
+          ConvFwd o = fwd_op(A, act, c.B, c.H, c.Ci, c.Co, 3, 1, false, true);
+          o.norm = norm(A, c.Ci);
+          return o;
+        },
+        Tol{}, nullptr, {Precision::TF32});
+    Tol wtol;
+    const int filt = check_variants<ConvBwdFilter>(
+        std::string(c.what) + " wgrad",
+        [&](const Alloc& A, DType act) {
+          ConvBwdFilter o{A(act, {c.B, c.H, c.H, c.Ci}), A(act, {c.B, c.H, c.H, c.Co}),
+                          A(DType::F32, {c.Co, 3, 3, c.Ci}), A(DType::F32, {c.Co}), {}, 1};
+          o.norm = norm(A, c.Ci);
+          return o;
+        },
+        wtol, nullptr, {Precision::TF32});
+    if (!hopper) continue;
+    // (so that the checks above ran something: the forward where it tiles, the filter gradient
+    // where its 64-channel blocks do)
+    EXPECT_EQ(fwd, c.H == 64 && c.Co <= 128 ? 1 : 0) << c.what;
+    EXPECT_EQ(filt, c.Ci % 64 == 0 && c.Co % 64 == 0 ? 1 : 0) << c.what;
   }
 }
 

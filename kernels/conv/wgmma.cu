@@ -40,6 +40,7 @@
 #include <algorithm>
 
 #include "cuda_engine.cuh"
+#include "gn_coef.cuh"
 #include "implicit_gemm.cuh"
 #include "rowblock.cuh"
 
@@ -207,13 +208,69 @@ __device__ __forceinline__ void wgmma_rs64(float (&d)[32], const uint32_t (&a)[4
 }
 
 // The kernel's scalar arguments.
+// A GroupNorm (+ scale-shift) (+ SiLU) of the input, applied to its tiles in shared memory
+// (ConvFwd's / ConvBwdFilter's norm; tf32): its tensors, gamma null for none.
+struct NormArgs {
+  const float *gamma = nullptr, *beta = nullptr, *ss = nullptr, *mean = nullptr, *rstd = nullptr,
+              *xbias = nullptr, *xemb = nullptr;
+  int G = 1;
+  bool silu = false;
+};
 struct Args {
   const float* bias;
   const float* emb;
   const void* res;  // T, as y
   void* y;
   int M, HW, W, N, Ci, Cb, KS, KB;  // Cb: K blocks per tap; KB = KS*KS*Cb
+  int H;
+  NormArgs nrm;
 };
+
+// The norm's coefficients (gn_coef.cuh, as the GroupNorm kernels compute them) of channels
+// c0 .. c0 + n - 1 of sample b into tab: m[n], then a[n], then bb[n]; zeros past the last channel,
+// so that the copy engine's zero channels stay zero. Threads t < n, one channel each.
+__device__ __forceinline__ void norm_coefs(float* tab, int n, const NormArgs& q, int b, int c0, int C, int t) {
+  if (t >= n) return;
+  const int c = c0 + t;
+  Coef k{0.f, 0.f, 0.f, 0.f};
+  if (c < C) k = coef_of(q.gamma, q.beta, q.ss, q.mean, q.rstd, q.xbias, q.xemb, b, c, C, q.G);
+  tab[t] = k.m, tab[n + t] = k.a, tab[2 * n + t] = k.bb;
+}
+// One 16-byte chunk (4 channels) of a tile in shared memory, in place: SiLU((v - m) a + bb) (the
+// GroupNorm apply kernel's arithmetic, so the same bits as the pass it replaces), rounded to tf32
+// as the convolution rounds its input.
+__device__ __forceinline__ void norm_chunk(uint32_t ad, const float (&m)[4], const float (&a)[4],
+                                           const float (&bb)[4], bool silu) {
+  float v[4];
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(ad));
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float z = fmaf(v[e] - m[e], a[e], bb[e]);
+    v[e] = tf32_rna(silu ? silu_fast(z) : z);
+  }
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(ad), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
+               : "memory");
+}
+// The norm applied in place to ROWS pixel rows of an input tile in shared memory: `atoms` atoms
+// of 32 channels, astride bytes apart (multiples of 1024), each PW pixels a row, a pixel a
+// 128-byte row of the swizzle; tile pixel (r, c) is image pixel (y0 - 1 + r, x0 - 1 + c), and
+// those outside the image stay zero (the padding comes after the norm). tab: norm_coefs's, the
+// tile's n channels. nt threads, this one t.
+template <int PW, int ROWS>
+__device__ __forceinline__ void norm_tile(uint32_t tile, int atoms, uint32_t astride, int y0, int x0, int H, int W,
+                                          const float* tab, int n, bool silu, int t, int nt) {
+  constexpr int PER_ATOM = ROWS * PW * 8;  // 16-byte chunks
+  for (int i = t; i < atoms * PER_ATOM; i += nt) {
+    const int at = i / PER_ATOM, p = (i - at * PER_ATOM) >> 3, ph = i & 7;
+    const int r = p / PW, yy = y0 - 1 + r, xx = x0 - 1 + (p - r * PW);
+    if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
+    const int c = at * 32 + 4 * (ph ^ (p & 7));  // (the swizzle: chunk ^ row % 8)
+    const float4 m = *reinterpret_cast<const float4*>(tab + c), a = *reinterpret_cast<const float4*>(tab + n + c),
+                 bb = *reinterpret_cast<const float4*>(tab + 2 * n + c);
+    const float mm[4] = {m.x, m.y, m.z, m.w}, aa[4] = {a.x, a.y, a.z, a.w}, b4[4] = {bb.x, bb.y, bb.z, bb.w};
+    norm_chunk(tile + at * astride + p * ROW + ph * 16, mm, aa, b4, silu);
+  }
+}
 
 // The epilogue of both kernels, once every consumer's wgmma's are done: the accumulators go to
 // shared memory (the freed input stages, `stage`), then all 256 consumer threads add bias,
@@ -335,10 +392,11 @@ __global__ void __launch_bounds__(THREADS, MINB)
 // memory once where per-tap loads read it 9 times; the filter's 9 tap tiles of the block stream
 // through STAGES stages. Two slots for the input tile: the next block's loads while this one's
 // taps run.
+constexpr int HALO_THREADS = THREADS + 32;  // and the norm's warp
 constexpr int TW = 64, TH = BM / TW, HALO_BYTES = (TW + 2) * (TH + 2) * ROW,
               HALO_SLOT = (HALO_BYTES + 1023) / 1024 * 1024;
 template <class T, int BN, int STAGES, int MINB>
-__global__ void __launch_bounds__(THREADS, MINB)
+__global__ void __launch_bounds__(HALO_THREADS, MINB)
     halo_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap, const Args a) {
   pdl_entry();  // (before any load; the barriers' set-up could go first, but it is short)
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (the host pass parses it too)
@@ -348,12 +406,14 @@ __global__ void __launch_bounds__(THREADS, MINB)
   const uint32_t base = (saddr(smem_raw) + 1023) & ~1023u;
   const uint32_t bbase = base + 2 * slot;
   const uint32_t full = bbase + STAGES * B_BYTES, empty = full + 8 * STAGES, afull = empty + 8 * STAGES,
-                 aempty = afull + 16;
+                 aempty = afull + 16, normed = aempty + 16;
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+  const bool nrm = sizeof(T) == 4 && a.nrm.gamma;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 2);
-    for (int s = 0; s < 2; ++s) mbar_init(afull + 8 * s, 1), mbar_init(aempty + 8 * s, 2);
+    for (int s = 0; s < 2; ++s)
+      mbar_init(afull + 8 * s, 1), mbar_init(aempty + 8 * s, 2), mbar_init(normed + 8 * s, 32);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -372,6 +432,35 @@ __global__ void __launch_bounds__(THREADS, MINB)
           tma2(bbase + s * B_BYTES, &wmap, full + 8 * s, tap * a.Ci + cb * BK, n0);
         }
       }
+    } else if (t >= 32 && nrm) {
+      // The norm's warp: each input tile as it arrives, in place (a lane keeps one 16-byte chunk
+      // of channels, 4 pixels a step: the 8 lanes of a pixel hit 8 distinct bank groups), then
+      // "normed" for the consumers. Beside their wgmma's on the other slot; few registers, where
+      // the consumers' 64 accumulators leave no room for the pass (ptxas spilled and serialised
+      // their wgmma's, C7515).
+      const int l = t - 32, lc = l & 7;
+      const int b0 = m0 / a.HW, y0 = (m0 - b0 * a.HW) / a.W;
+      for (int cb = 0; cb < a.Cb; ++cb) {
+        const int as = cb & 1;
+        float mm[4], aa[4], bb[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = cb * BK + 4 * lc + e;
+          Coef k{0.f, 0.f, 0.f, 0.f};  // (zeros past the last channel keep the copy's zeros)
+          if (c < a.Ci) k = coef_of(a.nrm.gamma, a.nrm.beta, a.nrm.ss, a.nrm.mean, a.nrm.rstd, a.nrm.xbias,
+                                    a.nrm.xemb, b0, c, a.Ci, a.nrm.G);
+          mm[e] = k.m, aa[e] = k.a, bb[e] = k.bb;
+        }
+        mbar_wait(afull + 8 * as, (cb >> 1) & 1);
+        const uint32_t ab = base + as * slot;
+        for (int p = l >> 3; p < (TH + 2) * (TW + 2); p += 4) {
+          const int r = p / (TW + 2), yy = y0 - 1 + r, xx = p - r * (TW + 2) - 1;
+          if (yy < 0 || yy >= a.H || xx < 0 || xx >= a.W) continue;  // the padding stays zero
+          norm_chunk(ab + p * ROW + ((lc ^ (p & 7)) << 4), mm, aa, bb, a.nrm.silu);
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmma's reads
+        mbar_arrive(normed + 8 * as);
+      }
     }
     return;
   }
@@ -381,10 +470,12 @@ __global__ void __launch_bounds__(THREADS, MINB)
   for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
   for (int cb = 0, kb = 0; cb < a.Cb; ++cb) {
     const int as = cb & 1;
-    mbar_wait(afull + 8 * as, (cb >> 1) & 1);
+    mbar_wait((nrm ? normed : afull) + 8 * as, (cb >> 1) & 1);
     const uint32_t ab = base + as * slot;
-    round_tf32<T>(ab + g * (TW + 2) * ROW, 3 * (TW + 2) * ROW, t);  // the 3 padded rows it reads
-    rounded<T>(g);
+    if (!nrm) {
+      round_tf32<T>(ab + g * (TW + 2) * ROW, 3 * (TW + 2) * ROW, t);  // the 3 padded rows it reads
+      rounded<T>(g);
+    }
     for (int tap = 0; tap < 9; ++tap, ++kb) {
       const int s = kb % STAGES, ky = tap / 3, kx = tap - ky * 3;
       mbar_wait(full + 8 * s, (kb / STAGES) & 1);
@@ -475,7 +566,10 @@ bool fwd_shape_ok(const ConvFwd& o, const CudaCtx& c) {
          o.w.dim[1] == o.w.dim[2] && same_size(o.x, o.y) &&
          (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean));
 }
-bool fwd_ok(const ConvFwd& o, const CudaCtx& c) { return fwd_shape_ok(o, c) && halo_ok(c, fwd_geo(o)); }
+// (the norm of the input: tf32 only)
+bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
+  return fwd_shape_ok(o, c) && halo_ok(c, fwd_geo(o)) && (!o.norm.on() || c.prec == Precision::TF32);
+}
 bool tap_ok(const ConvFwd& o, const CudaCtx& c) {
   const Geo g = fwd_geo(o);
   Box b;
@@ -520,15 +614,22 @@ struct Io {
   const float *bias, *emb;
   const void* res;
   void* y;
+  NormArgs nrm{};
 };
+NormArgs norm_args(const NormIn& n) {
+  if (!n.on()) return {};
+  return {dptr<float>(n.gamma), dptr<float>(n.beta), dptr<float>(n.ss),   dptr<float>(n.mean),
+          dptr<float>(n.rstd),  dptr<float>(n.xbias), dptr<float>(n.xemb), (int)n.mean.dim[1], n.silu};
+}
 Io io_of(const ConvFwd& o, const void* w) {
   return {o.x.data, w, dptr<float>(o.bias), dptr<float>(o.emb), o.res.defined() ? o.res.data : nullptr,
-          o.y.data};
+          o.y.data, norm_args(o.norm)};
 }
 template <class T>
 Args args(const Geo& g, const Io& io) {
   const int Cb = (g.Ci + kBK<T> - 1) / kBK<T>;
-  return Args{io.bias, io.emb, io.res, io.y, (int)g.M(), g.H * g.W, g.W, g.Co, g.Ci, Cb, g.KS, g.KS * g.KS * Cb};
+  return Args{io.bias, io.emb,        io.res, io.y, (int)g.M(), g.H * g.W, g.W, g.Co, g.Ci, Cb, g.KS,
+              g.KS * g.KS * Cb, g.H, io.nrm};
 }
 // The filter rounded to tf32 into the workspace (tf32 forwards; see round_tf32).
 __global__ void round_kernel(const float* __restrict__ w, float* __restrict__ o, int n4) {
@@ -574,14 +675,14 @@ void launch_tap(CudaCtx& ctx, const Geo& g, const Io& io) {
 
 template <class T, int BN, int STAGES>
 void launch_halo(CudaCtx& ctx, const Geo& g, const Io& io) {
-  constexpr int bytes = 2 * HALO_SLOT + STAGES * BN * ROW + 1024 + 16 * STAGES + 32;
+  constexpr int bytes = 2 * HALO_SLOT + STAGES * BN * ROW + 1024 + 16 * STAGES + 48;
   static const bool attr = (set_smem(halo_kernel<T, BN, STAGES, 2>, bytes), true);
   (void)attr;
   CUtensorMap xmap, wmap;
   encode_x<T>(&xmap, io.x, g, TW + 2, TH + 2, 1);
   encode_w<T>(&wmap, io.w, g, BN);
   const dim3 grid((unsigned)((g.M() + BM - 1) / BM), (unsigned)((g.Co + BN - 1) / BN));
-  halo_kernel<T, BN, STAGES, 2><<<grid, THREADS, bytes, ctx.stream>>>(xmap, wmap, args<T>(g, io));
+  halo_kernel<T, BN, STAGES, 2><<<grid, HALO_THREADS, bytes, ctx.stream>>>(xmap, wmap, args<T>(g, io));
   KERNEL_CHECK();
 }
 // Two blocks per SM: ~100 KB of shared memory each.
@@ -653,6 +754,7 @@ struct FArgs {
   float* out;           // [splits][Co][9][Ci]
   size_t split_stride;  // floats
   int Ci, H, W, KB, per;  // KB blocks in all, per block
+  NormArgs nrm;         // the norm of x, applied by warpgroup 2 as each tile arrives
 };
 // WB pixels per tile row (FK / WB rows); an input tile's 32-channel atom of WB + 2 by FK / WB + 2
 // pixels takes xatom bytes, 1024-aligned for the swizzle.
@@ -676,6 +778,7 @@ __global__ void __launch_bounds__(FTHREADS, 1)
   constexpr int FSTAGES = fstages<WB>();
   constexpr uint32_t xa = xatom<WB>(), stage = 2 * xa + 2 * DY_BYTES;
   const uint32_t dyt = base + FSTAGES * stage, full = dyt + 4 * DY_BYTES;  // the 2 transposed dy, barriers
+  float* ntab = reinterpret_cast<float*>(smem_raw + (full + 64 - saddr(smem_raw)));  // the norm's, 3 x 64
   const int split = blockIdx.x, ci0 = blockIdx.y * 64, co0 = blockIdx.z * 64;
   const int kb0 = split * a.per, nkb = min(a.per, a.KB - kb0);
   const int xtiles = a.W / WB, per_img = (a.H / R) * xtiles;
@@ -746,7 +849,23 @@ __global__ void __launch_bounds__(FTHREADS, 1)
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmma's reads
   };
+  // With a norm of x: warpgroup 2 applies it to block i's input tile in place (beside the others'
+  // transposes; its coefficients anew where the block's image changes).
+  int nimg = -1;
+  auto normalize = [&](int i) {
+    const int s = i % FSTAGES, kb = kb0 + i, b = kb / per_img, r = kb - b * per_img, u = t - 256;
+    mbar_wait(full + 8 * s, (i / FSTAGES) & 1);
+    if (b != nimg) {  // (every thread of the warpgroup sees the same b)
+      norm_coefs(ntab, 64, a.nrm, b, ci0, a.Ci, u);
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      nimg = b;
+    }
+    norm_tile<PW, R + 2>(base + s * stage, 2, xa, r / xtiles * R, (r % xtiles) * WB, a.H, a.W, ntab, 64,
+                         a.nrm.silu, u, 128);
+  };
+  const bool nrm = a.nrm.gamma != nullptr;
   if (nkb > 0 && t < 256) transpose(0);
+  if (nkb > 0 && t >= 256 && nrm) normalize(0);
   __syncthreads();
   for (int i = 0; i < nkb; ++i) {
     const int s = i % FSTAGES;
@@ -781,7 +900,10 @@ __global__ void __launch_bounds__(FTHREADS, 1)
       wg_commit();
       // The next block's dy beside the last wgmma's (into the other dyt, whose readers were drained
       // at the end of the previous block).
-      if (ks == FK / 8 - 1 && t < 256 && i + 1 < nkb) transpose(i + 1);
+      if (ks == FK / 8 - 1 && i + 1 < nkb) {
+        if (t < 256) transpose(i + 1);
+        else if (nrm) normalize(i + 1);
+      }
       wg_wait<1>();  // (ptxas keeps an in-flight wgmma's A registers from reuse until it is done)
     }
     // Drained per K block (wgmma's still reading registers across the loop's back edge made ptxas
@@ -826,7 +948,7 @@ int filter_wb(const Geo& g) {
 }
 template <int WB>
 constexpr int filter_smem() {
-  return fstages<WB>() * (2 * (int)xatom<WB>() + 2 * DY_BYTES + 8) + 4 * DY_BYTES + 1024;
+  return fstages<WB>() * (2 * (int)xatom<WB>() + 2 * DY_BYTES + 8) + 4 * DY_BYTES + 1024 + 64 + 3 * 64 * 4;
 }
 // Splits: about 66 blocks, half an H100's SMs, whatever the GPU (so the sums' order, and bits,
 // depend on the shape alone). The filter gradients run on the side lane beside the main lane's
@@ -870,7 +992,7 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   encode_x<float>(&dymap, o.dy.data, Geo{g.B, g.H, g.W, g.Co, g.Co, 3}, wb, FK / wb, 1);
   const size_t n = (size_t)o.dw.numel();  // (slices n floats apart, as sum_splits reads them)
   const FArgs fa{splits > 1 ? static_cast<float*>(ctx.ws) : dptr<float>(o.dw), n, g.Ci, g.H, g.W,
-                 (int)(g.M() / FK), per};
+                 (int)(g.M() / FK), per, norm_args(o.norm)};
   const dim3 grid(splits, g.Ci / 64, g.Co / 64);
   switch (wb) {
     case 64: launch_filter<64>(ctx, grid, xmap, dymap, fa); break;
@@ -887,14 +1009,14 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
 // Last in the tables: only when forced (--kernels conv_fwd=wgmma, conv_fwd=wgmma_tap,
 // conv_bwd_data=wgmma), as none beats cuDNN in the step yet (the top of this file).
 void register_conv_wgmma(CudaOps& ops) {
-  ops.variants<ConvFwd>().push_back({"wgmma", no_norm<ConvFwd, fwd_ok>, conv_fwd, fwd_ws});
+  ops.variants<ConvFwd>().push_back({"wgmma", fwd_ok, conv_fwd, fwd_ws});
   ops.variants<ConvFwd>().push_back({"wgmma_tap", no_norm<ConvFwd, tap_ok>, conv_fwd_tap, fwd_ws});
   ops.variants<ConvBwdData>().push_back({"wgmma", data_ok, conv_data, data_ws});
 }
 
 // Ahead of cuDNN: the tf32 filter gradient (the top of its kernel, filter_kernel).
 void register_conv_wgmma_filter(CudaOps& ops) {
-  ops.variants<ConvBwdFilter>().push_back({"wgmma", no_norm<ConvBwdFilter, filter_ok>, conv_filter, filter_ws});
+  ops.variants<ConvBwdFilter>().push_back({"wgmma", filter_ok, conv_filter, filter_ws});
 }
 
 }  // namespace unet

@@ -23,6 +23,7 @@
 #include <cuda_pipeline.h>
 
 #include "cuda_engine.cuh"
+#include "gn_coef.cuh"
 #include "rowblock.cuh"
 
 namespace unet {
@@ -33,14 +34,6 @@ using namespace rowblock;
 
 constexpr double kEps = 1e-5;
 
-// SiLU and its derivative with the fast exponential and division (two MUFU instructions where
-// expf and '/' take about twenty): at seed64's sizes the element kernels issue as many
-// instructions as their bytes take to move. Relative error ~1e-7.
-__device__ __forceinline__ float silu_fast(float z) { return __fdividef(z, 1.f + __expf(-z)); }
-__device__ __forceinline__ float silu_grad_fast(float z) {
-  const float sg = __fdividef(1.f, 1.f + __expf(-z));
-  return sg * (1.f + z * (1.f - sg));
-}
 // Rows in flight per thread, loaded packed (Vec::ld) before any arithmetic and unpacked one row
 // at a time (unpacking them all up front took the registers that more rows need). Measured on
 // the H100 (same runs): with 4 rows and everything unpacked first, apply ran at ~2.1 TB/s at
@@ -64,38 +57,6 @@ constexpr int kBlocks = V >= 8 ? 2 : 3;
 // 14.910 -> 14.870 / 14.867 / 14.832, bf16 8.530 / 8.513 / 8.524 -> 8.528 / 8.520 / 8.516).
 template <class T>
 constexpr bool kPrologue = std::is_same_v<T, float>;
-
-// z = (x - m) a + bb (before SiLU) for channel c of sample b: a = rstd gamma (1 + scale),
-// bb = beta (1 + scale) + shift.
-struct Coef {
-  float m, r, a, bb;
-};
-// The op's input offset for channel c of sample b (xbias[c] + xemb[b, c]; 0 without): the norm
-// reads x + offset. The kernels fold it into the mean they subtract (x - (mean - offset)).
-__device__ __forceinline__ float xoff(const float* xbias, const float* xemb, int b, int c, int C) {
-  float o = 0.f;
-  if (xbias) o = xbias[c];
-  if (xemb) o += xemb[(size_t)b * C + c];
-  return o;
-}
-__device__ __forceinline__ Coef coef_from(float m, float r, const float* gamma, const float* beta, const float* ss,
-                                          int b, int c, int C, float off) {
-  Coef k;
-  k.m = m - off, k.r = r;
-  k.a = r * gamma[c], k.bb = beta[c];
-  if (ss) {
-    const float f = 1.f + ss[(size_t)b * 2 * C + c];
-    k.a *= f;
-    k.bb = k.bb * f + ss[(size_t)b * 2 * C + C + c];
-  }
-  return k;
-}
-__device__ __forceinline__ Coef coef_of(const float* gamma, const float* beta, const float* ss, const float* mean,
-                                        const float* rstd, const float* xbias, const float* xemb, int b, int c,
-                                        int C, int G) {
-  const int bg = b * G + c / (C / G);
-  return coef_from(mean[bg], rstd[bg], gamma, beta, ss, b, c, C, xoff(xbias, xemb, b, c, C));
-}
 
 // Forward sums of (x - K, (x - K)^2) per (b, split, c); the last block of sample b writes its
 // mean and rstd.

@@ -101,8 +101,7 @@ bool Blocks::takes(const Op& op) {
 // Probes the engine with the ops the ResBlock's convs will run (shapes and dtypes; no data yet).
 void Blocks::decide_fusion(L& s, int64_t b, Mode mode) {
   s.fuse1 = s.fuse2 = false;
-  const bool on = fuse_norm == 1 || (fuse_norm < 0 && eng.is_cuda() && mode == Mode::Train);
-  if (!on) return;
+  if (!fuse_norm) return;
   const Layer& l = s.l;
   const int64_t ri = l.res, ro = s.ro, ci = l.cin, co = l.cout, g = kGroups;
   const bool ss = cfg.use_scale_shift_norm, wg = mode == Mode::Train;

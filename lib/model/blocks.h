@@ -117,10 +117,14 @@ struct Blocks {
   bool conv_stats = false;
   // A ResBlock's 3x3 convs apply the GroupNorm + SiLU in front of them as they read their input
   // (ConvFwd / ConvBwdFilter norm): decided per conv when its buffers are declared, where the
-  // engine has a variant that does so for the forward and (training) the filter gradient, no
-  // resampling or dropout comes between. UNET_FUSE_NORM: 1 or 0; unset: on for CUDA training.
-  // H100, seed64, tf32 (the wgmma kernels, width 64): see README's Speed section.
-  int fuse_norm = -1;
+  // engine has a variant that does so for the forward and (training) the filter gradient and no
+  // resampling or dropout comes between. UNET_FUSE_NORM=1 (opt-in): on the H100 the seed64 tf32
+  // step took 15.96 ms with it against 13.00 without (same run, 2026-11-25): the wgmma kernels
+  // apply the norm to every tile they load, the forward's input tiles with their halo rows, the
+  // filter gradient's 3 rows for each 1 (at width 64) and for each 64 output channels, which costs
+  // them more (halo forward 0.06 -> 0.25 ms a launch, filter gradient 0.14 -> 0.33) than the
+  // apply passes they replace (0.31 ms of 0.68 per step).
+  bool fuse_norm = false;
   int fused_norms = 0;  // how many convs the last declaration fused (reset by declare_embedding)
   // Filter gradients (wgrad, bias and embedding sums) run on the side lane (Ops::lane), beside the
   // data gradient and what follows it on the main lane, joined at the end of each layer's
