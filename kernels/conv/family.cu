@@ -1,7 +1,7 @@
 // The conv family's CUDA variants in priority order: direct kernels for forwards with at most 8
 // output channels (the model's last layer; narrow.cu: "narrow_tc" on tensor cores for bf16 3x3,
 // "narrow" on f32 FMAs for the rest), in fp32 mode unet's implicit GEMMs on FMAs (simt.cu), in tf32
-// on Hopper the 3x3 filter gradients of wgmma.cu (faster than cuDNN's in the step), then cuDNN when it is present and has a
+// and bf16 on Hopper the 3x3 filter gradients of wgmma.cu (faster than cuDNN's in the step), then cuDNN when it is present and has a
 // deterministic engine for the shape (forwards with bias / residual as one fused cuDNN kernel
 // where that timed faster, then with unet's row-block epilogue and bias gradients, then
 // with the earlier elementwise ones), else unet's own im2col + cuBLAS; last, only when forced, as

@@ -46,7 +46,8 @@ struct NormIn {
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("n_gamma", s.gamma), v.in("n_beta", s.beta), v.in("n_ss", s.ss), v.in("n_mean", s.mean);
-    v.in("n_rstd", s.rstd), v.in("n_xbias", s.xbias), v.in("n_xemb", s.xemb), v.param("n_silu", s.silu);
+    v.in("n_rstd", s.rstd), v.in("n_xbias", s.xbias), v.in("n_xemb", s.xemb);
+    if (s.on()) v.param("n_silu", s.silu);  // (op descriptions name it only with a norm)
   }
 };
 // y = conv(x, w) + bias[co] + emb[b, co] + res   (padding k/2; each addend optional).
