@@ -227,7 +227,7 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("1x1 wgmma_tap", 2, 16, 40, 200, 1, 1, false, true);
   check_conv("3x3 wgmma_tap wide", 1, 256, 32, 16, 3, 1, false, true);
   check_conv("3x3 wgmma_tap 128", 1, 128, 64, 200, 3, 1, true, false);
-  // "wgmma"'s filter gradient (tf32 and bf16 (widths 16 up), 64 x 64-channel blocks, about 66 blocks in all): K blocks of
+  // "wgmma"'s filter gradient (tf32 and bf16, 64 x 64-channel blocks, about 66 blocks in all): K blocks of
   // whole 8x8 images (3 splits of 1; 67 images: 33 splits of 2 and a last of 1), of 4 rows x 16 (8
   // splits of 1), of 1 row x 64 (64 splits of 2) and of half rows at W = 128 (64 of 4), with the
   // bias and embedding sums.

@@ -101,6 +101,10 @@ __device__ __forceinline__ void tma2(uint32_t dst, const CUtensorMap* map, uint3
 __device__ __forceinline__ uint64_t sdesc(uint32_t addr) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
+// The same with another stride between groups of 8 rows (MN-major: between groups of 8 K rows).
+__device__ __forceinline__ uint64_t sdesc_sbo(uint32_t addr, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(sbo >> 4) << 32 | (uint64_t)1 << 62;
+}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -955,12 +959,14 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 // (M = 64 input channels, K = pixels) and dy's is B (N = 64 output channels) as the copy engine
 // wrote them, no transposes and no registers; a tap is the A tile read from a shifted start row
 // (any 128-byte row: the swizzle follows the address bits, as in halo_kernel). A k-step is 16
-// pixels of one image row, so widths 16, 32 and 64k. 3 warpgroups (one per filter row) and a
-// producer warp that refills a stage once all three have read it ("empty"), 4 stages ahead; each
-// warpgroup keeps one K block's wgmma's in flight while it issues the next. H100, seed64 bf16 step
+// pixels of one image row (at width 8 of two: the second group of 8 K rows one padded row on, its
+// descriptor's group stride). 3 warpgroups (one per filter row) and a producer warp that refills a
+// stage once all three have read it ("empty"), 4 stages ahead; each warpgroup keeps one K block's
+// wgmma's in flight while it issues the next. H100, seed64 bf16 step
 // against cuDNN's filter gradients (same run): 7.81 / 7.81 / 7.83 vs 7.92 / 7.93 / 7.91 ms (with a
 // drain and a block barrier per K block instead of the producer warp: at par, 7.87 / 7.92); 66
-// blocks as in tf32 (132: 8.03, 100: 7.95, 44: 7.94).
+// blocks as in tf32 (132: 8.03, 100: 7.95, 44: 7.94). Width 8 too (the 8x8 level): 7.81 / 7.81 /
+// 7.81 vs 7.85 / 7.85 / 7.84 without it, 7.90 / 7.90 / 7.91 with cuDNN's (same run).
 constexpr int F16_STAGES = 4, F16_THREADS = FTHREADS + 32;
 template <int WB>
 constexpr uint32_t xatom16() {  // the input tile: (WB + 2) x (64 / WB + 2) pixels of 128 bytes
@@ -1026,10 +1032,11 @@ __global__ void __launch_bounds__(F16_THREADS, 1)
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < FK / 16; ++ks) {  // 16 pixels of image row 16 ks / WB from column 16 ks % WB
-      const int row = (16 * ks / WB + ky) * PW + (16 * ks) % WB;
+      // (at width 8, image rows 2 ks and 2 ks + 1: the second group of 8 K rows one padded row on)
+      const int row = (WB == 8 ? 2 * ks + ky : 16 * ks / WB + ky) * PW + (WB == 8 ? 0 : (16 * ks) % WB);
       const uint64_t bd = sdesc(dys + 16 * ks * ROW);
 #pragma unroll
-      for (int kx = 0; kx < 3; ++kx) wgmma_mn64(d[kx], sdesc(xs + (row + kx) * ROW), bd);
+      for (int kx = 0; kx < 3; ++kx) wgmma_mn64(d[kx], sdesc_sbo(xs + (row + kx) * ROW, WB == 8 ? PW * ROW : 1024), bd);
     }
     wg_commit();
     wg_wait<1>();  // the previous block's are done: its stage may be refilled
@@ -1061,7 +1068,7 @@ int filter_splits(const Geo& g, int& per) {
   per = (KB + want - 1) / want;
   return (KB + per - 1) / per;
 }
-// tf32 (filter_kernel, the norm of x too) and bf16 (filter16_kernel: widths 16 to 64k, no norm).
+// tf32 (filter_kernel, the norm of x too) and bf16 (filter16_kernel, no norm).
 bool filter_ok(const ConvBwdFilter& o, const CudaCtx& c) {
   const bool bf = c.prec == Precision::BF16;
   if (!((c.prec == Precision::TF32 || bf) && o.stride == 1 && o.dw.defined() &&
@@ -1071,16 +1078,14 @@ bool filter_ok(const ConvBwdFilter& o, const CudaCtx& c) {
   if ((o.db.defined() || o.demb.defined()) && !rowblock::column_sums_fit(o.dy)) return false;
   const Geo g = filter_geo(o);
   const int wb = filter_wb(g);
-  return common_ok(c, g) && g.Ci % 64 == 0 && g.Co % 64 == 0 && wb > 0 && (!bf || wb >= 16);
+  return common_ok(c, g) && g.Ci % 64 == 0 && g.Co % 64 == 0 && wb > 0;
 }
 template <int WB>
 void launch_filter(CudaCtx& ctx, dim3 grid, const CUtensorMap& xmap, const CUtensorMap& dymap, const FArgs& fa) {
   if (ctx.prec == Precision::BF16) {
-    if constexpr (WB >= 16) {
-      static const bool attr = (set_smem(filter16_kernel<WB>, filter16_smem<WB>()), true);
-      (void)attr;
-      filter16_kernel<WB><<<grid, F16_THREADS, filter16_smem<WB>(), ctx.stream>>>(xmap, dymap, fa);
-    }
+    static const bool attr16 = (set_smem(filter16_kernel<WB>, filter16_smem<WB>()), true);
+    (void)attr16;
+    filter16_kernel<WB><<<grid, F16_THREADS, filter16_smem<WB>(), ctx.stream>>>(xmap, dymap, fa);
     return;
   }
   static const bool attr = (set_smem(filter_kernel<WB>, filter_smem<WB>()), true);
