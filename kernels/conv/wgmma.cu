@@ -966,7 +966,9 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 // against cuDNN's filter gradients (same run): 7.81 / 7.81 / 7.83 vs 7.92 / 7.93 / 7.91 ms (with a
 // drain and a block barrier per K block instead of the producer warp: at par, 7.87 / 7.92); 66
 // blocks as in tf32 (132: 8.03, 100: 7.95, 44: 7.94). Width 8 too (the 8x8 level): 7.81 / 7.81 /
-// 7.81 vs 7.85 / 7.85 / 7.84 without it, 7.90 / 7.90 / 7.91 with cuDNN's (same run).
+// 7.81 vs 7.85 / 7.85 / 7.84 without it, 7.90 / 7.90 / 7.91 with cuDNN's (same run). Not kept: as
+// many stages as the epilogue's room holds (6 at widths 16 and 32, 7 at 8): 7.92 / 7.92 / 7.93 vs
+// 7.90 / 7.89 / 7.90 ms (same run, a slower H100).
 constexpr int F16_STAGES = 4, F16_THREADS = FTHREADS + 32;
 template <int WB>
 constexpr uint32_t xatom16() {  // the input tile: (WB + 2) x (64 / WB + 2) pixels of 128 bytes
