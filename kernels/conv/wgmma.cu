@@ -1,7 +1,8 @@
 // Convolution variants "wgmma" and "wgmma_tap": tf32 and bf16 stride-1 convolutions as implicit GEMMs
 // on Hopper's warpgroup tensor-core instructions (wgmma), fed by the tensor memory accelerator (TMA),
-// the path cuDNN's own sm90 kernels take; here so that later work can apply GroupNorm + SiLU to the
-// input tile in shared memory and reduce the norm's statistics in the epilogue, which cuDNN cannot.
+// the path cuDNN's own sm90 kernels take. They can apply a GroupNorm + SiLU to the input tiles in
+// shared memory (ConvFwd's / ConvBwdFilter's norm, tf32: the halo forward and the filter gradient),
+// which cuDNN cannot; measured slower than the separate pass so far (UNET_FUSE_NORM, blocks.h).
 // The 3x3 filter gradient ("wgmma" of ConvBwdFilter: filter_kernel in tf32, filter16_kernel in
 // bf16, below) is the default on Hopper: tf32 step 14.28 -> 12.87 ms, bf16 7.92 -> 7.81 against
 // cuDNN 9.19's (H100, same runs).
