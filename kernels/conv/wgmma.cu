@@ -895,7 +895,7 @@ __global__ void __launch_bounds__(FTHREADS, 1)
     mbar_wait(full + 8 * s, (i / FSTAGES) & 1);
     if (b != nimg) {  // (every thread of the warpgroup sees the same b)
       norm_coefs(ntab, 64, a.nrm, b, ci0, a.Ci, u);
-      asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");  // (id 1 again in filter_store, after the loop)
       nimg = b;
     }
     norm_tile<PW, R + 2>(base + s * stage, 2, xa, r / xtiles * R, (r % xtiles) * WB, a.H, a.W, ntab, 64,
