@@ -184,9 +184,13 @@ struct GroupNormApply {
     v.in("xbias", s.xbias), v.in("xemb", s.xemb);
   }
 };
-// The GroupNormApply that a conv's NormIn stands for: y = the normalised x.
+// The GroupNormApply that a NormIn stands for (y = the normalised x), and the GroupNormFwd that
+// computes its statistics (and y, if given).
 inline GroupNormApply norm_apply(const NormIn& n, const Tensor& x, const Tensor& y) {
   return GroupNormApply{x, n.gamma, n.beta, n.ss, n.mean, n.rstd, y, n.silu, n.xbias, n.xemb};
+}
+inline GroupNormFwd norm_fwd(const NormIn& n, const Tensor& x, const Tensor& y) {
+  return GroupNormFwd{x, n.gamma, n.beta, n.ss, y, n.mean, n.rstd, n.silu, n.xbias, n.xemb};
 }
 // Backward of GroupNormFwd from the saved statistics (recomputes n and z from x).
 struct GroupNormBwd {

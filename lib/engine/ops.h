@@ -94,6 +94,13 @@ struct Variant {
 // set_kernel_overrides replaces the flag's entries (UNET_KERNELS stays underneath; "" = env only).
 void set_kernel_overrides(const std::string& spec);  // throws UserError on a malformed spec
 const std::map<std::string, std::string>& kernel_overrides();
+// The override for an op (its name's entry, else its family's), as {key, variant}; nullptr if none.
+inline const std::pair<const std::string, std::string>* kernel_override_for(const char* op, const char* family) {
+  const auto& ov = kernel_overrides();
+  auto f = ov.find(op);
+  if (f == ov.end()) f = ov.find(family);
+  return f == ov.end() ? nullptr : &*f;
+}
 // Refuses (UserError naming UNET_KERNELS or --kernels) an override whose family/op or variant the
 // table does not have. The commands call it on the engine they made (DeviceFlags::make, profile):
 // before any work, not at the first op it forces.
@@ -197,10 +204,7 @@ class VariantOps : public Ops {
   template <class Op>
   int pick(const std::vector<Variant<Op, Ctx>>& list, const Op& op) {
     auto ok = [&](int i) { return !list[i].supports || list[i].supports(op, ctx_); };
-    const auto& ov = kernel_overrides();
-    auto f = ov.find(Op::kName);
-    if (f == ov.end()) f = ov.find(Op::kFamily);
-    if (f != ov.end()) {
+    if (const auto* f = kernel_override_for(Op::kName, Op::kFamily)) {
       int found = -1;
       std::string names;
       for (int i = 0; i < (int)list.size(); ++i) {

@@ -91,10 +91,8 @@ void Blocks::conv_filter_grad(const Tensor& x, const Tensor& dy, const Tensor& d
 template <class Op>
 bool Blocks::takes(const Op& op) {
   const std::vector<std::string> v = eng.base_ops().variants_for(op);
-  const auto& ov = kernel_overrides();
-  auto f = ov.find(Op::kName);
-  if (f == ov.end()) f = ov.find(Op::kFamily);
-  if (f != ov.end()) return std::find(v.begin(), v.end(), f->second) != v.end();
+  if (const auto* f = kernel_override_for(Op::kName, Op::kFamily))
+    return std::find(v.begin(), v.end(), f->second) != v.end();
   return !v.empty();
 }
 
@@ -128,13 +126,11 @@ void Blocks::decide_fusion(L& s, int64_t b, Mode mode) {
   fused_norms += s.fuse1 + s.fuse2;
 }
 
-NormIn Blocks::norm1(const L& s) const {
-  if (!s.fuse1) return {};
+NormIn Blocks::gn1(const L& s) const {
   const int ci = s.l.cin;
   return NormIn{vec(s.n1w, ci), vec(s.n1b, ci), {}, at(s.mean1), at(s.rstd1), {}, {}, true};
 }
-NormIn Blocks::norm2(const L& s) const {
-  if (!s.fuse2) return {};
+NormIn Blocks::gn2(const L& s) const {
   const int co = s.l.cout;
   Tensor xbias, xemb;
   h1_offsets(s, xbias, xemb);
@@ -338,17 +334,16 @@ void Blocks::resample_bwd(int updown, const Tensor& dy, const Tensor& dx) {
 // the forward's statistics are reused.
 Tensor Blocks::res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool recompute) {
   const Layer& l = s.l;
-  if (s.fuse1) {  // conv1 applies it: its statistics only (in backward, the forward's)
-    if (!recompute && !s.stats_in)
-      run(GroupNormFwd{at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, {}, at(s.mean1), at(s.rstd1), true});
+  const NormIn n = gn1(s);
+  const bool have_stats = recompute || s.stats_in;
+  if (s.fuse1) {  // conv1 applies it: its statistics only
+    if (!have_stats) run(norm_fwd(n, at(s.in), {}));
     return at(s.in);
   }
-  if (recompute || s.stats_in)
-    run(GroupNormApply{
-        at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, at(s.mean1), at(s.rstd1), at(n1), true});
+  if (have_stats)
+    run(norm_apply(n, at(s.in), at(n1)));
   else
-    run(GroupNormFwd{
-        at(s.in), vec(s.n1w, l.cin), vec(s.n1b, l.cin), {}, at(n1), at(s.mean1), at(s.rstd1), true});
+    run(norm_fwd(n, at(s.in), at(n1)));
   if (!l.updown) return at(n1);
   resample(l.updown, at(n1), at(n1r));
   return at(n1r);
@@ -361,22 +356,15 @@ void Blocks::h1_offsets(const L& s, Tensor& xbias, Tensor& xemb) const {
 // SiLU(GN2(h1 [+ b0 + e]) [* (1 + scale) + shift]) with dropout: conv2's input, in n2. have_stats: mean2 and
 // rstd2 are written already (backward's recompute, or conv1 gave them).
 void Blocks::res_conv2_input(L& s, const Tensor& n2, bool have_stats) {
-  const Layer& l = s.l;
-  const Tensor ss = cfg.use_scale_shift_norm ? at(s.e) : Tensor{};
-  Tensor xbias, xemb;
-  h1_offsets(s, xbias, xemb);
+  const NormIn n = gn2(s);
   if (s.fuse2) {  // conv2 applies it: its statistics only
-    if (!have_stats)
-      run(GroupNormFwd{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, {}, at(s.mean2), at(s.rstd2), true,
-                       xbias, xemb});
+    if (!have_stats) run(norm_fwd(n, at(s.h1), {}));
     return;
   }
   if (have_stats)
-    run(GroupNormApply{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(s.mean2), at(s.rstd2), at(n2),
-                       true, xbias, xemb});
+    run(norm_apply(n, at(s.h1), at(n2)));
   else
-    run(GroupNormFwd{at(s.h1), vec(s.n2w, l.cout), vec(s.n2b, l.cout), ss, at(n2), at(s.mean2), at(s.rstd2),
-                     true, xbias, xemb});
+    run(norm_fwd(n, at(s.h1), at(n2)));
   if (dropout_p() > 0) run(DropoutFwd{at(n2), at(n2), dropout_p(), dseed(s)});
 }
 
@@ -410,7 +398,7 @@ void Blocks::res_fwd(L& s) {
       xs = at(s.xu);
     }
     ConvFwd c1{c1in, Wc(s.w0, co, 3, ci), {}, {}, {}, at(s.h1), 1};  // bias, emb: GN2 adds them
-    c1.norm = norm1(s);
+    if (s.fuse1) c1.norm = gn1(s);
     run(c1);
   }
   Tensor res = xs;
@@ -422,7 +410,7 @@ void Blocks::res_fwd(L& s) {
   res_conv2_input(s, s.f_n2);
   if (skip_side) join_lanes();
   ConvFwd c2{s.fuse2 ? at(s.h1) : at(s.f_n2), Wc(s.w2, co, 3, co), vec(s.b2, co), {}, res, at(s.out), 1};
-  c2.norm = norm2(s);
+  if (s.fuse2) c2.norm = gn2(s);
   run(with_out_stats(s, c2));
 }
 
@@ -498,7 +486,8 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
       // conv2's bias gradient (the column sums of dout) comes from GN1's backward below, which
       // adds dout into dx anyway, when dout is what it adds (no skip conv, no resampling)
       conv_filter_grad(s.fuse2 ? at(s.h1) : at(keep ? s.f_n2 : s.b_n2), dout, Gc(s.w2, co, 3, co),
-                       plain_skip || s.db_given ? Tensor{} : gvec(s.b2, co), {}, 1, norm2(s));
+                       plain_skip || s.db_given ? Tensor{} : gvec(s.b2, co), {}, 1,
+                       s.fuse2 ? gn2(s) : NormIn{});
     }
     run(ConvBwdData{dout, Wc(s.w2, co, 3, co), at(s.b_dn2), 1});
     if (dropout_p() > 0) run(DropoutBwd{at(s.b_dn2), at(s.b_dn2), dropout_p(), dseed(s)});
@@ -537,7 +526,7 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
                           : !keep    ? res_conv1_input(s, s.b_n1, s.b_n1r, true)
                           : l.updown ? at(s.f_n1r)
                                      : at(s.f_n1);
-      conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), {}, {}, 1, norm1(s));
+      conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), {}, {}, 1, s.fuse1 ? gn1(s) : NormIn{});
     }
     run(ConvBwdData{at(s.b_dh1), Wc(s.w0, co, 3, ci), at(s.b_dn1r), 1});
     Tensor dg1 = at(s.b_dn1r);

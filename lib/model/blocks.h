@@ -231,9 +231,10 @@ struct Blocks {
   void h1_offsets(const L& s, Tensor& xbias, Tensor& xemb) const;
   void res_conv2_input(L& s, const Tensor& n2, bool have_stats = false);
   // The norms in front of a ResBlock's conv1 (GN1 + SiLU of in) and conv2 (GN2 (+ scale-shift) +
-  // SiLU of h1 + b0 + e), as the convs' NormIn where they apply them (fuse1 / fuse2), else absent.
-  NormIn norm1(const L& s) const;
-  NormIn norm2(const L& s) const;
+  // SiLU of h1 + b0 + e): what their GroupNorm passes run, and the convs' NormIn where the convs
+  // apply them (fuse1 / fuse2).
+  NormIn gn1(const L& s) const;
+  NormIn gn2(const L& s) const;
   // Whether the engine runs op (a conv with a norm of its input) on a variant, the one forced by
   // UNET_KERNELS / --kernels if any.
   template <class Op>
