@@ -99,11 +99,9 @@ __device__ __forceinline__ void tma2(uint32_t dst, const CUtensorMap* map, uint3
 }
 // Shared-memory matrix descriptor of a K-major tile of 128-byte rows with the 128-byte swizzle:
 // 8-row groups 1024 bytes apart (the stride byte offset); the leading byte offset is unused then.
-__device__ __forceinline__ uint64_t sdesc(uint32_t addr) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
-}
-// The same with another stride between groups of 8 rows (MN-major: between groups of 8 K rows).
-__device__ __forceinline__ uint64_t sdesc_sbo(uint32_t addr, uint32_t sbo) {
+// sbo: the stride between groups of 8 rows (MN-major operands: between groups of 8 K rows); 1024,
+// the swizzle's period, for rows packed one after the other.
+__device__ __forceinline__ uint64_t sdesc(uint32_t addr, uint32_t sbo = 1024) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(sbo >> 4) << 32 | (uint64_t)1 << 62;
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -213,7 +211,6 @@ __device__ __forceinline__ void wgmma_rs64(float (&d)[32], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
-// The kernel's scalar arguments.
 // A GroupNorm (+ scale-shift) (+ SiLU) of the input, applied to its tiles in shared memory
 // (ConvFwd's / ConvBwdFilter's norm; tf32): its tensors, gamma null for none.
 struct NormArgs {
@@ -222,6 +219,7 @@ struct NormArgs {
   int G = 1;
   bool silu = false;
 };
+// The forward kernels' scalar arguments.
 struct Args {
   const float* bias;
   const float* emb;
@@ -762,11 +760,22 @@ struct FArgs {
   int Ci, H, W, KB, per;  // KB blocks in all, per block
   NormArgs nrm;         // the norm of x, applied by warpgroup 2 as each tile arrives
 };
-// WB pixels per tile row (FK / WB rows); an input tile's 32-channel atom of WB + 2 by FK / WB + 2
-// pixels takes xatom bytes, 1024-aligned for the swizzle.
+// WB pixels per tile row (FK / WB rows); an input tile's atom (32 channels of f32, 64 of bf16: a
+// 128-byte row per pixel) of WB + 2 by FK / WB + 2 pixels takes xatom bytes, 1024-aligned for the
+// swizzle.
 template <int WB>
 constexpr uint32_t xatom() {
   return (uint32_t)((WB + 2) * (FK / WB + 2) * ROW + 1023) / 1024 * 1024;
+}
+// K block kb's place: image b, its tile's first row y0 and column x0 (tiles of FK / WB rows of WB
+// pixels, xtiles = W / WB of them a row, per_img = xtiles H / (FK / WB) an image).
+struct KTile {
+  int b, y0, x0;
+};
+template <int WB>
+__device__ __forceinline__ KTile ktile(int kb, int xtiles, int per_img) {
+  const int b = kb / per_img, r = kb - b * per_img;
+  return {b, r / xtiles * (FK / WB), (r % xtiles) * WB};
 }
 // Stages of x and dy: 3 where they fit beside the two transposed dy (2 at W = 64).
 template <int WB>
@@ -823,13 +832,13 @@ __global__ void __launch_bounds__(FTHREADS, 1)
   const int t = threadIdx.x;
   constexpr unsigned bytes = 2 * PW * (R + 2) * ROW + 2 * DY_BYTES;
   auto load = [&](int i) {  // K block kb0 + i into its stage (thread 0)
-    const int s = i % FSTAGES, kb = kb0 + i, b = kb / per_img, r = kb - b * per_img;
-    const int y0 = r / xtiles * R, x0 = (r % xtiles) * WB;
+    const int s = i % FSTAGES;
+    const KTile k = ktile<WB>(kb0 + i, xtiles, per_img);
     const uint32_t dst = base + s * stage;
     mbar_expect_tx(full + 8 * s, bytes);
     for (int c = 0; c < 2; ++c) {
-      tma4(dst + c * xa, &xmap, full + 8 * s, ci0 + 32 * c, x0 - 1, y0 - 1, b);
-      tma4(dst + 2 * xa + c * DY_BYTES, &dymap, full + 8 * s, co0 + 32 * c, x0, y0, b);
+      tma4(dst + c * xa, &xmap, full + 8 * s, ci0 + 32 * c, k.x0 - 1, k.y0 - 1, k.b);
+      tma4(dst + 2 * xa + c * DY_BYTES, &dymap, full + 8 * s, co0 + 32 * c, k.x0, k.y0, k.b);
     }
   };
   if (t == 0) {
@@ -891,15 +900,15 @@ __global__ void __launch_bounds__(FTHREADS, 1)
   // transposes; its coefficients anew where the block's image changes).
   int nimg = -1;
   auto normalize = [&](int i) {
-    const int s = i % FSTAGES, kb = kb0 + i, b = kb / per_img, r = kb - b * per_img, u = t - 256;
+    const int s = i % FSTAGES, u = t - 256;
+    const KTile k = ktile<WB>(kb0 + i, xtiles, per_img);
     mbar_wait(full + 8 * s, (i / FSTAGES) & 1);
-    if (b != nimg) {  // (every thread of the warpgroup sees the same b)
-      norm_coefs(ntab, 64, a.nrm, b, ci0, a.Ci, u);
+    if (k.b != nimg) {  // (every thread of the warpgroup sees the same b)
+      norm_coefs(ntab, 64, a.nrm, k.b, ci0, a.Ci, u);
       asm volatile("bar.sync 1, 128;\n" ::: "memory");  // (id 1 again in filter_store, after the loop)
-      nimg = b;
+      nimg = k.b;
     }
-    norm_tile<PW, R + 2>(base + s * stage, 2, xa, r / xtiles * R, (r % xtiles) * WB, a.H, a.W, ntab, 64,
-                         a.nrm.silu, u, 128);
+    norm_tile<PW, R + 2>(base + s * stage, 2, xa, k.y0, k.x0, a.H, a.W, ntab, 64, a.nrm.silu, u, 128);
   };
   const bool nrm = a.nrm.gamma != nullptr;
   if (nkb > 0 && t < 256) transpose(0);
@@ -972,12 +981,8 @@ __global__ void __launch_bounds__(FTHREADS, 1)
 // 7.90 / 7.89 / 7.90 ms (same run, a slower H100).
 constexpr int F16_STAGES = 4, F16_THREADS = FTHREADS + 32;
 template <int WB>
-constexpr uint32_t xatom16() {  // the input tile: (WB + 2) x (64 / WB + 2) pixels of 128 bytes
-  return (uint32_t)((WB + 2) * (FK / WB + 2) * ROW + 1023) / 1024 * 1024;
-}
-template <int WB>
 constexpr int filter16_smem() {
-  constexpr int stages = F16_STAGES * (int)(xatom16<WB>() + FK * ROW);
+  constexpr int stages = F16_STAGES * (int)(xatom<WB>() + FK * ROW);
   return (stages > EP_BYTES ? stages : EP_BYTES) + 16 * F16_STAGES + 1024;
 }
 // D[64 ci x 64 co] += A B^T, k16, both MN-major bf16 in shared memory.
@@ -997,7 +1002,7 @@ __global__ void __launch_bounds__(F16_THREADS, 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (saddr(smem_raw) + 1023) & ~1023u;
   constexpr int R = FK / WB, PW = WB + 2;
-  constexpr uint32_t xa = xatom16<WB>(), stage = xa + FK * ROW;
+  constexpr uint32_t xa = xatom<WB>(), stage = xa + FK * ROW;
   constexpr int SB = F16_STAGES * (int)stage;
   const uint32_t full = base + (SB > EP_BYTES ? SB : EP_BYTES), empty = full + 8 * F16_STAGES;
   const int split = blockIdx.x, ci0 = blockIdx.y * 64, co0 = blockIdx.z * 64;
@@ -1012,13 +1017,13 @@ __global__ void __launch_bounds__(F16_THREADS, 1)
     if (t == FTHREADS) {
       const int xtiles = a.W / WB, per_img = (a.H / R) * xtiles;
       for (int i = 0; i < nkb; ++i) {
-        const int s = i % F16_STAGES, kb = kb0 + i, b = kb / per_img, r = kb - b * per_img;
-        const int y0 = r / xtiles * R, x0 = (r % xtiles) * WB;
+        const int s = i % F16_STAGES;
+        const KTile k = ktile<WB>(kb0 + i, xtiles, per_img);
         const uint32_t dst = base + s * stage;
         if (i >= F16_STAGES) mbar_wait(empty + 8 * s, ((i / F16_STAGES) - 1) & 1);
         mbar_expect_tx(full + 8 * s, PW * (R + 2) * ROW + FK * ROW);
-        tma4(dst, &xmap, full + 8 * s, ci0, x0 - 1, y0 - 1, b);
-        tma4(dst + xa, &dymap, full + 8 * s, co0, x0, y0, b);
+        tma4(dst, &xmap, full + 8 * s, ci0, k.x0 - 1, k.y0 - 1, k.b);
+        tma4(dst + xa, &dymap, full + 8 * s, co0, k.x0, k.y0, k.b);
       }
     }
     return;
@@ -1039,7 +1044,7 @@ __global__ void __launch_bounds__(F16_THREADS, 1)
       const int row = (WB == 8 ? 2 * ks + ky : 16 * ks / WB + ky) * PW + (WB == 8 ? 0 : (16 * ks) % WB);
       const uint64_t bd = sdesc(dys + 16 * ks * ROW);
 #pragma unroll
-      for (int kx = 0; kx < 3; ++kx) wgmma_mn64(d[kx], sdesc_sbo(xs + (row + kx) * ROW, WB == 8 ? PW * ROW : 1024), bd);
+      for (int kx = 0; kx < 3; ++kx) wgmma_mn64(d[kx], sdesc(xs + (row + kx) * ROW, WB == 8 ? PW * ROW : 1024), bd);
     }
     wg_commit();
     wg_wait<1>();  // the previous block's are done: its stage may be refilled
