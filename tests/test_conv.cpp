@@ -240,9 +240,10 @@ TEST(ConvVariants, SmallOddShapes) {
   // The model's output layer: activation inputs, an f32 output (bf16 in, f32 out in bf16 engines),
   // forward only; B, H, Ci, Co, emb, res:
   //  * small, and the released models' 192 -> 6 (learned sigma);
-  //  * "narrow_tc" (bf16): seed64's at its size (64x64: whole 2x64 tiles), odd tiles in both
+  //  * "narrow_tc" (bf16, tf32): seed64's at its size (64x64: whole 2x64 tiles), odd tiles in both
   //    directions with the learned-sigma width and every epilogue term, and channels in several
-  //    chunks of 64 (imagenet256's 256, and 208 = 3 x 64 + 16).
+  //    chunks of 64 (bf16) or 32 (tf32) (imagenet256's 256, 208 = 3 x 64 + 16, 48 = 32 + 16), and
+  //    tf32's narrowest K step (8 channels).
   struct Out {
     const char* what;
     int B, H, Ci, Co;
@@ -252,7 +253,8 @@ TEST(ConvVariants, SmallOddShapes) {
                        Out{"out layer 64x64", 2, 64, 64, 3, false, false},
                        Out{"out layer 67x67 48->6", 2, 67, 48, 6, true, true},
                        Out{"out layer 256->6", 1, 20, 256, 6, false, false},
-                       Out{"out layer 208->3", 2, 13, 208, 3, true, true}})
+                       Out{"out layer 208->3", 2, 13, 208, 3, true, true},
+                       Out{"out layer 40->3", 2, 11, 40, 3, false, true}})
     check_variants<ConvFwd>(
         c.what,
         [&c](const Alloc& A, DType act) {
@@ -264,8 +266,8 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("1x1 narrow", 2, 6, 40, 7, 1, 1, true, false);
 }
 
-// The model's last layer (C -> 3 or 6 channels) runs on "narrow" by default in fp32 and tf32 and on
-// "narrow_tc" in bf16: cuDNN has no engine for its bf16 input with an f32 output, and im2col +
+// The model's last layer (C -> 3 or 6 channels) runs on "narrow" by default in fp32 and on
+// "narrow_tc" in tf32 and bf16: cuDNN has no engine for its bf16 input with an f32 output, and im2col +
 // GEMM at N = 3 was 4% of imagenet64's sampling forward. (Their accuracy is checked with every
 // other variant above.)
 TEST(ConvVariants, NarrowRunsTheOutputLayer) {
@@ -276,7 +278,7 @@ TEST(ConvVariants, NarrowRunsTheOutputLayer) {
     ASSERT_TRUE(g);
     auto A = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
     const ConvFwd out = fwd_op(A, g->act_dtype(), 2, 8, 64, 6, 3, 1, false, false, DType::F32, false);
-    EXPECT_EQ(g->base_ops().variant(out), p == Precision::BF16 ? "narrow_tc" : "narrow");
+    EXPECT_EQ(g->base_ops().variant(out), p == Precision::FP32 ? "narrow" : "narrow_tc");
     const ConvFwd wide = fwd_op(A, g->act_dtype(), 2, 8, 64, 16, 3, 1, false, false, DType::F32, false);
     EXPECT_EQ(g->base_ops().variant(wide).rfind("narrow", 0), std::string::npos);  // more than 8 outputs: the GEMM engines
   }

@@ -1,5 +1,5 @@
 // The conv family's CUDA variants in priority order: direct kernels for forwards with at most 8
-// output channels (the model's last layer; narrow.cu: "narrow_tc" on tensor cores for bf16 3x3,
+// output channels (the model's last layer; narrow.cu: "narrow_tc" on tensor cores for bf16 and tf32 3x3,
 // "narrow" on f32 FMAs for the rest), in fp32 mode unet's implicit GEMMs on FMAs (simt.cu), in tf32
 // and bf16 on Hopper the 3x3 filter gradients of wgmma.cu (faster than cuDNN's in the step), then cuDNN when it is present and has a
 // deterministic engine for the shape (forwards with bias / residual as one fused cuDNN kernel

@@ -16,7 +16,6 @@
 //  * Epilogue in f32 before the one rounding: y = conv + bias[c] + emb[b, c] + res.
 //  * f32 accumulation everywhere (no tensor cores): at least as accurate as every precision asks.
 #include <cuda_pipeline.h>
-#include <mma.h>
 
 #include <algorithm>
 
@@ -205,96 +204,150 @@ bool narrow_ok(const ConvFwd& o, const CudaCtx&) {
          o.y.dim[0] < 65536 && smem_bytes(o) <= kMaxSmem;
 }
 
-// ---- variant "narrow_tc": the same layer on tensor cores (bf16 input, 3x3, stride 1) ----
+// ---- variant "narrow_tc": the same layer on tensor cores (bf16 or tf32 input, 3x3, stride 1) ----
 // Measured on the H100 (seed64 batch 32, 64 -> 3 at 64x64, bf16): "narrow" took 53 us, 8.5
 // TFLOP/s of FMAs for 17 MB of input: its per-element conversions, index arithmetic and the
 // nine-fold re-reads of each input vector cost more than the multiplies. Here a block of four
 // warps takes 2 output rows x 64 columns: the 4 input rows they read (66 columns, zero padding
-// included) and the weights go to shared memory (by chunks of channels, below), and each warp runs the 3x3
-// taps as an implicit GEMM on bf16 tensor cores (wmma m32n8k16: 32 pixels x 8 outputs, the
-// weights zero-padded from Co to 8 columns), f32 accumulation in a fixed order (deterministic),
-// then the epilogue in f32 before the one rounding, as "narrow".
-//
-// The channels go through shared memory in chunks of 64 (input and weights of one chunk, then its
-// MMAs, then the next), so a block needs 56 KB whatever Ci is: with every channel at once,
-// imagenet256's 256-channel output layer took 184 KB per block (one block per SM, 2.0 ms of its
-// 77 ms forward).
+// included) go to shared memory (by chunks of 128 bytes a pixel: 64 bf16 or 32 f32 channels), and
+// each warp runs the 3x3 taps as an implicit GEMM of 32 pixels x 8 outputs (mma.sync m16n8k16 bf16
+// / m16n8k8 tf32, the weights zero-padded from Co to 8 columns and held in registers for the chunk,
+// the pixels' fragments read with ldmatrix from rows 144 bytes apart: no bank conflicts); f32
+// accumulation in a fixed order (deterministic), then the epilogue in f32 before the one
+// rounding, as "narrow". tf32 rounds both operands to nearest, as cuDNN's tf32 kernels do. By
+// chunks a block needs 42 KB whatever Ci is (with every channel at once, imagenet256's 256-channel
+// output layer took 184 KB a block: one block an SM, 2.0 ms of its 77 ms forward).
+// H100, 64 -> 3 at 64x64 batch 32 (same runs, 2026-11-25): tf32 52.7 us, bf16 18.6; "narrow" 75.4
+// and 52.5. Measured and not kept: wmma (the weights' fragments from shared memory, 160-byte rows),
+// tf32 80 us and bf16 31, two thirds of it the fragment loads (their shared memory wavefronts);
+// persistent blocks with two stages (the next chunk's copies in flight during the MMAs; 80 KB, two
+// blocks an SM), tf32 66.9 us and bf16 22.9: with 8 warps an SM the MMA chains' latency shows.
 constexpr int kTcCols = 64, kTcRows = 2, kTcWarps = 4;
 constexpr int kTcInCols = kTcCols + 2, kTcInRows = kTcRows + 2;
-constexpr int kTcChunk = 64;
-
-// Input pixels in shared memory are kTcChunk + 16 channels apart: 32-byte aligned rows for the
-// fragment loads, and consecutive pixels 8 banks apart (at a stride that is a multiple of 128
-// bytes, the rows of a fragment all hit the same banks).
-constexpr int kTcStride = kTcChunk + 16;
+constexpr int kTcChunkBytes = 128, kTcPixelBytes = kTcChunkBytes + 16;  // 16 more: ldmatrix rows in distinct banks
+constexpr int kTcKSteps = kTcChunkBytes / 32;                           // MMA k-steps (32 bytes of channels) a chunk
 size_t tc_smem_bytes() {
-  return (size_t)kTcInRows * kTcInCols * kTcStride * 2 + (size_t)9 * kTcChunk * 8 * 2 + (size_t)kTcWarps * 32 * 8 * 4;
+  return (size_t)kTcInRows * kTcInCols * kTcPixelBytes + (size_t)kTcWarps * 32 * 8 * 4;
 }
 
-template <class TY, int CO>
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// c += a b for 16 pixels x 8 outputs over one k-step (32 bytes of channels).
+template <class T>
+__device__ __forceinline__ void mma_step(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, float>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ uint32_t tf32_bits(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return r;
+}
+// The B fragment's two registers for output n, k-step ks of the chunk at c0: tf32 the values at k
+// = t and t + 4, bf16 the pairs at 2t and 2t + 8 (k within the step; zero past Co or the chunk).
+template <class T>
+__device__ __forceinline__ void b_frag(const T* __restrict__ w, int n, int Co, int tap, int Ci, int c0, int kc, int ks,
+                                       int t, uint32_t (&b)[2]) {
+  const T* wr = w + ((size_t)n * 9 + tap) * Ci + c0;
+  if constexpr (std::is_same_v<T, float>) {
+    const int k = ks * 8 + t;
+    b[0] = n < Co && k < kc ? tf32_bits(wr[k]) : 0u;
+    b[1] = n < Co && k + 4 < kc ? tf32_bits(wr[k + 4]) : 0u;
+  } else {
+    const int k = ks * 16 + 2 * t;
+    b[0] = n < Co && k < kc ? *reinterpret_cast<const uint32_t*>(wr + k) : 0u;
+    b[1] = n < Co && k + 8 < kc ? *reinterpret_cast<const uint32_t*>(wr + k + 8) : 0u;
+  }
+}
+
+template <class T, class TY, int CO>
 __global__ void __launch_bounds__(kTcWarps * 32)
-    narrow_tc_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, const float* __restrict__ bias,
+    narrow_tc_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias,
                      const float* __restrict__ emb, const TY* __restrict__ res, TY* __restrict__ y, int H, int W,
                      int Ci, int Co_rt) {
   pdl_entry();
-  using namespace nvcuda;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int vec = 16 / (int)sizeof(T), chunk = kTcChunkBytes / (int)sizeof(T);
   const int Co = CO ? CO : Co_rt;
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  constexpr int ps = kTcStride;
-  bf16* sx = reinterpret_cast<bf16*>(tc_smem);                        // [kTcInRows][kTcInCols][ps]
-  bf16* sw = sx + (size_t)kTcInRows * kTcInCols * ps;                 // [9 * kc][8]
-  float* so = reinterpret_cast<float*>(sw + (size_t)9 * kTcChunk * 8);  // [warp][32][8]
-  const int t = threadIdx.x, nt = blockDim.x;
+  unsigned char* sx = tc_smem;                                                          // [kTcInRows][kTcInCols] pixels
+  float* so = reinterpret_cast<float*>(tc_smem + kTcInRows * kTcInCols * kTcPixelBytes);  // [warp][32][8]
+  const int t = threadIdx.x, nt = blockDim.x, lane = t % 32;
   const int x0 = blockIdx.x * kTcCols, y0 = blockIdx.y * kTcRows, b = blockIdx.z;
   const int warp = t / 32, wr = warp / 2, wc = (warp % 2) * 32;
-  wmma::fragment<wmma::accumulator, 32, 8, 16, float> acc;
-  wmma::fill_fragment(acc, 0.f);
-  wmma::fragment<wmma::matrix_a, 32, 8, 16, bf16, wmma::row_major> fa;
-  wmma::fragment<wmma::matrix_b, 32, 8, 16, bf16, wmma::row_major> fb;
-  // B's columns n >= Co stay zero through every chunk (the chunks write columns n < Co only)
-  uint4* sw4 = reinterpret_cast<uint4*>(sw);
-  for (int i = t; i < 9 * kTcChunk; i += nt) sw4[i] = make_uint4(0, 0, 0, 0);
-  for (int c0 = 0; c0 < Ci; c0 += kTcChunk) {
-    const int kc = min(kTcChunk, Ci - c0), cv = kc / 8;  // channels, 16-byte vectors per pixel
-    __syncthreads();  // the zeros above, or the previous chunk's fragment loads, are done
+  float acc[2][4] = {};
+  // ldmatrix: lane l gives the row of pixel (l % 8) + 8 ((l / 8) % 2) at k byte offset 16 (l / 16)
+  const uint32_t a_lane = (uint32_t)__cvta_generic_to_shared(sx) +
+                          (uint32_t)(((lane % 8) + 8 * ((lane / 8) % 2)) * kTcPixelBytes + 16 * (lane / 16));
+  for (int c0 = 0; c0 < Ci; c0 += chunk) {
+    const int kc = min(chunk, Ci - c0), cv = kc / vec;  // channels, 16-byte vectors per pixel
+    __syncthreads();  // the previous chunk's fragment loads are done
     for (int i = t; i < kTcInRows * kTcInCols * cv; i += nt) {
-      const int c = i % cv, r = i / cv, col = r % kTcInCols, row = r / kTcInCols;
+      const int c = cv == kTcChunkBytes / 16 ? i % (kTcChunkBytes / 16) : i % cv;
+      const int r = cv == kTcChunkBytes / 16 ? i / (kTcChunkBytes / 16) : i / cv;
+      const int col = r % kTcInCols, row = r / kTcInCols;
       const int iy = y0 - 1 + row, ix = x0 - 1 + col;
-      bf16* dst = sx + (size_t)r * ps + c * 8;
+      unsigned char* dst = sx + (size_t)r * kTcPixelBytes + c * 16;
       if (iy >= 0 && iy < H && ix >= 0 && ix < W)
-        __pipeline_memcpy_async(dst, x + (((size_t)b * H + iy) * W + ix) * Ci + c0 + c * 8, 16);
+        __pipeline_memcpy_async(dst, x + (((size_t)b * H + iy) * W + ix) * Ci + c0 + c * vec, 16);
       else
         *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     }
-    // B[tap * kc + ci][n] = w[n][tap][c0 + ci] (w is [Co][3][3][Ci]): w read as 16-byte vectors (a
-    // few independent loads per thread; element loads, each waited for before the next, made this
-    // fill the kernel's longest phase) scattered into the columns
-    for (int i = t; i < Co * 9 * cv; i += nt) {
-      const int n = i / (9 * cv), rem = i - n * 9 * cv, tap = rem / cv, v = rem - tap * cv;
-      const uint4 q = *reinterpret_cast<const uint4*>(w + ((size_t)n * 9 + tap) * Ci + c0 + v * 8);
-      const bf16* e = reinterpret_cast<const bf16*>(&q);
-      const int kk0 = tap * kc + v * 8;
+    if (kc < chunk)  // a partial chunk: zeros past its channels (their weights are zero too, but
+                     // the stale bits could be NaN)
+      for (int i = t; i < kTcInRows * kTcInCols * (chunk / vec - cv); i += nt) {
+        const int r = i / (chunk / vec - cv), c = cv + i % (chunk / vec - cv);
+        *reinterpret_cast<uint4*>(sx + (size_t)r * kTcPixelBytes + c * 16) = make_uint4(0, 0, 0, 0);
+      }
+    // The chunk's weights (B: k x 8 outputs) for this lane, all taps and k-steps, while the copies fly.
+    uint32_t bw[9][kTcKSteps][2];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sw[(kk0 + j) * 8 + n] = e[j];
-    }
+    for (int tap = 0; tap < 9; ++tap)
+#pragma unroll
+      for (int ks = 0; ks < kTcKSteps; ++ks) b_frag(w, lane / 4, Co, tap, Ci, c0, kc, ks, lane % 4, bw[tap][ks]);
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
+#pragma unroll
     for (int tap = 0; tap < 9; ++tap) {
       const int ky = tap / 3, kx = tap % 3;
-      const bf16* arow = sx + ((size_t)(wr + ky) * kTcInCols + wc + kx) * ps;
-      const bf16* brow = sw + (size_t)tap * kc * 8;
-      for (int k0 = 0; k0 < kc; k0 += 16) {
-        wmma::load_matrix_sync(fa, arow + k0, ps);
-        wmma::load_matrix_sync(fb, brow + (size_t)k0 * 8, 8);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
+      const uint32_t arow = a_lane + (uint32_t)(((wr + ky) * kTcInCols + wc + kx) * kTcPixelBytes);
+#pragma unroll
+      for (int ks = 0; ks < kTcKSteps; ++ks)
+#pragma unroll
+        for (int f = 0; f < 2; ++f) {
+          uint32_t a[4];
+          ldsm_x4(arow + (uint32_t)(f * 16 * kTcPixelBytes + ks * 32), a);
+          if constexpr (std::is_same_v<T, float>)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[e] = tf32_bits(__uint_as_float(a[e]));
+          mma_step<T>(acc[f], a, bw[tap][ks]);
+        }
     }
   }
+  // C fragment: pixel f * 16 + lane / 4 (+ 8), outputs 2 (lane % 4) and + 1
   float* o = so + warp * 32 * 8;
-  wmma::store_matrix_sync(o, acc, 8, wmma::mem_row_major);
+#pragma unroll
+  for (int f = 0; f < 2; ++f) {
+    const int p = f * 16 + lane / 4, n = 2 * (lane % 4);
+    o[p * 8 + n] = acc[f][0], o[p * 8 + n + 1] = acc[f][1];
+    o[(p + 8) * 8 + n] = acc[f][2], o[(p + 8) * 8 + n + 1] = acc[f][3];
+  }
   __syncwarp();
-  const int oy = y0 + wr, lane = t % 32;
+  const int oy = y0 + wr;
   if (oy >= H) return;
   for (int j = lane; j < 32 * Co; j += 32) {
     const int p = j / Co, c = j % Co, ox = x0 + wc + p;
@@ -306,45 +359,54 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     if (res) v += ldf(res, idx);
     stf(y, idx, v);
   }
+#else
+  __trap();  // the host checks for compute capability 8.0 (narrow_tc_ok)
+#endif
 }
 
-template <class TY, int CO>
+template <class T, class TY, int CO>
 void launch_tc(const ConvFwd& o, CudaCtx& ctx) {
-  auto kern = narrow_tc_kernel<TY, CO>;
+  auto kern = narrow_tc_kernel<T, TY, CO>;
   const int B = (int)o.x.dim[0], H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3];
   const size_t smem = tc_smem_bytes();
-  static bool smem_set = false;  // per instantiation
-  if (!smem_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    smem_set = true;
-  }
   const dim3 grid((W + kTcCols - 1) / kTcCols, (H + kTcRows - 1) / kTcRows, B);
-  kern<<<grid, kTcWarps * 32, smem, ctx.stream>>>(dptr<bf16>(o.x), dptr<bf16>(o.w), dptr<float>(o.bias),
+  kern<<<grid, kTcWarps * 32, smem, ctx.stream>>>(dptr<T>(o.x), dptr<T>(o.w), dptr<float>(o.bias),
                                                   dptr<float>(o.emb), dptr<TY>(o.res), dptr<TY>(o.y), H, W, Ci,
                                                   (int)o.y.dim[3]);
   KERNEL_CHECK();
 }
 
-template <class TY>
+template <class T, class TY>
 void dispatch_tc(const ConvFwd& o, CudaCtx& ctx) {
   const int Co = (int)o.y.dim[3];
-  if (Co == 3) return launch_tc<TY, 3>(o, ctx);
-  if (Co == 6) return launch_tc<TY, 6>(o, ctx);
-  launch_tc<TY, 0>(o, ctx);
+  if (Co == 3) return launch_tc<T, TY, 3>(o, ctx);
+  if (Co == 6) return launch_tc<T, TY, 6>(o, ctx);
+  launch_tc<T, TY, 0>(o, ctx);
 }
 
 void narrow_tc_fwd(const ConvFwd& o, CudaCtx& ctx) {
-  if (o.y.dtype == DType::F32) return dispatch_tc<float>(o, ctx);
-  dispatch_tc<bf16>(o, ctx);
+  if (o.x.dtype == DType::F32) return dispatch_tc<float, float>(o, ctx);
+  if (o.y.dtype == DType::F32) return dispatch_tc<bf16, float>(o, ctx);
+  dispatch_tc<bf16, bf16>(o, ctx);
 }
 
-// bf16 only (f32 inputs stay on "narrow"'s f32 FMAs: fp32 must not use TF32, and tf32 gains
-// little on a layer this small); 3x3 stride 1, Ci a multiple of 16, 16-byte aligned input rows.
+bool tc_device() {
+  static const bool yes = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major >= 8;
+  }();
+  return yes;
+}
+
+// bf16, and f32 inputs in tf32 (fp32 must not use TF32: there "narrow"'s f32 FMAs); 3x3 stride 1,
+// Ci a multiple of one MMA k-step (16 bf16, 8 tf32), 16-byte aligned input rows and weights.
 bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
   const int64_t Ci = o.x.dim[3];
-  return narrow_ok(o, c) && o.x.dtype == DType::BF16 && o.w.dim[1] == 3 && o.stride == 1 && Ci % 16 == 0 &&
-         aligned16(o.x.data) && aligned16(o.w.data) && o.x.dim[1] == o.y.dim[1] &&
-         o.x.dim[2] == o.y.dim[2];
+  const bool tc = o.x.dtype == DType::BF16 ? Ci % 16 == 0 : c.prec == Precision::TF32 && Ci % 8 == 0;
+  return narrow_ok(o, c) && tc && tc_device() && o.w.dim[1] == 3 && o.stride == 1 && aligned16(o.x.data) &&
+         aligned16(o.w.data) && o.x.dim[1] == o.y.dim[1] && o.x.dim[2] == o.y.dim[2];
 }
 
 }  // namespace
