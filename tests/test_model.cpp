@@ -350,10 +350,12 @@ TEST(Model, BiasGradientsFromTheNextNormAreTheColumnSums) {
 // UNET_CONV_STATS=1: the conv in front of a layer's first GroupNorm (from one layer to the next,
 // and the last layer to the out norm; a skip concatenation) also gives the norm's statistics, and the norm
 // runs as GroupNormApply. The same outputs and gradients up to the statistics' rounding, for
-// every block kind: in fp32 within 1e-5. In bf16 a statistic that differs in its last bit can
-// round an activation the other way, which this small random network carries to ~1% of the
-// output and gradients, so there the two are compared within 2e-2, and each with the fp32 run
-// within the bf16 emulation's tolerance of it (as in Bf16EmulationTracksFp32).
+// every block kind: in fp32 within 1e-5 (the dropout case's gradients 1e-4). In bf16 a statistic
+// that differs in its last bit can round an activation the other way, which this small random
+// network carries to ~1% of the output and gradients, so there the two are compared within
+// 2e-2 / 3e-2, and each with the fp32 run within the bf16 emulation's tolerance of it (as in
+// Bf16EmulationTracksFp32). Bounds from UNET_TEST_SEED runs: 1002 seeds (3430 for the dropout
+// case), maxima below; ~2% of seeds failed the 1e-5 / 2e-2 / 3e-2 this had.
 TEST(Model, ConvGivenNormStatisticsGiveTheSameResults) {
   for (int k : {0, 1, 2}) {
     Case c = cases()[k];
@@ -370,20 +372,33 @@ TEST(Model, ConvGivenNormStatisticsGiveTheSameResults) {
       const std::vector<float> ya = plain.out(), yb = given.out();
       const std::vector<float> ga = plain.grads(), gb = given.grads();
       if (p == Precision::FP32) {
+        // Outputs <= 1.3e-6 (dropout case 4.9e-6); gradients <= 2.4e-6, but the dropout case's
+        // have a seed-dependent tail (median 3.3e-6, 99th percentile 1.1e-5, 4.7e-5 at
+        // UNET_TEST_SEED=396869233): seeds whose dropped channels leave the early layers'
+        // gradients amplified from small upstream ones carry any difference in the statistics'
+        // summation order that far; the plain path with groupnorm=ref against the default variant
+        // (no conv statistics) differs as much there (2.5e-5).
         EXPECT_LT(test::rel_l2(yb, ya), 1e-5);
-        EXPECT_LT(test::rel_l2(gb, ga), 1e-5);
+        EXPECT_LT(test::rel_l2(gb, ga), k == 2 ? 1e-4 : 1e-5);
         continue;
       }
-      // bf16: the two ways against each other (31 seeds: outputs <= 6.4e-3, gradients <= 1.02e-2,
-      // often bitwise; statistics summed in another order flip a few roundings)...
+      // bf16: the two ways against each other (mostly bitwise; statistics summed in another order
+      // flip a few roundings): outputs <= 9.9e-3, gradients <= 1.7e-2 (UNET_TEST_SEED=615106352)...
       EXPECT_LT(test::rel_l2(yb, ya), 2e-2);
-      EXPECT_LT(test::rel_l2(gb, ga), 2e-2);
-      // ...and each against the fp32 run. Outputs: 0.008 to 0.017 over 40 seeds, 0.0200 at
-      // UNET_TEST_SEED=2606680145 (dropout case). Gradients (not the dropout case): 0.017 to 0.027;
-      // the dropout case's run from 0.027 to 0.26 (UNET_TEST_SEED=2028682490, both ways alike):
-      // its dropped channels leave small gradients that bf16's rounding dominates, so there the
-      // comparison with each other above is the check.
-      const double ytol = k == 2 ? 3e-2 : 2e-2;
+      if (k != 2) {
+        EXPECT_LT(test::rel_l2(gb, ga), 3e-2);
+      } else {
+        // ...the dropout case's gradients by how far this seed's network carries bf16's rounding:
+        // within twice the plain run's distance from fp32 (the given run's is not the scale: an
+        // error there would widen it). Measured up to 1.06 times that (0.0296 vs 0.028 at
+        // UNET_TEST_SEED=1304050581); 0.098 at UNET_TEST_SEED=3754187132, where it is 0.48.
+        EXPECT_LT(test::rel_l2(gb, ga), 2 * test::rel_l2(ga, g32));
+      }
+      // ...and each against the fp32 run. Outputs: <= 0.0153 (dropout case 0.0328, and 0.0438 at
+      // UNET_TEST_SEED=3754187132). Gradients (not the dropout case): <= 0.0301; the dropout
+      // case's reach 0.51 (same seed): its dropped channels leave small gradients that bf16's
+      // rounding dominates, so there the comparison with each other above is the check.
+      const double ytol = k == 2 ? 7e-2 : 2e-2;
       EXPECT_LT(test::rel_l2(ya, y32), ytol);
       EXPECT_LT(test::rel_l2(yb, y32), ytol);
       if (k != 2) {
