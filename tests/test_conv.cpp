@@ -208,6 +208,11 @@ TEST(ConvVariants, SmallOddShapes) {
   // filter gradient in 4 pixel ranges, 1x1, and a forward in 18 K ranges (M = 32, K = 2304; its
   // data gradient in 4).
   check_conv("3x3 simt odd", 3, 13, 24, 20, 3, 1, true, true);
+  // "narrow_wgrad" (tf32, at most 3 input channels: the model's first layer): seed64's 3 -> 64 at
+  // 64x64, partial tiles both ways with 1 and 2 channels, 128 outputs (two channel tiles a warp)
+  check_conv("3x3 in conv 64x64", 2, 64, 3, 64, 3, 1, false, false);
+  check_conv("3x3 in conv odd", 3, 13, 1, 16, 3, 1, false, true);
+  check_conv("3x3 in conv 2 -> 128", 2, 67, 2, 128, 3, 1, false, false);
   check_conv("1x1 simt", 2, 9, 40, 36, 1, 1, false, true);
   check_conv("3x3 simt split", 2, 4, 256, 64, 3, 1, true, true);
   // "mma" (bf16 forward): partial pixel tiles (M = 507) with a partial 128-channel tile (Co = 72)
@@ -268,8 +273,8 @@ TEST(ConvVariants, SmallOddShapes) {
 
 // The model's last layer (C -> 3 or 6 channels) runs on "narrow" by default in fp32 and on
 // "narrow_tc" in tf32 and bf16: cuDNN has no engine for its bf16 input with an f32 output, and im2col +
-// GEMM at N = 3 was 4% of imagenet64's sampling forward. (Their accuracy is checked with every
-// other variant above.)
+// GEMM at N = 3 was 4% of imagenet64's sampling forward; the first layer's tf32 filter gradient on
+// "narrow_wgrad". (Their accuracy is checked with every other variant above.)
 TEST(ConvVariants, NarrowRunsTheOutputLayer) {
   SKIP_WITHOUT_GPU();
   for (Precision p : {Precision::FP32, Precision::TF32, Precision::BF16}) {
@@ -281,6 +286,10 @@ TEST(ConvVariants, NarrowRunsTheOutputLayer) {
     EXPECT_EQ(g->base_ops().variant(out), p == Precision::FP32 ? "narrow" : "narrow_tc");
     const ConvFwd wide = fwd_op(A, g->act_dtype(), 2, 8, 64, 16, 3, 1, false, false, DType::F32, false);
     EXPECT_EQ(g->base_ops().variant(wide).rfind("narrow", 0), std::string::npos);  // more than 8 outputs: the GEMM engines
+    // the first layer's filter gradient (3 -> 64): "narrow_wgrad" in tf32
+    const ConvBwdFilter in{A(g->act_dtype(), {2, 8, 8, 3}), A(g->act_dtype(), {2, 8, 8, 64}),
+                           A(DType::F32, {64, 3, 3, 3}), A(DType::F32, {64}), {}, 1};
+    EXPECT_EQ(g->base_ops().variant(in) == "narrow_wgrad", p == Precision::TF32) << g->base_ops().variant(in);
   }
 }
 
