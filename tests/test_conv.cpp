@@ -213,6 +213,10 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("3x3 in conv 64x64", 2, 64, 3, 64, 3, 1, false, false);
   check_conv("3x3 in conv odd", 3, 13, 1, 16, 3, 1, false, true);
   check_conv("3x3 in conv 2 -> 128", 2, 67, 2, 128, 3, 1, false, false);
+  // ... and with the roles swapped (at most 3 outputs: the last layer), its bias gradient apart
+  check_conv("3x3 out conv 64x64", 2, 64, 64, 3, 3, 1, false, false);
+  check_conv("3x3 out conv odd", 3, 13, 16, 1, 3, 1, false, true);
+  check_conv("3x3 out conv 128 -> 2", 2, 67, 128, 2, 3, 1, false, false);
   check_conv("1x1 simt", 2, 9, 40, 36, 1, 1, false, true);
   check_conv("3x3 simt split", 2, 4, 256, 64, 3, 1, true, true);
   // "mma" (bf16 forward): partial pixel tiles (M = 507) with a partial 128-channel tile (Co = 72)
@@ -273,8 +277,8 @@ TEST(ConvVariants, SmallOddShapes) {
 
 // The model's last layer (C -> 3 or 6 channels) runs on "narrow" by default in fp32 and on
 // "narrow_tc" in tf32 and bf16: cuDNN has no engine for its bf16 input with an f32 output, and im2col +
-// GEMM at N = 3 was 4% of imagenet64's sampling forward; the first layer's tf32 filter gradient on
-// "narrow_wgrad". (Their accuracy is checked with every other variant above.)
+// GEMM at N = 3 was 4% of imagenet64's sampling forward; the first and last layers' tf32 filter
+// gradients on "narrow_wgrad". (Their accuracy is checked with every other variant above.)
 TEST(ConvVariants, NarrowRunsTheOutputLayer) {
   SKIP_WITHOUT_GPU();
   for (Precision p : {Precision::FP32, Precision::TF32, Precision::BF16}) {
@@ -290,6 +294,9 @@ TEST(ConvVariants, NarrowRunsTheOutputLayer) {
     const ConvBwdFilter in{A(g->act_dtype(), {2, 8, 8, 3}), A(g->act_dtype(), {2, 8, 8, 64}),
                            A(DType::F32, {64, 3, 3, 3}), A(DType::F32, {64}), {}, 1};
     EXPECT_EQ(g->base_ops().variant(in) == "narrow_wgrad", p == Precision::TF32) << g->base_ops().variant(in);
+    const ConvBwdFilter last{A(g->act_dtype(), {2, 8, 8, 64}), A(g->act_dtype(), {2, 8, 8, 3}),
+                             A(DType::F32, {3, 3, 3, 64}), A(DType::F32, {3}), {}, 1};
+    EXPECT_EQ(g->base_ops().variant(last) == "narrow_wgrad", p == Precision::TF32) << g->base_ops().variant(last);
   }
 }
 

@@ -411,7 +411,7 @@ bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
          aligned16(o.w.data) && o.x.dim[1] == o.y.dim[1] && o.x.dim[2] == o.y.dim[2];
 }
 
-// ---- variant "narrow_wgrad": the filter gradient of a conv with at most 3 input channels (tf32) ----
+// ---- variant "narrow_wgrad": the filter gradient of a conv with at most 3 input or output channels (tf32) ----
 // The model's first layer (3 -> C, 3x3): cuDNN's deterministic tf32 engine took 79 us at seed64's
 // 64x64 batch 32 for 0.45 GFLOP, at the very end of the step's backward. As a GEMM it is
 // dW^T [Co x 27] = dy^T [Co x P] . X27 [P x 27], X27's row p the 3x3 neighbourhood of pixel p (9
@@ -420,20 +420,27 @@ bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
 // warp its 16-channel tiles of Co x 32 columns (27 taps x channels, then a column of ones: the bias
 // gradient) on mma.sync m16n8k8, accumulated over the block's tiles in registers; then the blocks'
 // partials are added in a fixed order (double) by a second kernel. The block count depends on the
-// shapes only, so the sums' order does too: deterministic. H100, 3 -> 64 at 64x64 batch 32, same
+// shapes only, so the sums' order does too: deterministic. The last layer (C -> 3) is the same
+// GEMM with the roles swapped: dW [C x 27] = X^T . DY27, dy's neighbourhood mirrored, and the bias
+// gradient from the column sums of dy. H100, 3 -> 64 at 64x64 batch 32, same
 // run: 25.4 + 14.8 us against cuDNN's ~150 us of kernels (its engine 40 us, then tensor conversion
 // 59, channel padding 15, split-K reduction 9, our bias column sums 21.5); tf32 step 13.052 /
 // 13.038 / 13.003 ms against 13.059 / 13.048 / 13.038 (and 12.937 / 12.938 / 12.938 against 12.977
-// / 12.988 / 12.996 in an earlier run, with a slower sum).
+// / 12.988 / 12.996 in an earlier run, with a slower sum). 64 -> 3 (same H100, same run): the
+// backward's kernels 0.165 -> 0.070 ms (cuDNN's wgrad 113 us -> 31 + 7), tf32 step 12.982 /
+// 12.997 / 13.002 -> 12.916 / 12.896 / 12.904 ms.
 constexpr int kWgThreads = 128, kWgBlocks = 528;  // 4 a nominal 132-SM GPU's SM
 constexpr int kWgCols = 64, kWgRows = 2, kWgPix = kWgCols * kWgRows;
 constexpr int kWgN = 32;                                    // 27 taps x channels, the ones column at 27
 __host__ __device__ inline int wg_stride(int Co) { return Co + 8; }  // dy rows 8 banks apart: conflict-free A loads
 size_t wg_smem_bytes(int Co) { return (size_t)kWgPix * wg_stride(Co) * 4 + (size_t)(kWgRows + 2) * (kWgCols + 2) * 4 * 4; }
 
+// wide [B, H, W, Co] and narrow [B, H, W, Ci] (the names of the first layer's case): dy and x there;
+// with flip, x and dy (the last layer's case: Ci its output channels), whose neighbourhood of a
+// pixel is taken mirrored, dW[co][tap][ci] = sum_q x[q][ci] dy[q - off(tap)][co].
 __global__ void __launch_bounds__(kWgThreads)
-    narrow_wgrad_kernel(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ part, int B,
-                        int H, int W, int Ci, int Co) {
+    narrow_wgrad_kernel(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ part, int B,
+                        int H, int W, int Ci, int Co, bool flip) {
   pdl_entry();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float wg_smem[];
@@ -451,10 +458,10 @@ __global__ void __launch_bounds__(kWgThreads)
   for (int nt = 0; nt < 4; ++nt) {
     const int n = nt * 8 + g;
     if (n < 9 * Ci) {
-      const int tap = n / Ci, ci = n % Ci;
-      boff[nt] = ((tap / 3) * (kWgCols + 2) + tap % 3) * 4 + ci;
+      const int tap = n / Ci, ci = n % Ci, ky = flip ? 2 - tap / 3 : tap / 3, kx = flip ? 2 - tap % 3 : tap % 3;
+      boff[nt] = (ky * (kWgCols + 2) + kx) * 4 + ci;
     } else {
-      boff[nt] = n == 27 ? -2 : -1;
+      boff[nt] = n == 27 && !flip ? -2 : -1;
     }
   }
   float acc[2][4][4] = {};  // [m-tile of this warp][n-tile][fragment] (Co <= 128: 2 a warp)
@@ -520,13 +527,14 @@ __global__ void __launch_bounds__(kWgThreads)
 #endif
 }
 
-// dw [Co][3][3][Ci] (= [Co][27 columns]) and db [Co] (the ones column): the blocks' partials added
+// dw [Co][3][3][Ci] (= [Co][27 columns]; flip: [27 columns][Ci], transposed) and db [Co] (the ones
+// column): the blocks' partials added
 // in a fixed order: 16 runs of consecutive blocks in parallel (8 loads in flight each), then the
 // runs in order (double). (One thread adding all 528 in turn took 46 us.)
 constexpr int kWgRuns = 16, kWgSumCols = 16;
 __global__ void __launch_bounds__(kWgRuns* kWgSumCols)
-    narrow_wgrad_sum_kernel(const float* __restrict__ part, int blocks, int Co, int Ci, float* __restrict__ dw,
-                            float* __restrict__ db) {
+    narrow_wgrad_sum_kernel(const float* __restrict__ part, int blocks, int Co, int Ci, bool flip,
+                            float* __restrict__ dw, float* __restrict__ db) {
   pdl_entry();
   __shared__ double runs[kWgRuns][kWgSumCols];
   const int col = threadIdx.x % kWgSumCols, run = threadIdx.x / kWgSumCols;
@@ -551,9 +559,9 @@ __global__ void __launch_bounds__(kWgRuns* kWgSumCols)
   double tot = 0;
   for (int r = 0; r < kWgRuns; ++r) tot += runs[r][col];
   const int m = i / kWgN, n = i % kWgN;
-  if (n < 9 * Ci)
-    dw[(size_t)m * 9 * Ci + n] = (float)tot;
-  else if (n == 27 && db)
+  if (n < 9 * Ci)  // flip: m the input channel, n = (tap, output channel) of the [Ci][3][3][Co] filter
+    dw[flip ? ((size_t)(n % Ci) * 9 + n / Ci) * Co + m : (size_t)m * 9 * Ci + n] = (float)tot;
+  else if (n == 27 && db && !flip)
     db[m] = (float)tot;
 }
 
@@ -562,14 +570,18 @@ int wg_blocks(const ConvBwdFilter& o) {
                           o.dy.dim[0];
   return (int)std::min<long long>(tiles, kWgBlocks);
 }
+// The last layer's case: at most 3 output channels (dy the narrow tensor).
+bool wg_flip(const ConvBwdFilter& o) { return o.dy.dim[3] <= 3; }
 size_t narrow_wgrad_ws(const ConvBwdFilter& o, const CudaCtx&) {
-  return (size_t)wg_blocks(o) * o.dy.dim[3] * kWgN * 4;
+  return (size_t)wg_blocks(o) * (wg_flip(o) ? o.x.dim[3] : o.dy.dim[3]) * kWgN * 4;
 }
 
 void narrow_wgrad(const ConvBwdFilter& o, CudaCtx& ctx) {
-  const int B = (int)o.x.dim[0], H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3],
-            Co = (int)o.dy.dim[3];
-  const size_t smem = wg_smem_bytes(Co);
+  const int B = (int)o.x.dim[0], H = (int)o.x.dim[1], W = (int)o.x.dim[2];
+  const bool flip = wg_flip(o);
+  const Tensor& wide = flip ? o.x : o.dy;
+  const Tensor& narrow = flip ? o.dy : o.x;
+  const int Cw = (int)wide.dim[3], Cn = (int)narrow.dim[3];
   static bool smem_set = false;
   if (!smem_set) {
     CUDA_CHECK(cudaFuncSetAttribute(narrow_wgrad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -578,23 +590,26 @@ void narrow_wgrad(const ConvBwdFilter& o, CudaCtx& ctx) {
   }
   const int blocks = wg_blocks(o);
   float* part = static_cast<float*>(ctx.ws);
-  narrow_wgrad_kernel<<<blocks, kWgThreads, smem, ctx.stream>>>(dptr<float>(o.x), dptr<float>(o.dy), part, B, H, W,
-                                                                Ci, Co);
+  narrow_wgrad_kernel<<<blocks, kWgThreads, wg_smem_bytes(Cw), ctx.stream>>>(
+      dptr<float>(wide), dptr<float>(narrow), part, B, H, W, Cn, Cw, flip);
   KERNEL_CHECK();
-  narrow_wgrad_sum_kernel<<<(Co * kWgN + kWgSumCols - 1) / kWgSumCols, kWgRuns * kWgSumCols, 0, ctx.stream>>>(
-      part, blocks, Co, Ci, dptr<float>(o.dw), dptr<float>(o.db));
+  narrow_wgrad_sum_kernel<<<(Cw * kWgN + kWgSumCols - 1) / kWgSumCols, kWgRuns * kWgSumCols, 0, ctx.stream>>>(
+      part, blocks, Cw, Cn, flip, dptr<float>(o.dw), flip ? nullptr : dptr<float>(o.db));
   KERNEL_CHECK();
+  if (flip) rowblock::column_sums(ctx, o.dy, Tensor{}, o.db);  // (the ones column sums x there)
 }
 
-// tf32 (f32 tensors, not fp32: TF32 products), 3x3 stride 1 with equal sizes, Ci <= 3, Co a
-// multiple of 16 up to 128, no embedding gradient, 16-byte aligned dy.
+// tf32 (f32 tensors, not fp32: TF32 products), 3x3 stride 1 with equal sizes, one side at most 3
+// channels and the other a multiple of 16 up to 128, no embedding gradient, the wide tensor
+// 16-byte aligned.
 bool narrow_wgrad_ok(const ConvBwdFilter& o, const CudaCtx& c) {
   const int64_t Ci = o.x.dim[3], Co = o.dy.dim[3];
+  const int64_t Cn = Co <= 3 ? Co : Ci, Cw = Co <= 3 ? Ci : Co;
   return c.prec == Precision::TF32 && tc_device() && o.x.dtype == DType::F32 && o.dy.dtype == DType::F32 &&
          o.dw.dtype == DType::F32 && (!o.db.defined() || o.db.dtype == DType::F32) && !o.demb.defined() &&
-         o.stride == 1 && o.dw.dim[1] == 3 && o.dw.dim[2] == 3 && Ci >= 1 && Ci <= 3 && Co % 16 == 0 && Co >= 16 &&
-         Co <= 128 && o.x.dim[1] == o.dy.dim[1] && o.x.dim[2] == o.dy.dim[2] && o.x.dim[0] < (1LL << 31) &&
-         aligned16(o.dy.data);
+         o.stride == 1 && o.dw.dim[1] == 3 && o.dw.dim[2] == 3 && Cn >= 1 && Cn <= 3 && Cw % 16 == 0 && Cw >= 16 &&
+         Cw <= 128 && o.x.dim[1] == o.dy.dim[1] && o.x.dim[2] == o.dy.dim[2] &&
+         aligned16((Co <= 3 ? o.x : o.dy).data);
 }
 
 }  // namespace
