@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "cuda_engine.cuh"
+#include "mma_sync.cuh"
 
 namespace unet {
 
@@ -38,9 +39,6 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // ---- PTX wrappers --------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 // 16 bytes global -> shared, asynchronously; src_bytes = 0 writes zeros (rows past T).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
@@ -52,37 +50,6 @@ __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
-__device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lower k) in the low half
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -108,7 +75,7 @@ struct Tile<float, kSplit_> {
   static constexpr int KS = 8, kPad = 8, kPadKN = 4;
   static constexpr bool kSplit = kSplit_;
   static constexpr bool kRoundTiles = !kSplit;  // tf32: tiles rounded once in shared memory
-  __device__ static uint32_t op(float x) { return kSplit ? __float_as_uint(x) : to_tf32(x); }
+  __device__ static uint32_t op(float x) { return kSplit ? __float_as_uint(x) : tf32_bits(x); }
 
   __device__ static void load_a(uint32_t (&a)[4], const float* X, int ld, int lane) {
     const int g = lane >> 2, t = lane & 3;
@@ -143,26 +110,26 @@ struct Tile<float, kSplit_> {
   }
   __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     if constexpr (!kSplit) {
-      mma_tf32(c, a[0], a[1], a[2], a[3], b[0], b[1]);
+      mma_tf32(c, a, b);
     } else {
       uint32_t ah[4], al[4], bh[2], bl[2];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float x = __uint_as_float(a[i]);
-        ah[i] = to_tf32(x), al[i] = to_tf32(x - __uint_as_float(ah[i]));
+        ah[i] = tf32_bits(x), al[i] = tf32_bits(x - __uint_as_float(ah[i]));
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const float x = __uint_as_float(b[i]);
-        bh[i] = to_tf32(x), bl[i] = to_tf32(x - __uint_as_float(bh[i]));
+        bh[i] = tf32_bits(x), bl[i] = tf32_bits(x - __uint_as_float(bh[i]));
       }
       // Into a fresh accumulator, small terms first, then one IEEE add per element: the tensor
       // cores' accumulation truncates, and chained along a whole key loop (T / 8 steps) that cost
       // ~T/16 ulp (8e-6 relative at T = 1024, measured); per step it is a rounding of 8 products.
       float t[4] = {0.f, 0.f, 0.f, 0.f};
-      mma_tf32(t, al[0], al[1], al[2], al[3], bh[0], bh[1]);
-      mma_tf32(t, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
-      mma_tf32(t, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+      mma_tf32(t, al, bh);
+      mma_tf32(t, ah, bl);
+      mma_tf32(t, ah, bh);
       c[0] += t[0], c[1] += t[1], c[2] += t[2], c[3] += t[3];
     }
   }
@@ -175,7 +142,7 @@ struct Tile<bf16, false> {
   static constexpr bool kRoundTiles = false;
 
   __device__ static void load_a(uint32_t (&a)[4], const bf16* X, int ld, int lane) {
-    ldsm_x4(a, X + (lane & 15) * ld + (lane >> 4) * 8);
+    ldsm_x4(smem_u32(X + (lane & 15) * ld + (lane >> 4) * 8), a);
   }
   __device__ static void load_a_gmem(uint32_t (&a)[4], const bf16* r0, const bf16* r1, int k0, int lane) {
     const int t = lane & 3;
@@ -185,12 +152,12 @@ struct Tile<bf16, false> {
   }
   __device__ static void load_b_nk2(uint32_t (&b)[2][2], const bf16* X, int ld, int lane) {
     uint32_t r[4];
-    ldsm_x4(r, X + ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8);
+    ldsm_x4(smem_u32(X + ((lane & 7) + (lane >> 4) * 8) * ld + ((lane >> 3) & 1) * 8), r);
     b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
   }
   __device__ static void load_b_kn2(uint32_t (&b)[2][2], const bf16* X, int ld, int lane) {
     uint32_t r[4];
-    ldsm_x4_t(r, X + (lane & 15) * ld + (lane >> 4) * 8);
+    ldsm_x4_t(smem_u32(X + (lane & 15) * ld + (lane >> 4) * 8), r);
     b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
   }
   template <int N>
@@ -229,8 +196,8 @@ __device__ __forceinline__ void round_tile(T* dst, int tid) {
       const int c = tid + i * NT;
       float4* p = reinterpret_cast<float4*>(dst + (c / CPR) * LD + (c % CPR) * 4);
       float4 v = *p;
-      v.x = __uint_as_float(to_tf32(v.x)), v.y = __uint_as_float(to_tf32(v.y));
-      v.z = __uint_as_float(to_tf32(v.z)), v.w = __uint_as_float(to_tf32(v.w));
+      v.x = __uint_as_float(tf32_bits(v.x)), v.y = __uint_as_float(tf32_bits(v.y));
+      v.z = __uint_as_float(tf32_bits(v.z)), v.w = __uint_as_float(tf32_bits(v.w));
       *p = v;
     }
   }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda_engine.cuh"
+#include "mma_sync.cuh"
 
 namespace unet {
 namespace igemm {
@@ -28,11 +29,7 @@ inline Geo filter_geo(const ConvBwdFilter& o) {
 // The data gradient as a forward: input dy (Co channels), output dx (Ci).
 inline Geo as_forward(const Geo& g) { return {g.B, g.H, g.W, g.Co, g.Ci, g.KS}; }
 
-__device__ __forceinline__ float tf32_rna(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
-  return __uint_as_float(r);
-}
+__device__ __forceinline__ float tf32_rna(float v) { return __uint_as_float(tf32_bits(v)); }
 // The data gradient as a forward runs on the filter rotated by 180 degrees, axes swapped:
 // wt[ci][tap'][co] = w[co][KK - 1 - tap'][ci], as 32 x 32 transposes through shared memory (grid: Ci/32, Co/32, taps), coalesced both ways.
 // TF32: each value rounded to tf32 (to nearest, ties away: cvt.rna) for kernels whose tensor cores

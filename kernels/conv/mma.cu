@@ -41,9 +41,6 @@ using namespace igemm;
 // Block tile: BM output pixels; K blocks of BK input channels of one tap; cp.async stages.
 constexpr int BM = 128, BK = 32, STAGES = 4;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 // 16 bytes global -> shared; zeros when !ok (src-size 0: nothing is read).
 __device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
@@ -52,18 +49,6 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // Byte offset of 16-byte chunk c of row r in a [rows][BK] bf16 tile (64-byte rows), the chunk
 // swizzled so that 8 consecutive rows' chunk c lie in 8 distinct 16-byte bank groups.
@@ -85,7 +70,7 @@ __global__ void __launch_bounds__(BM * BN / 64, 512 / (BM * BN / 64))  // 16 war
   const int wm = warp % WMS, wn = warp / WMS;  // warp tile: rows wm*64, columns wn*32
   const int HW = H * W, M = B * HW, Cb = Ci / BK, KB = KS * KS * Cb, K = KS * KS * Ci;
   const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-  const uint32_t s0 = smem_addr(smem);
+  const uint32_t s0 = smem_u32(smem);
 
   // This thread's copies: A chunk (row, c) = t + l*NT, B chunk alike.
   const bf16* ap[LA];
@@ -148,13 +133,16 @@ __global__ void __launch_bounds__(BM * BN / 64, 512 / (BM * BN / 64))  // 16 war
     for (int kk = 0; kk < KK; ++kk) {
       uint32_t a[4][4], b[2][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) ldsm4(sa + tile_off(a_row + i * 16, kk * 2 + a_chunk), a[i]);
+      for (int i = 0; i < 4; ++i) ldsm_x4(sa + tile_off(a_row + i * 16, kk * 2 + a_chunk), a[i]);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) ldsm4(sb + tile_off(b_row + j * 16, kk * 2 + b_chunk), b[j]);
+      for (int j = 0; j < 2; ++j) ldsm_x4(sb + tile_off(b_row + j * 16, kk * 2 + b_chunk), b[j]);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mma(acc[i][j], a[i], b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t bj[2] = {b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]};
+          mma_bf16(acc[i][j], a[i], bj);
+        }
     }
   }
   cp_wait<0>();

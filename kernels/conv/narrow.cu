@@ -1,7 +1,7 @@
 // Convolution variant "narrow": ConvFwd with at most 8 output channels — the UNet's last layer
 // (C -> 3, or 6 with learned sigma) — as a direct convolution on CUDA cores. Further down:
 // "narrow_tc", the same on tensor cores (bf16, tf32), and "narrow_wgrad", the tf32 filter gradient
-// of a conv with at most 3 input channels (the first layer).
+// of a conv with at most 3 input or output channels (the first and last layers).
 //
 // Why: such a layer is a GEMM with N = 3..8, which tensor-core engines run at a few TFLOP/s, and
 // cuDNN has no engine at all for bf16 inputs with an f32 output (the model's output is f32), so
@@ -22,6 +22,7 @@
 #include <algorithm>
 
 #include "cuda_engine.cuh"
+#include "mma_sync.cuh"
 #include "rowblock.cuh"
 
 namespace unet {
@@ -232,31 +233,13 @@ size_t tc_smem_bytes() {
   return (size_t)kTcInRows * kTcInCols * kTcPixelBytes + (size_t)kTcWarps * 32 * 8 * 4;
 }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 // c += a b for 16 pixels x 8 outputs over one k-step (32 bytes of channels).
 template <class T>
 __device__ __forceinline__ void mma_step(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   if constexpr (std::is_same_v<T, float>)
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    mma_tf32(c, a, b);
   else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ uint32_t tf32_bits(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
-  return r;
+    mma_bf16(c, a, b);
 }
 // The B fragment's two registers for output n, k-step ks of the chunk at c0: tf32 the values at k
 // = t and t + 4, bf16 the pairs at 2t and 2t + 8 (k within the step; zero past Co or the chunk).
@@ -281,7 +264,6 @@ __global__ void __launch_bounds__(kTcWarps * 32)
                      const float* __restrict__ emb, const TY* __restrict__ res, TY* __restrict__ y, int H, int W,
                      int Ci, int Co_rt) {
   pdl_entry();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int vec = 16 / (int)sizeof(T), chunk = kTcChunkBytes / (int)sizeof(T);
   const int Co = CO ? CO : Co_rt;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -361,9 +343,6 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     if (res) v += ldf(res, idx);
     stf(y, idx, v);
   }
-#else
-  __trap();  // the host checks for compute capability 8.0 (narrow_tc_ok)
-#endif
 }
 
 template <class T, class TY, int CO>
@@ -392,22 +371,12 @@ void narrow_tc_fwd(const ConvFwd& o, CudaCtx& ctx) {
   dispatch_tc<bf16, bf16>(o, ctx);
 }
 
-bool tc_device() {
-  static const bool yes = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    return major >= 8;
-  }();
-  return yes;
-}
-
 // bf16, and f32 inputs in tf32 (fp32 must not use TF32: there "narrow"'s f32 FMAs); 3x3 stride 1,
 // Ci a multiple of one MMA k-step (16 bf16, 8 tf32), 16-byte aligned input rows and weights.
 bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
   const int64_t Ci = o.x.dim[3];
   const bool tc = o.x.dtype == DType::BF16 ? Ci % 16 == 0 : c.prec == Precision::TF32 && Ci % 8 == 0;
-  return narrow_ok(o, c) && tc && tc_device() && o.w.dim[1] == 3 && o.stride == 1 && aligned16(o.x.data) &&
+  return narrow_ok(o, c) && tc && o.w.dim[1] == 3 && o.stride == 1 && aligned16(o.x.data) &&
          aligned16(o.w.data) && o.x.dim[1] == o.y.dim[1] && o.x.dim[2] == o.y.dim[2];
 }
 
@@ -435,53 +404,52 @@ constexpr int kWgN = 32;                                    // 27 taps x channel
 __host__ __device__ inline int wg_stride(int Co) { return Co + 8; }  // dy rows 8 banks apart: conflict-free A loads
 size_t wg_smem_bytes(int Co) { return (size_t)kWgPix * wg_stride(Co) * 4 + (size_t)(kWgRows + 2) * (kWgCols + 2) * 4 * 4; }
 
-// wide [B, H, W, Co] and narrow [B, H, W, Ci] (the names of the first layer's case): dy and x there;
-// with flip, x and dy (the last layer's case: Ci its output channels), whose neighbourhood of a
-// pixel is taken mirrored, dW[co][tap][ci] = sum_q x[q][ci] dy[q - off(tap)][co].
+// wide [B, H, W, Cw] and narrow [B, H, W, Cn]: the first layer's dy and x; with flip, the last
+// layer's x and dy, whose neighbourhood of a pixel is taken mirrored: dW[co][tap][ci] = sum_q
+// x[q][ci] dy[q - off(tap)][co]. part [block][Cw][kWgN].
 __global__ void __launch_bounds__(kWgThreads)
-    narrow_wgrad_kernel(const float* __restrict__ dy, const float* __restrict__ x, float* __restrict__ part, int B,
-                        int H, int W, int Ci, int Co, bool flip) {
+    narrow_wgrad_kernel(const float* __restrict__ wide, const float* __restrict__ narrow, float* __restrict__ part,
+                        int B, int H, int W, int Cn, int Cw, bool flip) {
   pdl_entry();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) float wg_smem[];
-  const int S = wg_stride(Co);
-  float* sd = wg_smem;                    // [kWgPix][S]
-  float* sx = wg_smem + kWgPix * S;       // [kWgRows + 2][kWgCols + 2][4]
+  const int S = wg_stride(Cw);
+  float* sw = wg_smem;                    // wide [kWgPix][S]
+  float* sn = wg_smem + kWgPix * S;       // narrow [kWgRows + 2][kWgCols + 2][4]
   const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, q = lane % 4;
-  const int MT = Co / 16;                 // 16-channel tiles, warp w takes w, w + 4, ...
+  const int MT = Cw / 16;                 // 16-channel tiles, warp w takes w, w + 4, ...
   const int tx = (W + kWgCols - 1) / kWgCols, ty = (H + kWgRows - 1) / kWgRows;
   const long long tiles = (long long)tx * ty * B;
-  // This lane's B columns: n = nt * 8 + g, as an offset into sx's neighbourhood of a pixel, -1 for
+  // This lane's B columns: n = nt * 8 + g, as an offset into sn's neighbourhood of a pixel, -1 for
   // zero, -2 for one.
   int boff[4];
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt) {
     const int n = nt * 8 + g;
-    if (n < 9 * Ci) {
-      const int tap = n / Ci, ci = n % Ci, ky = flip ? 2 - tap / 3 : tap / 3, kx = flip ? 2 - tap % 3 : tap % 3;
+    if (n < 9 * Cn) {
+      const int tap = n / Cn, ci = n % Cn, ky = flip ? 2 - tap / 3 : tap / 3, kx = flip ? 2 - tap % 3 : tap % 3;
       boff[nt] = (ky * (kWgCols + 2) + kx) * 4 + ci;
     } else {
       boff[nt] = n == 27 && !flip ? -2 : -1;
     }
   }
-  float acc[2][4][4] = {};  // [m-tile of this warp][n-tile][fragment] (Co <= 128: 2 a warp)
+  float acc[2][4][4] = {};  // [m-tile of this warp][n-tile][fragment] (Cw <= 128: 2 a warp)
   for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int x0 = (int)(tile % tx) * kWgCols, y0 = (int)(tile / tx % ty) * kWgRows, b = (int)(tile / tx / ty);
     __syncthreads();  // the previous tile's reads are done
-    const int cv = Co / 4;
+    const int cv = Cw / 4;
     for (int i = t; i < kWgPix * cv; i += kWgThreads) {
       const int c = i % cv, p = i / cv, oy = y0 + p / kWgCols, ox = x0 + p % kWgCols;
-      float* dst = sd + p * S + c * 4;
+      float* dst = sw + p * S + c * 4;
       if (oy < H && ox < W)
-        __pipeline_memcpy_async(dst, dy + (((size_t)b * H + oy) * W + ox) * Co + c * 4, 16);
+        __pipeline_memcpy_async(dst, wide + (((size_t)b * H + oy) * W + ox) * Cw + c * 4, 16);
       else
         *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     for (int i = t; i < (kWgRows + 2) * (kWgCols + 2) * 4; i += kWgThreads) {
       const int ci = i % 4, r = i / 4, iy = y0 - 1 + r / (kWgCols + 2), ix = x0 - 1 + r % (kWgCols + 2);
       float v = 0.f;
-      if (ci < Ci && iy >= 0 && iy < H && ix >= 0 && ix < W) v = x[(((size_t)b * H + iy) * W + ix) * Ci + ci];
-      sx[i] = __uint_as_float(tf32_bits(v));
+      if (ci < Cn && iy >= 0 && iy < H && ix >= 0 && ix < W) v = narrow[(((size_t)b * H + iy) * W + ix) * Cn + ci];
+      sn[i] = __uint_as_float(tf32_bits(v));
     }
     __pipeline_commit();
     __pipeline_wait_prior(0);
@@ -492,7 +460,7 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int p = k0 + q + 4 * h;
-        const float* nb = sx + ((p / kWgCols) * (kWgCols + 2) + p % kWgCols) * 4;
+        const float* nb = sn + ((p / kWgCols) * (kWgCols + 2) + p % kWgCols) * 4;
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
           bf[nt][h] = boff[nt] >= 0 ? __float_as_uint(nb[boff[nt]]) : (boff[nt] == -2 ? __float_as_uint(1.f) : 0u);
@@ -501,16 +469,16 @@ __global__ void __launch_bounds__(kWgThreads)
       for (int j = 0; j < 2; ++j) {
         const int mt = warp + 4 * j;
         if (mt >= MT) break;
-        // A: m = output channel mt * 16 + g (+ 8), k = pixel k0 + q (+ 4), from dy's rows
-        const float* a0 = sd + (k0 + q) * S + mt * 16 + g;
+        // A: m = wide channel mt * 16 + g (+ 8), k = pixel k0 + q (+ 4)
+        const float* a0 = sw + (k0 + q) * S + mt * 16 + g;
         const uint32_t a[4] = {tf32_bits(a0[0]), tf32_bits(a0[8]), tf32_bits(a0[4 * S]), tf32_bits(a0[4 * S + 8])};
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) mma_step<float>(acc[j][nt], a, bf[nt]);
+        for (int nt = 0; nt < 4; ++nt) mma_tf32(acc[j][nt], a, bf[nt]);
       }
     }
   }
-  // C: m = channel g (+ 8), n = 2q (+ 1); part [block][Co][kWgN]
-  float* pb = part + (size_t)blockIdx.x * Co * kWgN;
+  // C: m = wide channel g (+ 8), n = 2q (+ 1)
+  float* pb = part + (size_t)blockIdx.x * Cw * kWgN;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int mt = warp + 4 * j;
@@ -522,9 +490,6 @@ __global__ void __launch_bounds__(kWgThreads)
       pb[(size_t)(m + 8) * kWgN + n] = acc[j][nt][2], pb[(size_t)(m + 8) * kWgN + n + 1] = acc[j][nt][3];
     }
   }
-#else
-  __trap();  // the host checks for compute capability 8.0 (narrow_wgrad_ok)
-#endif
 }
 
 // dw [Co][3][3][Ci] (= [Co][27 columns]; flip: [27 columns][Ci], transposed) and db [Co] (the ones
@@ -533,16 +498,16 @@ __global__ void __launch_bounds__(kWgThreads)
 // runs in order (double). (One thread adding all 528 in turn took 46 us.)
 constexpr int kWgRuns = 16, kWgSumCols = 16;
 __global__ void __launch_bounds__(kWgRuns* kWgSumCols)
-    narrow_wgrad_sum_kernel(const float* __restrict__ part, int blocks, int Co, int Ci, bool flip,
+    narrow_wgrad_sum_kernel(const float* __restrict__ part, int blocks, int Cw, int Cn, bool flip,
                             float* __restrict__ dw, float* __restrict__ db) {
   pdl_entry();
   __shared__ double runs[kWgRuns][kWgSumCols];
   const int col = threadIdx.x % kWgSumCols, run = threadIdx.x / kWgSumCols;
-  const int i = blockIdx.x * kWgSumCols + col;  // column of [Co][kWgN]
+  const int i = blockIdx.x * kWgSumCols + col;  // column of [Cw][kWgN]
   const int per = (blocks + kWgRuns - 1) / kWgRuns, k0 = run * per, k1 = min(blocks, k0 + per);
   double s = 0;
-  if (i < Co * kWgN) {
-    const size_t stride = (size_t)Co * kWgN;
+  if (i < Cw * kWgN) {
+    const size_t stride = (size_t)Cw * kWgN;
     int k = k0;
     for (; k + 8 <= k1; k += 8) {
       float v[8];
@@ -555,12 +520,12 @@ __global__ void __launch_bounds__(kWgRuns* kWgSumCols)
   }
   runs[run][col] = s;
   __syncthreads();
-  if (run || i >= Co * kWgN) return;
+  if (run || i >= Cw * kWgN) return;
   double tot = 0;
   for (int r = 0; r < kWgRuns; ++r) tot += runs[r][col];
   const int m = i / kWgN, n = i % kWgN;
-  if (n < 9 * Ci)  // flip: m the input channel, n = (tap, output channel) of the [Ci][3][3][Co] filter
-    dw[flip ? ((size_t)(n % Ci) * 9 + n / Ci) * Co + m : (size_t)m * 9 * Ci + n] = (float)tot;
+  if (n < 9 * Cn)  // m the wide side's channel, n = (tap, narrow channel); dw is [Co][3][3][Ci]
+    dw[flip ? ((size_t)(n % Cn) * 9 + n / Cn) * Cw + m : (size_t)m * 9 * Cn + n] = (float)tot;
   else if (n == 27 && db && !flip)
     db[m] = (float)tot;
 }
@@ -605,7 +570,7 @@ void narrow_wgrad(const ConvBwdFilter& o, CudaCtx& ctx) {
 bool narrow_wgrad_ok(const ConvBwdFilter& o, const CudaCtx& c) {
   const int64_t Ci = o.x.dim[3], Co = o.dy.dim[3];
   const int64_t Cn = Co <= 3 ? Co : Ci, Cw = Co <= 3 ? Ci : Co;
-  return c.prec == Precision::TF32 && tc_device() && o.x.dtype == DType::F32 && o.dy.dtype == DType::F32 &&
+  return c.prec == Precision::TF32 && o.x.dtype == DType::F32 && o.dy.dtype == DType::F32 &&
          o.dw.dtype == DType::F32 && (!o.db.defined() || o.db.dtype == DType::F32) && !o.demb.defined() &&
          o.stride == 1 && o.dw.dim[1] == 3 && o.dw.dim[2] == 3 && Cn >= 1 && Cn <= 3 && Cw % 16 == 0 && Cw >= 16 &&
          Cw <= 128 && o.x.dim[1] == o.dy.dim[1] && o.x.dim[2] == o.dy.dim[2] &&
