@@ -254,6 +254,30 @@ TEST(Model, SamplingPlansLessMemoryThanTraining) {
   EXPECT_TRUE(train.grads().defined());
 }
 
+// A sampling plan's forward takes the first decoder layers' GroupNorm statistics from the skip
+// concatenations (one pass that copies and sums), a training plan's from the norms' own passes:
+// the same outputs within the statistics' summation order (fp32), and within the bf16
+// emulation's rounding of a statistic that differs in its last bits.
+TEST(Model, SamplingPlanGivesTheTrainingPlansForward) {
+  for (int k : {0, 1, 2}) {
+    Case c = cases()[k];
+    SCOPED_TRACE(c.name);
+    for (Precision p : {Precision::FP32, Precision::BF16}) {
+      SCOPED_TRACE(precision_name(p));
+      Fixture f(c.cfg, p);
+      const std::vector<float> ya = f.out(false);
+      Model sample(c.cfg, *f.eng);
+      sample.plan(f.B, Mode::Sample);
+      f.eng->upload(sample.params(), f.params.data());
+      sample.forward(f.dx, f.dt, f.dl, f.dy, false);
+      std::vector<float> yb(f.n_out);
+      f.eng->download(yb.data(), f.dy);
+      EXPECT_GT(test::rel_l2(ya, std::vector<float>(ya.size(), 0.f)), 0.1);
+      EXPECT_LT(test::rel_l2(yb, ya), p == Precision::FP32 ? 1e-5 : 2e-2);
+    }
+  }
+}
+
 // Model::hold_weights (what a sampler turns on for its steps): in bf16 the GEMMs read a bf16 copy
 // of the weights; while held, only the first forward makes it, so GEMM weights changed meanwhile
 // are not seen (by design: a sampler does not change them); released, every forward makes it

@@ -397,7 +397,11 @@ bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
 // 13.038 / 13.003 ms against 13.059 / 13.048 / 13.038 (and 12.937 / 12.938 / 12.938 against 12.977
 // / 12.988 / 12.996 in an earlier run, with a slower sum). 64 -> 3 (same H100, same run): the
 // backward's kernels 0.165 -> 0.070 ms (cuDNN's wgrad 113 us -> 31 + 7), tf32 step 12.982 /
-// 12.997 / 13.002 -> 12.916 / 12.896 / 12.904 ms.
+// 12.997 / 13.002 -> 12.916 / 12.896 / 12.904 ms. Measured and not kept (same H100, 2026-11-25): the
+// first layer's tf32 forward and the last layer's data gradient as one more GEMM of this shape,
+// out [P x C] = N27 . W27 (the narrow side's neighbourhood from this kernel's tile, W27 in
+// registers, mma.sync): the 3 -> 64 forward 21.0 us against cuDNN's 32, the 64 -> 3 backward 0.069
+// ms either way, the tf32 step 12.883 / 12.909 / 12.915 ms against 12.875 / 12.879 / 12.875.
 constexpr int kWgThreads = 128, kWgBlocks = 528;  // 4 a nominal 132-SM GPU's SM
 constexpr int kWgCols = 64, kWgRows = 2, kWgPix = kWgCols * kWgRows;
 constexpr int kWgN = 32;                                    // 27 taps x channels, the ones column at 27

@@ -118,17 +118,22 @@ struct Model::Impl {
         if (A != DType::F32) dout_a = act("out.dy", R, cfg.out_channels());
       }
     }
-    chain_stats();
+    chain_stats(mode);
   }
 
   // UNET_CONV_STATS: a layer whose input is the previous layer's output gets its first norm's
   // statistics from that layer's last conv, one after a skip concatenation from the concatenation,
-  // the out norm from the last layer's conv.
-  void chain_stats() {
+  // the out norm from the last layer's conv. Sampling plans take the concatenations' always: H100,
+  // seed64 at batch 64, same runs (2026-11-25), sampling's forward tf32 7.78 / 7.78 / 7.80 -> 7.63
+  // / 7.63 / 7.64 ms, bf16 4.51 / 4.51 / 4.52 -> 4.38 / 4.40 / 4.40; the training step at batch 32
+  // lost 0.03-0.09 ms (tf32) and 0.03 (bf16) with them: there the copy-and-sum pass
+  // (rowblock::stats_rows_kernel, 0.42 ms a step) costs more over the plain copy (0.27) than the
+  // statistics passes it saves (0.11).
+  void chain_stats(Mode mode) {
     each_layer([&](L& s) { s.out_mean = s.out_rstd = Tensor{}, s.stats_in = false; });
     out_stats_in = false;
     cat_stats.assign(out_blocks.size(), false);
-    if (single || !bk.conv_stats) return;
+    if (single || !(bk.conv_stats || mode == Mode::Sample)) return;
     L* prev = nullptr;
     auto link = [&](L& s) {
       if (prev) bk.chain_stats(*prev, s);
@@ -144,6 +149,7 @@ struct Model::Impl {
       if (first.l.kind == Layer::Res || first.l.kind == Layer::Attn) cat_stats[bi] = first.stats_in = true;
       for (auto& s : out_blocks[bi]) link(s);
     }
+    if (!bk.conv_stats) return;
     L& last = out_blocks.back().back();
     last.out_mean = o_mean, last.out_rstd = o_rstd;
     out_stats_in = true;
