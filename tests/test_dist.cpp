@@ -472,6 +472,7 @@ TEST(GradReadyHook, GradientsAtOrAboveTheOffsetAreFinal) {
   auto eng = make_cpu_engine();
   Model m(c, *eng);
   const int B = 2;
+  m.set_backward_joins(Model::kDistributedJoinLayers);  // as the trainer plans a data-parallel model
   m.plan(B, Mode::Train);
   std::vector<float> p = init_params(m.table(), 3);
   for (float& x : p) x += 0.01f;  // zero-initialised layers would give zero gradients
@@ -500,8 +501,8 @@ TEST(GradReadyHook, GradientsAtOrAboveTheOffsetAreFinal) {
   m.backward(dout);
   std::vector<float> g(P);
   eng->download(g.data(), m.grads());
-  // (during the backward, not only at its end: the output layers', then every kJoinEvery = 5
-  // layers' (lib/model/model.cpp), then the last call with 0)
+  // (during the backward, not only at its end: the output layers', then every
+  // kDistributedJoinLayers = 5 layers' (lib/model/model.cpp), then the last call with 0)
   ASSERT_GE(snaps.size(), 4u);
   EXPECT_EQ(snaps.back().first, 0u);
   for (size_t i = 0; i < snaps.size(); ++i) {

@@ -254,6 +254,31 @@ TEST(Model, SamplingPlansLessMemoryThanTraining) {
   EXPECT_TRUE(train.grads().defined());
 }
 
+// Model::set_backward_joins: how often the backward joins its lanes changes only what may overlap
+// on a GPU; the plan follows the count its planning traced. On the CPU (ops in issue order) the
+// gradients are bitwise the same for every count, re-planned or not.
+TEST(Model, BackwardJoinsChangeNoGradient) {
+  Case c = cases()[1];
+  Fixture ref(c.cfg);
+  ref.out();
+  const std::vector<float> g0 = ref.grads();
+  EXPECT_GT(test::rel_l2(g0, std::vector<float>(g0.size(), 0.f)), 0.1);
+  for (int every : {1, 2, 100}) {
+    SCOPED_TRACE(every);
+    Fixture f(c.cfg, Precision::FP32, [&](Model& m) { m.set_backward_joins(every); });
+    f.out();
+    EXPECT_EQ(f.grads(), g0);
+    f.model->set_backward_joins(3);  // taken by the next plan only
+    f.out();
+    EXPECT_EQ(f.grads(), g0);
+    f.model->plan(f.B, Mode::Train);
+    f.eng->upload(f.model->params(), f.params.data());
+    f.out();
+    EXPECT_EQ(f.grads(), g0);
+  }
+  EXPECT_THROW(ref.model->set_backward_joins(0), std::logic_error);
+}
+
 // A sampling plan's forward takes the first decoder layers' GroupNorm statistics from the skip
 // concatenations (one pass that copies and sums), a training plan's from the norms' own passes:
 // the same outputs within the statistics' summation order (fp32), and within the bf16

@@ -27,6 +27,9 @@ struct Model::Impl {
   // model input / output
   Tensor x_a, n_out, o_mean, o_rstd, b_nout, b_dnout, d_hlast, dout_a;
   Tensor t_in, labels_in, x_in, h_last;
+  // Layers between the backward's lane joins: asked for (Model::set_backward_joins), and as the
+  // last plan traced it (what backward() must follow: the planner's lane regions end at the joins).
+  int join_every = Model::kJoinLayers, join_plan = Model::kJoinLayers;
   // out layer params
   size_t on_w = 0, on_b = 0, oc_w = 0, oc_b = 0;
 
@@ -70,6 +73,7 @@ struct Model::Impl {
 
   // ---------------- buffer declarations (the same sequence in both planner phases) ----------------
   void declare(Planner& pl, int Bp, Mode mode) {
+    join_plan = join_every;
     const bool tr = mode != Mode::Sample;
     const int64_t b = Bp, R = cfg.image_size;
     auto act = [&](const std::string& n, int64_t h, int64_t c) { return pl.declare(n, A, {b, h, h, c}); };
@@ -284,22 +288,24 @@ struct Model::Impl {
       bk.join_lanes();
     }
     ready(std::min(on_w, oc_w));
-    // The side lane (filter gradients) is joined every kJoinEvery layers, not after each: the main
-    // lane had waited there for the side lane (tf32: 1.2 ms of a 14.8 ms step with only filter
-    // gradients running); between joins it goes on into the next layers, and the planner keeps
-    // what the side lane's ops use live until the join. The grad-ready hook hears of a layer at
-    // its join. H100, seed64, batch 32 (after the planner's lane rule was narrowed to the side
-    // lane's buffers), joins every 1 / 3 / 5 / 8 layers: bf16 8.364 / 8.250 / 8.229 / 8.211 ms,
-    // 1.76 / 1.87 / 1.87 / 1.88 GB; tf32 14.761 / 14.608 / 14.585 / 14.563 ms, 2.88 / 3.11 / 3.11
-    // / 3.13 GB. 5: most of the gain, and the all-reduce's buckets (multi-GPU) hear of their
-    // gradients at most 5 layers late.
-    constexpr int kJoinEvery = 5;
+    // The side lane (filter gradients) is joined every join_plan layers (Model::set_backward_joins),
+    // not after each: the main lane had waited there for the side lane (tf32: 1.2 ms of a 14.8 ms
+    // step with only filter gradients running); between joins it goes on into the next layers, and
+    // the planner keeps what the side lane's ops use live until the join. The grad-ready hook hears
+    // of a layer at its join. H100, seed64, batch 32 (after the planner's lane rule was narrowed to
+    // the side lane's buffers), joins every 1 / 3 / 5 / 8 layers: bf16 8.364 / 8.250 / 8.229 / 8.211
+    // ms, 1.76 / 1.87 / 1.87 / 1.88 GB; tf32 14.761 / 14.608 / 14.585 / 14.563 ms, 2.88 / 3.11 / 3.11
+    // / 3.13 GB. Again at 12.9 ms (2026-11-25, same runs; seed64's backward has 40 layers), every 5
+    // / 22 / 25 / 28 / 31 / 34: tf32 12.89-12.92 / 12.82-12.84 / 12.77-12.78 / 12.74-12.75 /
+    // 12.74-12.77 / 12.75-12.77 ms, bf16 7.90 / 7.87 / 7.88 / 7.86-7.87 / 7.86-7.88 / 7.88; 3.09 ->
+    // 3.10 GB. So 28 (Model::kJoinLayers), and 5 where the hook feeds a data-parallel all-reduce
+    // (its buckets hear of their gradients at most 5 layers late; the trainer asks for it).
     int unjoined = 0;         // layers since the last join
     size_t lowest = SIZE_MAX;  // the lowest parameter offset of the layers done (it only falls)
-    // Joins before a layer once kJoinEvery are pending; the last layers are joined after the
+    // Joins before a layer once join_plan are pending; the last layers are joined after the
     // embedding's backward (so the input convolution's filter gradient runs beside it).
     auto back = [&](L& s) {
-      if (unjoined == kJoinEvery) {
+      if (unjoined == join_plan) {
         bk.join_lanes();
         ready(lowest);
         unjoined = 0;
@@ -419,6 +425,11 @@ void Model::forward(const Tensor& x, const Tensor& t, const Tensor& labels, cons
 void Model::hold_weights(bool on) { impl_->bk.hold_shadow(on); }
 void Model::weights_kept_by_optimizer(bool on) { impl_->bk.keep_shadow(on); }
 void Model::refresh_weights() { impl_->bk.recast_shadow(); }
+void Model::set_backward_joins(int layers) {
+  if (layers < 1) throw std::logic_error("Model::set_backward_joins: at least 1 layer");
+  impl_->join_every = layers;
+}
+
 void Model::set_bias_from_next_norm(bool on) {
   if (planned_) throw std::logic_error("Model::set_bias_from_next_norm: after plan()");
   impl_->bk.link_bias = on;

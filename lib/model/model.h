@@ -50,6 +50,12 @@ class Model : public Network {
   // Before plan(): whether the conv bias gradients come from the next layer's norm backward
   // (Blocks::link_bias; default with bf16 activations). Tests compare the two.
   void set_bias_from_next_norm(bool on);
+  // How many layers the backward runs between joins of its two lanes (the filter gradients' side
+  // lane waits for nothing until then); the grad-ready hook hears of gradients at the joins. Taken
+  // by the next plan(). kJoinLayers: fastest on one GPU (H100, seed64); kDistributedJoinLayers:
+  // data-parallel training, whose all-reduce buckets start at the joins.
+  static constexpr int kJoinLayers = 28, kDistributedJoinLayers = 5;
+  void set_backward_joins(int layers);
 
   // Single-layer networks: x is the layer's input in the activation dtype, `out` is left absent
   // (the layer's output stays inside), backward's dout is in the activation dtype. The SiLU'd
