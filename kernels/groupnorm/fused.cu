@@ -917,7 +917,10 @@ void smem_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
 // bf16 only: with f32 activations a slice holds half as many channels per row, and on the H100 the
 // tf32 step measured 22.10 ms with "smem" against 21.98 ms with "fused" alone (bf16: 13.92 against
 // 14.09, 2026-11-23); again with the column sums in both: 17.44-17.49 ms against 17.34 (17.41 with
-// "smem" for the backward only). The f32 kernels pass the op tests (both times, without this
+// "smem" for the backward only); again at 12.84 ms (2026-11-25, same runs): 12.94 / 12.95 with
+// "smem" for the f32 forwards, 12.91 / 12.93 for the backwards, 13.00 / 13.03 for both (sampling's
+// forward 7.70 -> 8.00 ms): a block's serial row loops over a slice of 48 KB of f32 take longer
+// than the two-launch passes. The f32 kernels pass the op tests (each time, without this
 // restriction).
 bool smem_fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
   const Dims d = dims(o.x, o.mean);

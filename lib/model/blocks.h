@@ -200,7 +200,9 @@ struct Blocks {
   // where it can (L::dx_total_param, L::db_given).
   // Only with bf16 activations (H100, seed64, same run: bf16 step 8.601 -> 8.563 ms, tf32 14.860 ->
   // 14.914 ms: with f32 the column sums in the norm's dx pass, on the main lane, cost more than the
-  // side lane's own pass). bias_links: how many the last plan made (its report says so).
+  // side lane's own pass; again at 12.84 ms, 2026-11-25, same runs: 12.812 / 12.855 / 12.843 ->
+  // 12.871 / 12.875 / 12.864 ms, though the step's kernels summed 0.24 ms less: the backward's
+  // main lane is its critical path). bias_links: how many the last plan made (its report says so).
   void link_bias_grad(L& from, L& to);
   bool link_bias = false;
   int bias_links = 0;
