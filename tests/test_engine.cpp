@@ -529,5 +529,38 @@ TEST(CudaGraphs, UploadAfterOrdersWithReaders) {
   EXPECT_EQ(bad, 0u);
 }
 
+// Ops::aside(true) forks the optimizer's stream after both lanes: a copy issued there between
+// joins sees what the side lane wrote before it (the early optimizer updates read the filter
+// gradients that way). Each round the side lane overwrites 64 MB four times, then the aside stream
+// copies its tail: every slot must hold its round's last value.
+TEST(CudaGraphs, AsideStartsAfterBothLanes) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::string why;
+  auto eng = make_cuda_engine(Precision::FP32, &why);
+  ASSERT_NE(eng, nullptr) << why;
+  Ops& ops = eng->ops();
+  constexpr int kRounds = 8;
+  constexpr int64_t kN = 1 << 24, kTail = 4096;
+  const Tensor big = eng->alloc(DType::F32, {kN}), out = eng->alloc(DType::F32, {kRounds, kTail});
+  test::poison(*eng, out);
+  const float base = (float)(test::test_seed() % 1000);
+  for (int r = 0; r < kRounds; ++r) {
+    ops.lane(true);
+    for (int k = 0; k < 4; ++k) ops.run(Fill{big, base + (float)(r * 10 + k)});
+    ops.lane(false);
+    ops.aside(true);
+    ops.run(Copy{big.flat(kN - kTail, kTail), out.flat((size_t)r * kTail, kTail)});
+    ops.aside(false);
+    ops.join();
+    ops.join_aside();  // (before the next round's fills)
+  }
+  std::vector<float> got((size_t)kRounds * kTail);
+  eng->download(got.data(), out);
+  size_t bad = 0;
+  for (int r = 0; r < kRounds; ++r)
+    for (int64_t i = 0; i < kTail; ++i) bad += got[(size_t)r * kTail + i] != base + (float)(r * 10 + 3);
+  EXPECT_EQ(bad, 0u);
+}
+
 }  // namespace
 #endif

@@ -238,6 +238,7 @@ class CudaDevice final : public Device {
       CUDA_CHECK(cudaStreamCreateWithPriority(&ctx.aside_stream, cudaStreamDefault, prio.aside));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_fork_ev, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_join_ev, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_side_ev, cudaEventDisableTiming));
       for (auto& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     } catch (...) {
       release();  // a throwing constructor runs no destructor
@@ -379,7 +380,7 @@ class CudaDevice final : public Device {
     ctx.destroy_side();
     if (ctx.on_aside) ctx.stream = ctx.aside_saved, ctx.on_aside = false;
     if (ctx.aside_stream) cudaStreamSynchronize(ctx.aside_stream), cudaStreamDestroy(ctx.aside_stream);
-    for (cudaEvent_t* e : {&ctx.aside_fork_ev, &ctx.aside_join_ev})
+    for (cudaEvent_t* e : {&ctx.aside_fork_ev, &ctx.aside_join_ev, &ctx.aside_side_ev})
       if (*e) cudaEventDestroy(*e), *e = nullptr;
     ctx.aside_stream = nullptr;
     if (ctx.stream) cudaStreamSynchronize(ctx.stream);
@@ -510,8 +511,9 @@ void CudaCtx::use_aside(bool on) {
   if (on == on_aside) return;
   if (on) {
     if (on_side) throw std::logic_error("the optimizer's stream forks from the main lane");
-    // it starts after everything issued so far on the main lane
+    // it starts after everything issued so far on the main lane, and on the side lane
     wait_for(aside_stream, stream, aside_fork_ev);
+    if (side_pending) wait_for(aside_stream, other.stream, aside_side_ev);
     aside_saved = stream, stream = aside_stream;
     aside_pending = true;
   } else {

@@ -125,12 +125,12 @@ struct CudaCtx {
   void use_lane(bool side);
   void join_lanes();
   // The optimizer's stream (Ops::aside): a third stream for ops that use nothing of a lane but
-  // its stream (elementwise maps), forked from the main lane by use_aside(true) and joined back by
+  // its stream (elementwise maps), forked from both lanes by use_aside(true) and joined back by
   // join_aside() only, so the side lane's joins at every layer leave it running.
   cudaStream_t aside_stream = nullptr, aside_saved = nullptr;
   // The side lane's stream priority (lower is more urgent; stream_priorities() in cuda_engine.cu).
   int prio_side = 0;
-  cudaEvent_t aside_fork_ev = nullptr, aside_join_ev = nullptr;
+  cudaEvent_t aside_fork_ev = nullptr, aside_join_ev = nullptr, aside_side_ev = nullptr;
   bool on_aside = false, aside_pending = false;
   void use_aside(bool on);
   void join_aside();

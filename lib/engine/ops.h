@@ -57,7 +57,8 @@ class Ops {
   virtual void lane(bool side) { (void)side; }
   virtual void join() {}
   // The optimizer's lane: aside(true): the ops that follow run on a third stream, after
-  // everything issued so far on the main lane and concurrently with both lanes, until aside(false);
+  // everything issued so far on the main lane and on the side lane (so between joins too) and
+  // concurrently with both lanes' later ops, until aside(false);
   // join_aside(): what follows on the main lane waits for it (join() does not; the engine joins
   // it before the host reads or syncs). Only for ops that need nothing of a lane but its stream
   // (the optimizer's elementwise updates), issued from the main lane.

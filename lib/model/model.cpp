@@ -304,15 +304,22 @@ struct Model::Impl {
     size_t lowest = SIZE_MAX;  // the lowest parameter offset of the layers done (it only falls)
     // Joins before a layer once join_plan are pending; the last layers are joined after the
     // embedding's backward (so the input convolution's filter gradient runs beside it).
+    // A hook whose work waits for both lanes (the early optimizer updates) hears of the gradients
+    // every kReadyEvery layers between the joins as well.
+    constexpr int kReadyEvery = 5;
+    int unready = 0;
     auto back = [&](L& s) {
       if (unjoined == join_plan) {
         bk.join_lanes();
         ready(lowest);
-        unjoined = 0;
+        unjoined = unready = 0;
+      } else if (m.ready_between_joins_ && unready == kReadyEvery) {
+        ready(lowest);
+        unready = 0;
       }
       g = bk.layer_bwd(s, g, false);
       lowest = std::min(lowest, s.lowest_param());
-      ++unjoined;
+      ++unjoined, ++unready;
     };
     const size_t n_in = in_blocks.size();
     for (size_t bi = out_blocks.size(); bi-- > 0;) {

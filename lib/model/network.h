@@ -53,7 +53,12 @@ class Network {
   // Data-parallel training (lib/dist): during backward(), after each layer, the hook gets the
   // lowest arena offset from which on every gradient is final (enqueued), so their all-reduce can
   // start while backward goes on. Offsets only decrease; the last call passes 0.
-  void set_grad_ready_hook(std::function<void(size_t first_final)> hook) { grad_ready_ = std::move(hook); }
+  // between_joins: the hook's work waits for both lanes (it issues it through Ops::aside), so the
+  // backward may call it between its lane joins too (every few layers) rather than only at them.
+  void set_grad_ready_hook(std::function<void(size_t first_final)> hook, bool between_joins = false) {
+    grad_ready_ = std::move(hook);
+    ready_between_joins_ = between_joins;
+  }
 
  protected:
   Network(Engine& eng, ParamTable table);
@@ -78,6 +83,7 @@ class Network {
   size_t arena_bytes_ = 0;
   std::string report_;
   std::function<void(size_t)> grad_ready_;
+  bool ready_between_joins_ = false;
 };
 
 }  // namespace unet

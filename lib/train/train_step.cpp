@@ -46,13 +46,15 @@ void StepBase::set_hooks() {
     net_.set_grad_ready_hook(nullptr);
     return;
   }
-  net_.set_grad_ready_hook([this](size_t first_final) {
-    if (!armed_) return;  // a backward outside a training step
-    Ops& ops = eng_.ops();
-    ops.aside(true);
-    opt_.update_from(net_.params(), net_.grads(), first_final);
-    ops.aside(false);
-  });
+  net_.set_grad_ready_hook(
+      [this](size_t first_final) {
+        if (!armed_) return;  // a backward outside a training step
+        Ops& ops = eng_.ops();
+        ops.aside(true);  // (after both lanes' work so far)
+        opt_.update_from(net_.params(), net_.grads(), first_final);
+        ops.aside(false);
+      },
+      true);
 }
 
 void StepBase::grads_begin() {
