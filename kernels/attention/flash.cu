@@ -679,13 +679,6 @@ int smem_optin() {
   return v;
 }
 
-// Opts a kernel into more than 48 KiB of dynamic shared memory.
-template <class K>
-void allow_smem(K* kernel, size_t bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
-
 // The backward's dK/dV blocks (blockIdx.z 0) and dQ blocks (1) as one launch: at seed64's 16x16
 // and 8x8 levels each pass alone left the GPU partly idle and the two waited on each other.
 template <class T, int D, bool kSplit, int BR, int BC, int S>
@@ -712,10 +705,10 @@ struct Kernels {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     if (dev < 64 && done[dev]) return;
-    allow_smem(flash_fwd_kernel<T, D, kSplit, BN>, fwd_smem<T, D, kSplit>());
+    allow_dynamic_smem(flash_fwd_kernel<T, D, kSplit, BN>, fwd_smem<T, D, kSplit>());
     if constexpr (kBwd) {
       constexpr int BR = kBlockDkdv<T, D>;
-      allow_smem(flash_bwd_kernel<T, D, kSplit, BR, BN, S>, bwd_smem());
+      allow_dynamic_smem(flash_bwd_kernel<T, D, kSplit, BR, BN, S>, bwd_smem());
     }
     if (dev < 64) done[dev] = true;
   }
@@ -724,8 +717,7 @@ struct Kernels {
   }
   static bool fits(bool bwd) {
     if (bwd && !kBwd) return false;
-    const size_t m =
-        bwd ? std::max(dkdv_smem<T, D, kSplit, S>(), dq_smem<T, D, kSplit, S>()) : fwd_smem<T, D, kSplit>();
+    const size_t m = bwd ? bwd_smem() : fwd_smem<T, D, kSplit>();
     return m <= (size_t)smem_optin();
   }
   static void fwd(const AttentionFwd& o, CudaCtx& ctx, const Geo& g) {

@@ -186,10 +186,7 @@ bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
 template <int BN, int KS>
 void launch(CudaCtx& ctx, const Geo& g, const ConvFwd& o) {
   constexpr int bytes = STAGES * (BM + BN) * BK * 2;
-  static const bool attr = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<BN, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    return true;
-  }();
+  static const bool attr = (allow_dynamic_smem(fwd_kernel<BN, KS>, bytes), true);
   (void)attr;
   const dim3 grid((unsigned)((g.M() + BM - 1) / BM), (unsigned)((g.Co + BN - 1) / BN));
   fwd_kernel<BN, KS><<<grid, BM * BN / 64, bytes, ctx.stream>>>(

@@ -159,7 +159,7 @@ void launch(const ConvFwd& o, CudaCtx& ctx) {
   const size_t smem = smem_bytes(o);
   static size_t smem_set = 48 * 1024;  // per instantiation: the default opt-in limit
   if (smem > smem_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxSmem));
+    allow_dynamic_smem(kern, kMaxSmem);
     smem_set = kMaxSmem;
   }
   const int B = (int)o.x.dim[0], H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3];
@@ -497,9 +497,9 @@ __global__ void __launch_bounds__(kWgThreads)
 }
 
 // dw [Co][3][3][Ci] (= [Co][27 columns]; flip: [27 columns][Ci], transposed) and db [Co] (the ones
-// column): the blocks' partials added
-// in a fixed order: 16 runs of consecutive blocks in parallel (8 loads in flight each), then the
-// runs in order (double). (One thread adding all 528 in turn took 46 us.)
+// column): the blocks' partials added in a fixed order: 16 runs of consecutive blocks in parallel
+// (8 loads in flight each), then the runs in order (double). (One thread adding all 528 in turn
+// took 46 us.)
 constexpr int kWgRuns = 16, kWgSumCols = 16;
 __global__ void __launch_bounds__(kWgRuns* kWgSumCols)
     narrow_wgrad_sum_kernel(const float* __restrict__ part, int blocks, int Cw, int Cn, bool flip,
@@ -551,12 +551,8 @@ void narrow_wgrad(const ConvBwdFilter& o, CudaCtx& ctx) {
   const Tensor& wide = flip ? o.x : o.dy;
   const Tensor& narrow = flip ? o.dy : o.x;
   const int Cw = (int)wide.dim[3], Cn = (int)narrow.dim[3];
-  static bool smem_set = false;
-  if (!smem_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(narrow_wgrad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)wg_smem_bytes(128)));
-    smem_set = true;
-  }
+  static const bool attr = (allow_dynamic_smem(narrow_wgrad_kernel, wg_smem_bytes(128)), true);
+  (void)attr;
   const int blocks = wg_blocks(o);
   float* part = static_cast<float*>(ctx.ws);
   narrow_wgrad_kernel<<<blocks, kWgThreads, wg_smem_bytes(Cw), ctx.stream>>>(

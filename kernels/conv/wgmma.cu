@@ -657,15 +657,10 @@ const void* filter(const ConvFwd& o, CudaCtx& ctx) {
   return out;
 }
 
-template <class K>
-void set_smem(K kernel, int bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
 template <class T, int BN, int STAGES, int MINB>
 void launch_tap(CudaCtx& ctx, const Geo& g, const Io& io) {
   constexpr int bytes = STAGES * (BM + BN) * ROW + 1024 + 16 * STAGES;
-  static const bool attr = (set_smem(fwd_kernel<T, BN, STAGES, MINB>, bytes), true);
+  static const bool attr = (allow_dynamic_smem(fwd_kernel<T, BN, STAGES, MINB>, bytes), true);
   (void)attr;
   Box b;
   pixel_box(g.H, g.W, b);
@@ -680,7 +675,7 @@ void launch_tap(CudaCtx& ctx, const Geo& g, const Io& io) {
 template <class T, int BN, int STAGES>
 void launch_halo(CudaCtx& ctx, const Geo& g, const Io& io) {
   constexpr int bytes = 2 * HALO_SLOT + STAGES * BN * ROW + 1024 + 16 * STAGES + 48;
-  static const bool attr = (set_smem(halo_kernel<T, BN, STAGES, 2>, bytes), true);
+  static const bool attr = (allow_dynamic_smem(halo_kernel<T, BN, STAGES, 2>, bytes), true);
   (void)attr;
   CUtensorMap xmap, wmap;
   encode_x<T>(&xmap, io.x, g, TW + 2, TH + 2, 1);
@@ -1091,12 +1086,12 @@ bool filter_ok(const ConvBwdFilter& o, const CudaCtx& c) {
 template <int WB>
 void launch_filter(CudaCtx& ctx, dim3 grid, const CUtensorMap& xmap, const CUtensorMap& dymap, const FArgs& fa) {
   if (ctx.prec == Precision::BF16) {
-    static const bool attr16 = (set_smem(filter16_kernel<WB>, filter16_smem<WB>()), true);
+    static const bool attr16 = (allow_dynamic_smem(filter16_kernel<WB>, filter16_smem<WB>()), true);
     (void)attr16;
     filter16_kernel<WB><<<grid, F16_THREADS, filter16_smem<WB>(), ctx.stream>>>(xmap, dymap, fa);
     return;
   }
-  static const bool attr = (set_smem(filter_kernel<WB>, filter_smem<WB>()), true);
+  static const bool attr = (allow_dynamic_smem(filter_kernel<WB>, filter_smem<WB>()), true);
   (void)attr;
   filter_kernel<WB><<<grid, FTHREADS, filter_smem<WB>(), ctx.stream>>>(xmap, dymap, fa);
 }

@@ -160,6 +160,13 @@ inline bool vec4_ok(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T))) == 0;
 }
 
+// Opts a kernel into more than 48 KiB of dynamic shared memory (the launchers call it once per
+// instantiation, before its first launch).
+template <class K>
+void allow_dynamic_smem(K kernel, size_t bytes) {
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
 // Typed device pointer of a tensor (T = float, bf16, int32_t), nullptr when absent.
 template <class T>
 T* dptr(const Tensor& t) {

@@ -50,11 +50,11 @@ class Network {
   size_t activation_bytes() const { return arena_bytes_; }  // the planned arena
   std::string plan_report() const { return report_; }
 
-  // Data-parallel training (lib/dist): during backward(), after each layer, the hook gets the
-  // lowest arena offset from which on every gradient is final (enqueued), so their all-reduce can
-  // start while backward goes on. Offsets only decrease; the last call passes 0.
-  // between_joins: the hook's work waits for both lanes (it issues it through Ops::aside), so the
-  // backward may call it between its lane joins too (every few layers) rather than only at them.
+  // Data-parallel training (lib/dist) and early optimizer updates: during backward(), at its lane
+  // joins, the hook gets the lowest arena offset from which on every gradient is final (enqueued),
+  // so their all-reduce or update can start while backward goes on. Offsets only decrease; the
+  // last call passes 0. between_joins: the hook's work waits for both lanes (it issues it through
+  // Ops::aside), so the backward may call it between its joins too (every few layers).
   void set_grad_ready_hook(std::function<void(size_t first_final)> hook, bool between_joins = false) {
     grad_ready_ = std::move(hook);
     ready_between_joins_ = between_joins;
