@@ -54,6 +54,15 @@ int env_stream_data() {
   refuse("UNET_STREAM_DATA", v, "must be 1 (stream the dataset from disk) or 0 (hold it in memory)");
 }
 
+int env_skip_branch() {
+  const char* v = value("UNET_SKIP_BRANCH");
+  if (!v) return -1;
+  if (std::strcmp(v, "0") == 0) return 0;
+  if (std::strcmp(v, "1") == 0) return 1;
+  refuse("UNET_SKIP_BRANCH", v,
+         "must be 1 (a ResBlock's skip-connection gradient on a third stream) or 0 (on the main lane)");
+}
+
 bool env_pdl() {
   return switch_var("UNET_PDL", false,
                     "must be 1 (programmatic dependent launch in CUDA graphs) or 0 (off; the default)");
@@ -119,6 +128,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_conv_stats();
   env_fuse_norm();
   env_lanes();
+  env_skip_branch();
   env_cpu_comm();
   const std::string cache = cudnn_cache_path();
   if (cache.empty()) return;

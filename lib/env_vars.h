@@ -15,6 +15,8 @@
 //   UNET_FUSE_NORM     1 or 0 (default): a ResBlock's convs apply the GroupNorm (+ SiLU) in front of
 //                      them as they read their input (ConvFwd/ConvBwdFilter norm), where variants do
 //                      so (tf32 on Hopper, width 64); opt-in: slower so far (blocks.h)
+//   UNET_SKIP_BRANCH   1 or 0: with lanes, a ResBlock's skip-connection data gradient on a third
+//                      stream beside the main lane's chain (blocks.h); unset = in bf16 only
 //   UNET_STREAM_PRIORITY 1 (default) or 0: CUDA stream priorities, main lane > side lane >
 //                      optimizer (kept per kernel node in CUDA graphs)
 //   UNET_CPU_COMM      tcp or mpi (CPU ranks' gradient reduction); unset = by launcher
@@ -42,6 +44,8 @@ bool env_conv_stats();
 bool env_fuse_norm();
 // UNET_LANES: false for "0"; true when unset, empty or "1".
 bool env_lanes();
+// UNET_SKIP_BRANCH: 1 or 0; -1 when unset or empty.
+int env_skip_branch();
 // UNET_STREAM_PRIORITY: false for "0"; true when unset, empty or "1".
 bool env_stream_priority();
 // UNET_CPU_COMM: "tcp", "mpi", or "" when unset.

@@ -562,5 +562,62 @@ TEST(CudaGraphs, AsideStartsAfterBothLanes) {
   EXPECT_EQ(bad, 0u);
 }
 
+// Ops::branch(true) forks a third stream after the main lane: a copy issued there sees what the
+// main lane wrote before it, and join_branch() makes the main lane's later ops see what the branch
+// wrote, while the main lane's own work in between (and the side lane's) runs beside it. Each
+// round: the main lane fills `a`, the branch copies a's tail to `b`, the main lane meanwhile fills
+// `c` 64 MB at a time, then after join_branch copies b (and c's tail) to the round's output.
+// Eagerly and replayed from a captured graph (the model's backward runs that way).
+TEST(CudaGraphs, BranchForksFromAndJoinsTheMainLane) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::string why;
+  auto eng = make_cuda_engine(Precision::FP32, &why);
+  ASSERT_NE(eng, nullptr) << why;
+  Ops& ops = eng->ops();
+  Device& dev = eng->device();
+  constexpr int kRounds = 8;
+  constexpr int64_t kN = 1 << 24, kTail = 4096;
+  const Tensor a = eng->alloc(DType::F32, {kN}), b = eng->alloc(DType::F32, {kTail}),
+               c = eng->alloc(DType::F32, {kN}), side = eng->alloc(DType::F32, {kN}),
+               out = eng->alloc(DType::F32, {2, kRounds, kTail});
+  const float base = (float)(test::test_seed() % 1000);
+  auto rounds = [&](float shift) {
+    for (int r = 0; r < kRounds; ++r) {
+      ops.lane(true);  // the side lane busy throughout, as in the backward
+      for (int k = 0; k < 2; ++k) ops.run(Fill{side, shift + (float)k});
+      ops.lane(false);
+      for (int k = 0; k < 3; ++k) ops.run(Fill{a, shift + base + (float)(r * 10 + k)});
+      ops.branch(true);
+      ops.run(Copy{a.flat(kN - kTail, kTail), b});
+      ops.branch(false);
+      for (int k = 0; k < 4; ++k) ops.run(Fill{c, shift + base + (float)(r * 10 + 5 + k)});
+      ops.join_branch();
+      ops.run(Copy{b, out.flat((size_t)r * kTail, kTail)});
+      ops.run(Copy{c.flat(kN - kTail, kTail), out.flat((size_t)(kRounds + r) * kTail, kTail)});
+    }
+    ops.join();
+  };
+  auto check = [&](float shift, const char* how) {
+    std::vector<float> got((size_t)2 * kRounds * kTail);
+    eng->download(got.data(), out);
+    size_t bad = 0;
+    for (int r = 0; r < kRounds; ++r)
+      for (int64_t i = 0; i < kTail; ++i) {
+        bad += got[(size_t)r * kTail + i] != shift + base + (float)(r * 10 + 2);
+        bad += got[(size_t)(kRounds + r) * kTail + i] != shift + base + (float)(r * 10 + 8);
+      }
+    EXPECT_EQ(bad, 0u) << how;
+  };
+  test::poison(*eng, out);
+  rounds(0.0f);
+  check(0.0f, "eager");
+  test::poison(*eng, out);
+  dev.graph_begin();
+  rounds(1000.0f);
+  dev.graph_end();
+  dev.graph_launch();
+  check(1000.0f, "graph replay");
+}
+
 }  // namespace
 #endif

@@ -196,9 +196,11 @@ size_t bitwise_differences(const std::vector<float>& a, const std::vector<float>
 }  // namespace
 
 // Lanes (UNET_LANES, default on): the filter gradients run on a second stream beside the data
-// gradients, and the forward's skip convs beside in_layers. The streams share nothing but read-only inputs and reductions never depend on
-// timing, so the output and every gradient are bitwise those of one stream, eager and as a
-// replayed CUDA graph, in tf32 and bf16; the golden tests above check the values themselves.
+// gradients, and the forward's skip convs beside in_layers; with UNET_SKIP_BRANCH (default: bf16)
+// the backward's skip connections on a third. The streams share nothing but read-only inputs and
+// reductions never depend on timing, so the output and every gradient are bitwise those of one
+// stream, eager and as a replayed CUDA graph, in tf32 and bf16, with and without the third
+// stream; the golden tests above check the values themselves.
 TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device found";
   const uint64_t seed = test::test_seed();
@@ -215,12 +217,14 @@ TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {
     double norm = 0;
     for (float v : one) norm += std::isfinite(v) ? std::fabs(v) : 0.0;
     EXPECT_GT(norm, 0.0);
-    for (bool graph : {false, true}) {
-      SCOPED_TRACE(graph ? "graph" : "eager");
-      const std::vector<float> two = seed64_grads(prec, graph, seed);
-      ASSERT_EQ(two.size(), one.size());
-      EXPECT_EQ(bitwise_differences(one, two), 0u);
-    }
+    for (bool graph : {false, true})
+      for (const char* branch : {"0", "1"}) {
+        SCOPED_TRACE(std::string(graph ? "graph" : "eager") + ", UNET_SKIP_BRANCH=" + branch);
+        test::ScopedEnv skip_branch("UNET_SKIP_BRANCH", branch);
+        const std::vector<float> two = seed64_grads(prec, graph, seed);
+        ASSERT_EQ(two.size(), one.size());
+        EXPECT_EQ(bitwise_differences(one, two), 0u);
+      }
   }
 }
 

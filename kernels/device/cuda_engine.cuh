@@ -134,13 +134,22 @@ struct CudaCtx {
   bool on_aside = false, aside_pending = false;
   void use_aside(bool on);
   void join_aside();
+  // The branch (Ops::branch/join_branch): a third lane with launch state of its own (a Lane, made
+  // at its first use as the side lane's), forked from the main lane and joined by join_branch().
+  Lane branch_lane;
+  int prio_branch = 0;
+  bool on_branch = false, branch_pending = false;
+  cudaEvent_t branch_fork_ev = nullptr, branch_join_ev = nullptr;
+  void use_branch(bool on);
+  void join_branch();
   void join_all() {  // before the host reads, syncs or a capture begins or ends
     join_lanes();
     join_aside();
+    join_branch();
   }
   void alloc_workspaces();    // alloc_workspace() for both lanes
-  size_t lane_bytes() const;  // both lanes' op workspaces and the side lane's own buffers
-  void destroy_side();
+  size_t lane_bytes() const;  // every lane's op workspace and the side lane's and branch's own buffers
+  void destroy_side();        // the side lane and the branch
 
   // Row-major C[M,N] = alpha op(A)[M,K] op(B)[K,N] + beta C (op(A) = A^T reads A stored [K,M]),
   // `batch` products at the operands' strides. A and B share a dtype; C is f32 or that dtype.

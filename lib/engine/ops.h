@@ -64,6 +64,14 @@ class Ops {
   // (the optimizer's elementwise updates), issued from the main lane.
   virtual void aside(bool on) { (void)on; }
   virtual void join_aside() {}
+  // A branch off the main lane: branch(true): the ops that follow run on a stream of their own
+  // (a third lane with its own workspace), after everything issued so far on the main lane and
+  // concurrently with both lanes' later ops, until branch(false); join_branch(): what follows on
+  // the main lane waits for them (join() does not). For a short data path beside the main lane's
+  // chain (a ResBlock's skip connection), issued from the main lane; the caller keeps it
+  // independent of what the lanes do before the join_branch().
+  virtual void branch(bool on) { (void)on; }
+  virtual void join_branch() {}
   // Every op name and family this table knows -> the names of its variants (what UNET_KERNELS /
   // --kernels may force). Empty: not a variant table (a wrapper), nothing to check against.
   virtual std::map<std::string, std::vector<std::string>> variant_names() { return {}; }

@@ -47,6 +47,14 @@ class Planner::Tracer final : public OpsAdapter<Planner::Tracer> {
   }
   void aside(bool on) override { inner_.aside(on); }
   void join_aside() override { inner_.join_aside(); }
+  void branch(bool on) override {
+    p_.lane_branch(on);
+    inner_.branch(on);
+  }
+  void join_branch() override {
+    p_.branch_joined();
+    inner_.join_branch();
+  }
   template <class Op>
   size_t handle_prepare(const Op& op) {
     return inner_.prepare(op);
@@ -103,6 +111,7 @@ void Planner::use(int id, int op, bool write, const std::string& what) {
   }
   b.last = std::max(b.last, op);
   if (side_) touched_.push_back(id);
+  if (branch_) branch_touched_.push_back(id);
 }
 
 // A side-lane op runs after every main-lane op issued before it (lane(true) forks there) and
@@ -117,6 +126,13 @@ void Planner::lanes_joined() {
   side_ = false;
 }
 
+// The branch's ops likewise: their buffers stay live to the join_branch().
+void Planner::branch_joined() {
+  for (int id : branch_touched_) bufs_[id].last = std::max(bufs_[id].last, nops_ - 1);
+  branch_touched_.clear();
+  branch_ = false;
+}
+
 Ops& Planner::tracer(Ops& engine_ops) {
   tracer_ = std::make_unique<Tracer>(*this, engine_ops);
   return *tracer_;
@@ -124,6 +140,7 @@ Ops& Planner::tracer(Ops& engine_ops) {
 
 void Planner::pack() {
   lanes_joined();  // a trace that ended before a join
+  branch_joined();
   std::vector<int> order;
   for (int i = 0; i < (int)bufs_.size(); ++i)
     if (bufs_[i].first >= 0 && bufs_[i].bytes) order.push_back(i);

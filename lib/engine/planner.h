@@ -64,6 +64,9 @@ class Planner {
   // the main lane's; lanes_joined(): at the join.
   void lane_side(bool side) { side_ = side; }
   void lanes_joined();
+  // The branch (Ops::branch/join_branch), as the side lane.
+  void lane_branch(bool on) { branch_ = on; }
+  void branch_joined();
 
  private:
   std::vector<Buffer> bufs_;
@@ -73,6 +76,8 @@ class Planner {
   int nops_ = 0;
   bool side_ = false;         // the ops being traced are the side lane's
   std::vector<int> touched_;  // buffers the side lane's ops used since the last join
+  bool branch_ = false;
+  std::vector<int> branch_touched_;  // the branch's, since its last join
   class Tracer;
   std::unique_ptr<Tracer> tracer_;
 };

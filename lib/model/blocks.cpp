@@ -29,6 +29,7 @@ Blocks::Blocks(Engine& e, const ModelConfig& c, const ParamTable& t, const Tenso
       conv_stats(env_conv_stats()),
       fuse_norm(env_fuse_norm()),
       lanes(env_lanes()),
+      skip_branch(lanes && (env_skip_branch() < 0 ? A == DType::BF16 : env_skip_branch() == 1)),
       link_bias(A == DType::BF16),
       params_(params),
       shadow_(shadow),
@@ -478,6 +479,27 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
   // the skip path's gradient is dout itself, which GN1's backward adds into dx (so needs a dx)
   const bool plain_skip = s.sw == SIZE_MAX && !l.updown && s.dx.defined();
   Device& d = eng.device();
+  // The skip path's gradient (dout through the 1x1 conv and the resampling, or dout itself) is
+  // added to dx by GN1's backward (no separate add pass). With lanes its data path runs on the
+  // branch (Ops::branch), beside out_layers' and in_layers' data gradients, the main lane's chain.
+  const bool on_branch = skip_branch && (s.sw != SIZE_MAX || l.updown);
+  Tensor dxs = dout;
+  auto skip_data = [&] {
+    ScopedRange r(d, "skip_connection");
+    if (s.sw != SIZE_MAX) {
+      run(ConvBwdData{dout, Wc(s.sw, co, 1, ci), at(s.b_dxs), 1});
+      dxs = at(s.b_dxs);
+    }
+    if (l.updown) {
+      resample_bwd(l.updown, dxs, at(s.b_dxs2));
+      dxs = at(s.b_dxs2);
+    }
+  };
+  if (on_branch) {
+    ops().branch(true);
+    skip_data();
+    ops().branch(false);
+  }
   {
     // out_layers: recompute conv2's input, then back through conv2, dropout, SiLU/scale-shift/norm
     ScopedRange r(d, "out_layers");
@@ -499,23 +521,13 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
                      ss && wgrad ? at(s.b_de) : Tensor{}, true, {}, !ss && wgrad ? at(s.b_de) : Tensor{},
                      gvec(s.b0, co), {}, xbias, xemb});
   }
-  // skip_connection first: its gradient (dout through the 1x1 conv and the resampling, or dout
-  // itself) is added to dx by GN1's backward below (no separate add pass).
-  Tensor dxs = dout;
-  {
+  if (s.sw != SIZE_MAX) {
     ScopedRange r(d, "skip_connection");
-    if (s.sw != SIZE_MAX) {
-      // the 1x1 conv's bias gradient is conv2's (both are the column sums of dout)
-      conv_filter_grad(xs, dout, Gc(s.sw, co, 1, ci), {}, {}, 1);
-      if (wgrad) run_side(Copy{gvec(s.b2, co), gvec(s.sb, co)});  // after conv2's, on its lane
-      run(ConvBwdData{dout, Wc(s.sw, co, 1, ci), at(s.b_dxs), 1});
-      dxs = at(s.b_dxs);
-    }
-    if (l.updown) {
-      resample_bwd(l.updown, dxs, at(s.b_dxs2));
-      dxs = at(s.b_dxs2);
-    }
+    // the 1x1 conv's bias gradient is conv2's (both are the column sums of dout)
+    conv_filter_grad(xs, dout, Gc(s.sw, co, 1, ci), {}, {}, 1);
+    if (wgrad) run_side(Copy{gvec(s.b2, co), gvec(s.sb, co)});  // after conv2's, on its lane
   }
+  if (!on_branch) skip_data();
   {
     // in_layers: recompute SiLU(GN1(x)) (resampled) unless kept; conv1's filter gradient also
     // yields the embedding gradient (per-sample sums of dh1) when the embedding was added, not
@@ -534,6 +546,7 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
       resample_bwd(l.updown, at(s.b_dn1r), at(s.b_dn1));
       dg1 = at(s.b_dn1);
     }
+    if (on_branch) ops().join_branch();
     GroupNormBwd n1{at(s.in), vec(s.n1w, ci), vec(s.n1b, ci), {}, at(s.mean1), at(s.rstd1), dg1, at(s.dx),
                     gvec(s.n1w, ci), gvec(s.n1b, ci), {}, true, dxs, {}, {},
                     plain_skip ? gvec(s.b2, co) : Tensor{}};

@@ -132,6 +132,16 @@ struct Blocks {
   // convolutions leave most of the GPU idle one at a time. UNET_LANES=0 runs everything on one
   // stream.
   bool lanes = true;
+  // With lanes, in the backward a ResBlock's skip connection (its 1x1 data gradient, its
+  // resampling) runs on a third stream (Ops::branch) beside the main lane's data gradients and
+  // norms, which it joins at GN1's backward. In bf16 only (UNET_SKIP_BRANCH): H100, seed64, same
+  // runs: bf16 step 7.700 / 7.714 / 7.695 -> 7.662 / 7.669 / 7.671 ms, tf32 12.621 / 12.607 /
+  // 12.620 -> 12.710 / 12.693 / 12.692; again (UNET_SKIP_BRANCH 0 vs 1): bf16 7.707 / 7.705 /
+  // 7.703 -> 7.675 / 7.676 / 7.681, tf32 12.611 / 12.607 / 12.573 -> 12.615 / 12.652 / 12.655
+  // (tf32's 1x1 data gradients run on cuBLAS's sm80 kernels, which slow the main lane's beside
+  // them more than they save it). Memory: + the third lane's 60 MB of cuBLAS workspace and
+  // reduction scratch.
+  bool skip_branch = false;
   Ops* tracing = nullptr;  // the planner's tracer while planning
 
   // The timestep embedding (f32): temb = sinusoids of t, emb = MLP(temb) (+ label_emb), and the

@@ -69,6 +69,8 @@ class CountingOps final : public OpsAdapter<CountingOps> {
   void join() override { in_.join(); }
   void aside(bool on) override { in_.aside(on); }
   void join_aside() override { in_.join_aside(); }
+  void branch(bool on) override { in_.branch(on); }
+  void join_branch() override { in_.join_branch(); }
 
  private:
   Ops& in_;
