@@ -23,13 +23,19 @@ const char* value(const char* name) {
   throw UserError(std::string(name) + "='" + v + "': " + want);
 }
 
-// A 0/1 switch: dflt when unset or empty, else "1" or "0"; anything else is refused with `want`.
-bool switch_var(const char* name, bool dflt, const std::string& want) {
+// A 0/1 switch: -1 when unset or empty, else 1 for "1", 0 for "0"; anything else is refused with
+// `want`.
+int switch_or_unset(const char* name, const std::string& want) {
   const char* v = value(name);
-  if (!v) return dflt;
-  if (std::strcmp(v, "1") == 0) return true;
-  if (std::strcmp(v, "0") == 0) return false;
+  if (!v) return -1;
+  if (std::strcmp(v, "1") == 0) return 1;
+  if (std::strcmp(v, "0") == 0) return 0;
   refuse(name, v, want);
+}
+// The same with dflt when unset or empty.
+bool switch_var(const char* name, bool dflt, const std::string& want) {
+  const int s = switch_or_unset(name, want);
+  return s < 0 ? dflt : s == 1;
 }
 }  // namespace
 
@@ -47,20 +53,12 @@ size_t env_bucket_bytes(size_t dflt) {
 }
 
 int env_stream_data() {
-  const char* v = value("UNET_STREAM_DATA");
-  if (!v) return -1;
-  if (std::strcmp(v, "0") == 0) return 0;
-  if (std::strcmp(v, "1") == 0) return 1;
-  refuse("UNET_STREAM_DATA", v, "must be 1 (stream the dataset from disk) or 0 (hold it in memory)");
+  return switch_or_unset("UNET_STREAM_DATA", "must be 1 (stream the dataset from disk) or 0 (hold it in memory)");
 }
 
 int env_skip_branch() {
-  const char* v = value("UNET_SKIP_BRANCH");
-  if (!v) return -1;
-  if (std::strcmp(v, "0") == 0) return 0;
-  if (std::strcmp(v, "1") == 0) return 1;
-  refuse("UNET_SKIP_BRANCH", v,
-         "must be 1 (a ResBlock's skip-connection gradient on a third stream) or 0 (on the main lane)");
+  return switch_or_unset("UNET_SKIP_BRANCH",
+                         "must be 1 (a ResBlock's skip-connection gradient on a third stream) or 0 (on the main lane)");
 }
 
 bool env_pdl() {

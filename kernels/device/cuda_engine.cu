@@ -539,9 +539,8 @@ void CudaCtx::join_aside() {
   aside_pending = false;
 }
 
-// A ResBlock's skip connection beside its main path: the main lane's chain (the data gradients
-// and the norms' backward) is the backward's critical path, and the skip's 1x1 data gradient needs
-// only the block's output gradient.
+// The branch's stream, cuBLAS handle (and workspace), reduction scratch and tickets, as the side
+// lane's, and its fork and join events.
 static void make_branch(CudaCtx& c) {
   if (c.capturing) throw std::logic_error("the branch must be made before a graph capture (plan memory first)");
   make_lane(c.branch_lane, c.prio_branch);

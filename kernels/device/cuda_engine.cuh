@@ -147,7 +147,7 @@ struct CudaCtx {
     join_aside();
     join_branch();
   }
-  void alloc_workspaces();    // alloc_workspace() for both lanes
+  void alloc_workspaces();    // alloc_workspace() for every lane (main, side, branch)
   size_t lane_bytes() const;  // every lane's op workspace and the side lane's and branch's own buffers
   void destroy_side();        // the side lane and the branch
 

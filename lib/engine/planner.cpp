@@ -121,16 +121,20 @@ void Planner::use(int id, int op, bool write, const std::string& what) {
 // lifetimes (its ops run in order). (Before, every buffer used in the span was live over all of
 // it; deferring joins over several layers then cost 0.3-0.8 GB on seed64 at batch 32.)
 void Planner::lanes_joined() {
-  for (int id : touched_) bufs_[id].last = std::max(bufs_[id].last, nops_ - 1);
-  touched_.clear();
+  keep_live_to_now(touched_);
   side_ = false;
 }
 
 // The branch's ops likewise: their buffers stay live to the join_branch().
 void Planner::branch_joined() {
-  for (int id : branch_touched_) bufs_[id].last = std::max(bufs_[id].last, nops_ - 1);
-  branch_touched_.clear();
+  keep_live_to_now(branch_touched_);
   branch_ = false;
+}
+
+// The buffers in `ids` live until the last op traced so far; `ids` emptied.
+void Planner::keep_live_to_now(std::vector<int>& ids) {
+  for (int id : ids) bufs_[id].last = std::max(bufs_[id].last, nops_ - 1);
+  ids.clear();
 }
 
 Ops& Planner::tracer(Ops& engine_ops) {

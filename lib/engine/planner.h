@@ -78,6 +78,7 @@ class Planner {
   std::vector<int> touched_;  // buffers the side lane's ops used since the last join
   bool branch_ = false;
   std::vector<int> branch_touched_;  // the branch's, since its last join
+  void keep_live_to_now(std::vector<int>& ids);
   class Tracer;
   std::unique_ptr<Tracer> tracer_;
 };
