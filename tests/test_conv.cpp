@@ -239,9 +239,12 @@ TEST(ConvVariants, SmallOddShapes) {
   // "wgmma"'s filter gradient (tf32 and bf16, 64 x 64-channel blocks, about 66 blocks in all): K blocks of
   // whole 8x8 images (3 splits of 1; 67 images: 33 splits of 2 and a last of 1), of 4 rows x 16 (8
   // splits of 1), of 1 row x 64 (64 splits of 2) and of half rows at W = 128 (64 of 4), with the
-  // bias and embedding sums.
+  // bias and embedding sums. tf32 takes those from its transposes of dy, each split's per image
+  // (the 8x8 ones: 2 images a split; 40 images at 16x16: splits of 3 K blocks, images of 4, so
+  // splits straddle images).
   check_conv("3x3 wgmma wgrad 8x8", 3, 8, 64, 128, 3, 1, true, false);
-  check_conv("3x3 wgmma wgrad 8x8 short split", 67, 8, 64, 64, 3, 1, false, false);
+  check_conv("3x3 wgmma wgrad 8x8 two a split", 67, 8, 64, 64, 3, 1, true, false);
+  check_conv("3x3 wgmma wgrad 16 straddle", 40, 16, 64, 64, 3, 1, true, false);
   check_conv("3x3 wgmma wgrad 16", 2, 16, 128, 64, 3, 1, false, false);
   check_conv("3x3 wgmma wgrad 32", 2, 32, 64, 128, 3, 1, true, false);
   check_conv("3x3 wgmma wgrad 64", 2, 64, 64, 64, 3, 1, true, true);
@@ -449,6 +452,50 @@ TEST(ConvVariants, FusedEpilogueAndBiasSumsMatchCudnn) {
       ++checked;
     }
   EXPECT_GT(checked, 20);
+}
+
+// tf32 "wgmma" filter gradients take the bias and embedding gradients from their transposes of dy
+// (per split and image, added in double by filter_csum_kernel) where "cudnn" takes them from a
+// column-sum pass: at every seed64 3x3 stride-1 shape (batch 32) the two agree to summation order
+// (both add dy as stored; f32 within a block, double across) and dW to tf32 rounding order; on the
+// GPU alone (cheap where the CPU comparison above costs minutes), bitwise run to run.
+TEST(ConvVariants, WgmmaFilterBiasSumsMatchCudnnAtSeed64Shapes) {
+  SKIP_WITHOUT_GPU();
+  std::set<std::tuple<int, int, int>> shapes;  // (resolution, Ci, Co)
+  each_seed64_layer([&](const Layer& l) {
+    if (l.kind == Layer::Res) shapes.insert({l.res, l.cin, l.cout}), shapes.insert({l.res, l.cout, l.cout});
+    if (l.kind == Layer::Up) shapes.insert({2 * l.res, l.cin, l.cout});
+  });
+  Engine* g = gpu_engine(Precision::TF32);
+  ASSERT_TRUE(g);
+  int checked = 0;
+  for (auto [H, Ci, Co] : shapes) {
+    const int B = 32;
+    SCOPED_TRACE(std::to_string(H) + "x" + std::to_string(H) + " " + std::to_string(Ci) + " -> " + std::to_string(Co));
+    auto A = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
+    ConvBwdFilter o{A(DType::F32, {B, H, H, Ci}), A(DType::F32, {B, H, H, Co}), A(DType::F32, {Co, 3, 3, Ci}),
+                    A(DType::F32, {Co}), A(DType::F32, {B, Co}), 1};
+    const auto vs = g->base_ops().variants_for(o);
+    if (std::find(vs.begin(), vs.end(), "wgmma") == vs.end() || std::find(vs.begin(), vs.end(), "cudnn") == vs.end())
+      continue;
+    randomize(*g, o, test_seed() + 17 * checked + 3);
+    const auto in = inputs_of(*g, o);
+    std::vector<std::vector<std::pair<std::string, std::vector<float>>>> got;
+    for (const char* v : {"cudnn", "wgmma", "wgmma"}) {
+      load_inputs(*g, o, in);
+      g->base_ops().run_variant(o, v);
+      g->device().sync();
+      got.push_back(outputs_of(*g, o));
+    }
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      const bool sums = got[0][i].first != "dw";
+      EXPECT_LE(rel_l2(got[1][i].second, got[0][i].second), sums ? 1e-6 : 2e-3) << got[0][i].first;
+      EXPECT_TRUE(got[2][i].second == got[1][i].second) << got[0][i].first << " not bitwise run to run";
+    }
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no wgmma (not an sm_90a GPU) or no cuDNN";
+  EXPECT_GE(checked, 8);
 }
 
 // "cudnn_epi" (bias and residual inside the cuDNN graph, runtime-compiled engines), forced by name

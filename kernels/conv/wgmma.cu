@@ -745,7 +745,12 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
 //  * About 66 blocks in all (filter_splits: half an H100's SMs; the side lane's filter gradients
 //    leave the other half to the main lane).
 //  * Split K: each block's sums go to its own slice of the workspace and sum_splits adds the
-//    slices in order (deterministic; the split count depends on the shape only).
+//    slices in order (deterministic; the split count depends on the shape only). Measured and not
+//    kept: sum_splits with the slices spread over 8 warps a column chunk (more loads in flight),
+//    H100 tf32 step within noise (12.632 vs 12.639 ms, same run).
+//  * The bias and embedding gradients (dy's column sums, over all pixels and per image): the
+//    blocks of the first 64 input channels add the dy values their threads transpose (before the
+//    rounding), per split and image, into FArgs::csum; filter_csum_kernel adds those in double.
 //  * K order within a k-step of 8 pixels: K position k holds pixel 2 (k % 4) + k / 4, so that a
 //    warp's A loads (8 channels x 4 pixels 2 apart) fall in 32 distinct banks of the swizzled tile.
 constexpr int FK = 64, FTHREADS = 384, DY_BYTES = FK * ROW;  // dy: 2 atoms of 32 channels
@@ -754,7 +759,18 @@ struct FArgs {
   size_t split_stride;  // floats
   int Ci, H, W, KB, per;  // KB blocks in all, per block
   NormArgs nrm;         // the norm of x, applied by warpgroup 2 as each tile arrives
+  // tf32: dy's column sums (the bias and embedding gradients) as the transposes read dy, by the
+  // blocks of the first 64 input channels: partials [splits][imgs][16][Co] (filter_csum_slot),
+  // null for none. Co: dy's channels; imgs: images a split can touch.
+  float* csum = nullptr;
+  int Co = 0, imgs = 0;
 };
+// The column sums' partials: each transposing thread (t < 256) adds its 4 output channels' values
+// over the pixels of one image in a split and writes them as slot (g, h) of 16 (the threads that
+// share those channels); the slot of split s and image b is s imgs + b - first image of s.
+__host__ __device__ __forceinline__ int filter_first_img(int split, int per, int per_img) {
+  return split * per / per_img;
+}
 // WB pixels per tile row (FK / WB rows); an input tile's atom (32 channels of f32, 64 of bf16: a
 // 128-byte row per pixel) of WB + 2 by FK / WB + 2 pixels takes xatom bytes, 1024-aligned for the
 // swizzle.
@@ -858,6 +874,18 @@ __global__ void __launch_bounds__(FTHREADS, 1)
   for (int k = 0; k < 3; ++k)
 #pragma unroll
     for (int i = 0; i < 32; ++i) d[k][i] = 0.f;
+  // dy's column sums of image cimg so far (this thread's 4 output channels), flushed to its slot
+  // when the image changes and at the end.
+  const bool sums = a.csum != nullptr && blockIdx.y == 0 && t < 256;
+  float cs[4] = {0.f, 0.f, 0.f, 0.f};
+  int cimg = -1;
+  auto flush_sums = [&](int co, int slot) {
+    if (cimg < 0) return;
+    const int s = cimg - filter_first_img(split, a.per, per_img) + split * a.imgs;
+    *reinterpret_cast<float4*>(a.csum + ((size_t)s * 16 + slot) * a.Co + co0 + co) =
+        make_float4(cs[0], cs[1], cs[2], cs[3]);
+    cs[0] = cs[1] = cs[2] = cs[3] = 0.f;
+  };
   // dy of K block i (its stage) -> dyt[i & 1] [64 co][64 K positions], rounded, as 4 x 4 blocks
   // (threads < 256): pixels 8 g + h + 2 e (e < 4) are K positions 8 g + 4 h + e. The blocks of each
   // 8 lanes (a phase of a 16-byte access) are chosen so that both their loads and their stores fall
@@ -879,6 +907,15 @@ __global__ void __launch_bounds__(FTHREADS, 1)
       asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                    : "=f"(v[e][0]), "=f"(v[e][1]), "=f"(v[e][2]), "=f"(v[e][3])
                    : "r"(ad));
+    }
+    if (sums) {  // (before the rounding: the sums of dy as stored)
+      const int b = ktile<WB>(kb0 + i, xtiles, per_img).b;
+      if (b != cimg) {
+        flush_sums(co, 2 * g + h);
+        cimg = b;
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) cs[c] += (v[0][c] + v[1][c]) + (v[2][c] + v[3][c]);
     }
     const int kp = 8 * g + 4 * h, katom = kp >> 5, kchunk = (kp & 31) >> 2;
 #pragma unroll
@@ -954,6 +991,11 @@ __global__ void __launch_bounds__(FTHREADS, 1)
     wg_wait<0>();
     __syncthreads();
     if (t == 0 && i + FSTAGES < nkb) load(i + FSTAGES);
+  }
+  if (sums) {  // (the transposing threads' channels and slots, as in transpose())
+    const int li = t & 7, u = t >> 3;
+    const int cq = 2 * (((li >> 1) + u) & 3) + ((u >> 2) & 1) + 8 * ((u >> 3) & 1);
+    flush_sums(4 * cq, 2 * (((li >> 1) & 3) + 4 * ((u >> 4) & 1)) + (li & 1));
   }
   filter_store(d, ep_of(smem_raw, base), a, split, ci0, co0, t);
 #endif
@@ -1095,18 +1137,63 @@ void launch_filter(CudaCtx& ctx, dim3 grid, const CUtensorMap& xmap, const CUten
   (void)attr;
   filter_kernel<WB><<<grid, FTHREADS, filter_smem<WB>(), ctx.stream>>>(xmap, dymap, fa);
 }
-size_t filter_ws(const ConvBwdFilter& o, const CudaCtx&) {
+// dy's column sums from filter_kernel's partials (FArgs::csum): per_sample [B, Co] and total [Co],
+// each optional, added in double in a fixed order. Blocks of 32 channels x 8 image rows.
+__global__ void filter_csum_kernel(const float* __restrict__ part, int B, int Co, int splits, int per, int per_img,
+                                   int imgs, float* __restrict__ per_sample, float* __restrict__ total) {
+  pdl_entry();
+  __shared__ double red[8][32];
+  const int co = blockIdx.x * 32 + threadIdx.x, r = threadIdx.y;
+  double tot = 0.0;
+  if (co < Co)
+    for (int b = r; b < B; b += 8) {
+      const int s0 = b * per_img / per, s1 = min(splits - 1, ((b + 1) * per_img - 1) / per);
+      double v = 0.0;
+      for (int s = s0; s <= s1; ++s) {
+        const float* p = part + (size_t)(s * imgs + b - filter_first_img(s, per, per_img)) * 16 * Co + co;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) v += p[(size_t)k * Co];
+      }
+      if (per_sample) per_sample[(size_t)b * Co + co] = (float)v;
+      tot += v;
+    }
+  red[r][threadIdx.x] = tot;
+  __syncthreads();
+  if (r != 0 || co >= Co || !total) return;
+  for (int k = 1; k < 8; ++k) tot += red[k][threadIdx.x];
+  total[co] = (float)tot;
+}
+// tf32 gives the bias and embedding gradients from its transposes (filter_kernel's csum) instead
+// of a column-sum pass over dy (rowblock::column_sums; bf16's kernel transposes nothing). H100,
+// seed64 tf32 step, same run, the orders alternated: 12.590 ms (mean of 6) against 12.647 with the
+// pass, each of the 6 pairs lower.
+bool fused_sums(const ConvBwdFilter& o, const CudaCtx& c) {
+  return c.prec == Precision::TF32 && (o.db.defined() || o.demb.defined());
+}
+// Images a split's K blocks can touch (the column sums' slots per split).
+int filter_imgs(const Geo& g, int per) {
+  const int per_img = (int)((long long)g.H * g.W / FK);
+  return std::min(g.B, (per - 1) / per_img + 2);
+}
+size_t split_bytes(const ConvBwdFilter& o, int splits) {
+  return splits > 1 ? round256((size_t)splits * o.dw.numel() * 4) : 0;
+}
+size_t filter_ws(const ConvBwdFilter& o, const CudaCtx& c) {
   int per = 0;
   const Geo g = filter_geo(o);
   const int splits = filter_splits(g, per);
-  return splits > 1 ? round256((size_t)splits * o.dw.numel() * 4) : 0;
+  const size_t sums = fused_sums(o, c) ? round256((size_t)splits * filter_imgs(g, per) * 16 * g.Co * 4) : 0;
+  return split_bytes(o, splits) + sums;
 }
 void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   need_aligned("wgmma", {o.x.data, o.dy.data, o.dw.data, ctx.ws});
-  rowblock::column_sums(ctx, o.dy, o.demb, o.db);
+  const bool sums = fused_sums(o, ctx);
+  if (!sums) rowblock::column_sums(ctx, o.dy, o.demb, o.db);
   const Geo g = filter_geo(o);
   int per = 0;
   const int splits = filter_splits(g, per), wb = filter_wb(g);
+  float* csum = sums ? reinterpret_cast<float*>(static_cast<char*>(ctx.ws) + split_bytes(o, splits)) : nullptr;
+  const int imgs = filter_imgs(g, per);
   CUtensorMap xmap, dymap;
   const Geo gy{g.B, g.H, g.W, g.Co, g.Co, 3};
   if (ctx.prec == Precision::BF16) {  // (one 64-channel box: a 128-byte pixel row)
@@ -1117,8 +1204,17 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
     encode_x<float>(&dymap, o.dy.data, gy, wb, FK / wb, 1);
   }
   const size_t n = (size_t)o.dw.numel();  // (slices n floats apart, as sum_splits reads them)
-  const FArgs fa{splits > 1 ? static_cast<float*>(ctx.ws) : dptr<float>(o.dw), n, g.Ci, g.H, g.W,
-                 (int)(g.M() / FK), per, norm_args(o.norm)};
+  const FArgs fa{splits > 1 ? static_cast<float*>(ctx.ws) : dptr<float>(o.dw),
+                 n,
+                 g.Ci,
+                 g.H,
+                 g.W,
+                 (int)(g.M() / FK),
+                 per,
+                 norm_args(o.norm),
+                 csum,
+                 g.Co,
+                 imgs};
   const dim3 grid(splits, g.Ci / 64, g.Co / 64);
   switch (wb) {
     case 64: launch_filter<64>(ctx, grid, xmap, dymap, fa); break;
@@ -1128,6 +1224,11 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   }
   KERNEL_CHECK();
   if (splits > 1) sum_splits(ctx.stream, static_cast<const float*>(ctx.ws), splits, n, dptr<float>(o.dw));
+  if (sums) {
+    filter_csum_kernel<<<(g.Co + 31) / 32, dim3(32, 8), 0, ctx.stream>>>(
+        csum, g.B, g.Co, splits, per, (int)((long long)g.H * g.W / FK), imgs, dptr<float>(o.demb), dptr<float>(o.db));
+    KERNEL_CHECK();
+  }
 }
 
 }  // namespace

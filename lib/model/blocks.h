@@ -212,7 +212,9 @@ struct Blocks {
   // 14.914 ms: with f32 the column sums in the norm's dx pass, on the main lane, cost more than the
   // side lane's own pass; again at 12.84 ms, 2026-11-25, same runs: 12.812 / 12.855 / 12.843 ->
   // 12.871 / 12.875 / 12.864 ms, though the step's kernels summed 0.24 ms less: the backward's
-  // main lane is its critical path). bias_links: how many the last plan made (its report says so).
+  // main lane is its critical path; at 12.59 ms, with tf32's filter gradients summing dy's columns
+  // in their own pass over it, 12.590 -> 12.573 ms, 5 of 6 alternated pairs lower: noise-level,
+  // left off). bias_links: how many the last plan made (its report says so).
   void link_bias_grad(L& from, L& to);
   bool link_bias = false;
   int bias_links = 0;
