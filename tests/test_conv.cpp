@@ -455,7 +455,7 @@ TEST(ConvVariants, FusedEpilogueAndBiasSumsMatchCudnn) {
 }
 
 // tf32 "wgmma" filter gradients take the bias and embedding gradients from their transposes of dy
-// (per split and image, added in double by filter_csum_kernel) where "cudnn" takes them from a
+// (per split and image, added in double by filter_finish_kernel) where "cudnn" takes them from a
 // column-sum pass: at every seed64 3x3 stride-1 shape (batch 32) the two agree to summation order
 // (both add dy as stored; f32 within a block, double across) and dW to tf32 rounding order; on the
 // GPU alone (cheap where the CPU comparison above costs minutes), bitwise run to run.

@@ -744,13 +744,14 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
 //    transposed beside the last k-step's wgmma's.
 //  * About 66 blocks in all (filter_splits: half an H100's SMs; the side lane's filter gradients
 //    leave the other half to the main lane).
-//  * Split K: each block's sums go to its own slice of the workspace and sum_splits adds the
-//    slices in order (deterministic; the split count depends on the shape only). Measured and not
-//    kept: sum_splits with the slices spread over 8 warps a column chunk (more loads in flight),
+//  * Split K: each block's sums go to its own slice of the workspace and filter_finish_kernel
+//    adds the slices in order (deterministic; the split count depends on the shape only).
+//    Measured and not kept: the slices spread over 8 warps a column chunk (more loads in flight),
 //    H100 tf32 step within noise (12.632 vs 12.639 ms, same run).
 //  * The bias and embedding gradients (dy's column sums, over all pixels and per image): the
 //    blocks of the first 64 input channels add the dy values their threads transpose (before the
-//    rounding), per split and image, into FArgs::csum; filter_csum_kernel adds those in double.
+//    rounding), per split and image, into FArgs::csum; filter_finish_kernel adds those in double,
+//    beside its sums of the splits.
 //  * K order within a k-step of 8 pixels: K position k holds pixel 2 (k % 4) + k / 4, so that a
 //    warp's A loads (8 channels x 4 pixels 2 apart) fall in 32 distinct banks of the swizzled tile.
 constexpr int FK = 64, FTHREADS = 384, DY_BYTES = FK * ROW;  // dy: 2 atoms of 32 channels
@@ -760,14 +761,15 @@ struct FArgs {
   int Ci, H, W, KB, per;  // KB blocks in all, per block
   NormArgs nrm;         // the norm of x, applied by warpgroup 2 as each tile arrives
   // tf32: dy's column sums (the bias and embedding gradients) as the transposes read dy, by the
-  // blocks of the first 64 input channels: partials [splits][imgs][16][Co] (filter_csum_slot),
-  // null for none. Co: dy's channels; imgs: images a split can touch.
+  // blocks of the first 64 input channels: partials [splits][imgs][FILTER_SLOTS][Co], null for
+  // none. Co: dy's channels; imgs: images a split can touch.
   float* csum = nullptr;
   int Co = 0, imgs = 0;
 };
-// The column sums' partials: each transposing thread (t < 256) adds its 4 output channels' values
-// over the pixels of one image in a split and writes them as slot (g, h) of 16 (the threads that
-// share those channels); the slot of split s and image b is s imgs + b - first image of s.
+// The column sums' partials: the transposing threads (t < 256) add their 4 output channels' values
+// over the pixels of one image in a split, the 16 threads sharing them meet in FILTER_SLOTS
+// partials (filter_kernel's flush_sums); split s and image b are at s imgs + b - first image of s.
+constexpr int FILTER_SLOTS = 4;
 __host__ __device__ __forceinline__ int filter_first_img(int split, int per, int per_img) {
   return split * per / per_img;
 }
@@ -874,16 +876,32 @@ __global__ void __launch_bounds__(FTHREADS, 1)
   for (int k = 0; k < 3; ++k)
 #pragma unroll
     for (int i = 0; i < 32; ++i) d[k][i] = 0.f;
-  // dy's column sums of image cimg so far (this thread's 4 output channels), flushed to its slot
-  // when the image changes and at the end.
+  // dy's column sums of image cimg so far (this thread's 4 output channels), flushed when the
+  // image changes and at the end (by all 256 transposing threads at once): the 4 lanes of a warp
+  // that share the channels (lanes 8 q + 2 ((c - q) & 3) + h, q < 4, for lane 2 c + h) are added
+  // in q order into the q = 0 lane, which writes slot 2 (warp / 4) + h (FILTER_SLOTS a split and
+  // image: warps w and w + 4 transpose the same channels).
   const bool sums = a.csum != nullptr && blockIdx.y == 0 && t < 256;
   float cs[4] = {0.f, 0.f, 0.f, 0.f};
   int cimg = -1;
-  auto flush_sums = [&](int co, int slot) {
+  auto flush_sums = [&]() {
     if (cimg < 0) return;
-    const int s = cimg - filter_first_img(split, a.per, per_img) + split * a.imgs;
-    *reinterpret_cast<float4*>(a.csum + ((size_t)s * 16 + slot) * a.Co + co0 + co) =
-        make_float4(cs[0], cs[1], cs[2], cs[3]);
+    const int lane = t & 31, q = lane >> 3, li = lane & 7;
+#pragma unroll
+    for (int p = 1; p < 4; ++p) {
+      const int src = 8 * p + 2 * (((li >> 1) - p) & 3) + (li & 1);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float o = __shfl_sync(0xffffffffu, cs[c], src);
+        if (q == 0) cs[c] += o;
+      }
+    }
+    if (q == 0) {
+      const int w = t >> 5, cq = 2 * (li >> 1) + (w & 1) + 8 * ((w >> 1) & 1);
+      const int s = cimg - filter_first_img(split, a.per, per_img) + split * a.imgs;
+      *reinterpret_cast<float4*>(a.csum + ((size_t)s * FILTER_SLOTS + 2 * (w >> 2) + (li & 1)) * a.Co + co0 +
+                                 4 * cq) = make_float4(cs[0], cs[1], cs[2], cs[3]);
+    }
     cs[0] = cs[1] = cs[2] = cs[3] = 0.f;
   };
   // dy of K block i (its stage) -> dyt[i & 1] [64 co][64 K positions], rounded, as 4 x 4 blocks
@@ -911,7 +929,7 @@ __global__ void __launch_bounds__(FTHREADS, 1)
     if (sums) {  // (before the rounding: the sums of dy as stored)
       const int b = ktile<WB>(kb0 + i, xtiles, per_img).b;
       if (b != cimg) {
-        flush_sums(co, 2 * g + h);
+        flush_sums();
         cimg = b;
       }
 #pragma unroll
@@ -992,11 +1010,7 @@ __global__ void __launch_bounds__(FTHREADS, 1)
     __syncthreads();
     if (t == 0 && i + FSTAGES < nkb) load(i + FSTAGES);
   }
-  if (sums) {  // (the transposing threads' channels and slots, as in transpose())
-    const int li = t & 7, u = t >> 3;
-    const int cq = 2 * (((li >> 1) + u) & 3) + ((u >> 2) & 1) + 8 * ((u >> 3) & 1);
-    flush_sums(4 * cq, 2 * (((li >> 1) & 3) + 4 * ((u >> 4) & 1)) + (li & 1));
-  }
+  if (sums) flush_sums();
   filter_store(d, ep_of(smem_raw, base), a, split, ci0, co0, t);
 #endif
 }
@@ -1137,30 +1151,48 @@ void launch_filter(CudaCtx& ctx, dim3 grid, const CUtensorMap& xmap, const CUten
   (void)attr;
   filter_kernel<WB><<<grid, FTHREADS, filter_smem<WB>(), ctx.stream>>>(xmap, dymap, fa);
 }
-// dy's column sums from filter_kernel's partials (FArgs::csum): per_sample [B, Co] and total [Co],
-// each optional, added in double in a fixed order. Blocks of 32 channels x 8 image rows.
-__global__ void filter_csum_kernel(const float* __restrict__ part, int B, int Co, int splits, int per, int per_img,
-                                   int imgs, float* __restrict__ per_sample, float* __restrict__ total) {
+// After filter_kernel, one launch: blocks [0, nsplit) add the splits' slices of dw (sum_splits'
+// loop and order), the next (Co + 31) / 32 blocks dy's column sums from FArgs::csum when given:
+// per_sample [B, Co] and total [Co], each optional, in double in a fixed order (a block: 32
+// channels x 8 image rows). One launch rather than two on the side lane's chain.
+__global__ void __launch_bounds__(256)
+    filter_finish_kernel(const float* __restrict__ part, int S, size_t n4, float* __restrict__ dw, int nsplit,
+                         const float* __restrict__ csum, int B, int Co, int splits, int per, int per_img, int imgs,
+                         float* __restrict__ per_sample, float* __restrict__ total) {
   pdl_entry();
+  if ((int)blockIdx.x < nsplit) {
+    for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n4; j += (size_t)nsplit * blockDim.x) {
+      float4 v = ldg4(part + 4 * j);
+      for (int z = 1; z < S; ++z) {
+        const float4 q = ldg4(part + (size_t)z * n4 * 4 + 4 * j);
+        v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
+      }
+      reinterpret_cast<float4*>(dw)[j] = v;
+    }
+    return;
+  }
   __shared__ double red[8][32];
-  const int co = blockIdx.x * 32 + threadIdx.x, r = threadIdx.y;
+  const int tx = threadIdx.x & 31, r = threadIdx.x >> 5, co = (blockIdx.x - nsplit) * 32 + tx;
   double tot = 0.0;
   if (co < Co)
     for (int b = r; b < B; b += 8) {
       const int s0 = b * per_img / per, s1 = min(splits - 1, ((b + 1) * per_img - 1) / per);
       double v = 0.0;
       for (int s = s0; s <= s1; ++s) {
-        const float* p = part + (size_t)(s * imgs + b - filter_first_img(s, per, per_img)) * 16 * Co + co;
+        const float* q = csum + (size_t)(s * imgs + b - filter_first_img(s, per, per_img)) * FILTER_SLOTS * Co + co;
+        float f[FILTER_SLOTS];
 #pragma unroll
-        for (int k = 0; k < 16; ++k) v += p[(size_t)k * Co];
+        for (int k = 0; k < FILTER_SLOTS; ++k) f[k] = q[(size_t)k * Co];
+#pragma unroll
+        for (int k = 0; k < FILTER_SLOTS; ++k) v += f[k];
       }
       if (per_sample) per_sample[(size_t)b * Co + co] = (float)v;
       tot += v;
     }
-  red[r][threadIdx.x] = tot;
+  red[r][tx] = tot;
   __syncthreads();
   if (r != 0 || co >= Co || !total) return;
-  for (int k = 1; k < 8; ++k) tot += red[k][threadIdx.x];
+  for (int k = 1; k < 8; ++k) tot += red[k][tx];
   total[co] = (float)tot;
 }
 // tf32 gives the bias and embedding gradients from its transposes (filter_kernel's csum) instead
@@ -1182,7 +1214,8 @@ size_t filter_ws(const ConvBwdFilter& o, const CudaCtx& c) {
   int per = 0;
   const Geo g = filter_geo(o);
   const int splits = filter_splits(g, per);
-  const size_t sums = fused_sums(o, c) ? round256((size_t)splits * filter_imgs(g, per) * 16 * g.Co * 4) : 0;
+  const size_t sums =
+      fused_sums(o, c) ? round256((size_t)splits * filter_imgs(g, per) * FILTER_SLOTS * g.Co * 4) : 0;
   return split_bytes(o, splits) + sums;
 }
 void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
@@ -1223,12 +1256,12 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
     default: launch_filter<8>(ctx, grid, xmap, dymap, fa);
   }
   KERNEL_CHECK();
-  if (splits > 1) sum_splits(ctx.stream, static_cast<const float*>(ctx.ws), splits, n, dptr<float>(o.dw));
-  if (sums) {
-    filter_csum_kernel<<<(g.Co + 31) / 32, dim3(32, 8), 0, ctx.stream>>>(
-        csum, g.B, g.Co, splits, per, (int)((long long)g.H * g.W / FK), imgs, dptr<float>(o.demb), dptr<float>(o.db));
-    KERNEL_CHECK();
-  }
+  const int nsplit = splits > 1 ? (int)grid_for(n / 4) : 0, ncsum = sums ? (g.Co + 31) / 32 : 0;
+  if (nsplit + ncsum == 0) return;
+  filter_finish_kernel<<<nsplit + ncsum, 256, 0, ctx.stream>>>(
+      static_cast<const float*>(ctx.ws), splits, n / 4, dptr<float>(o.dw), nsplit, csum, g.B, g.Co, splits, per,
+      (int)((long long)g.H * g.W / FK), imgs, dptr<float>(o.demb), dptr<float>(o.db));
+  KERNEL_CHECK();
 }
 
 }  // namespace
