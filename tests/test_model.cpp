@@ -396,6 +396,29 @@ TEST(Model, BiasGradientsFromTheNextNormAreTheColumnSums) {
   }
 }
 
+// A ResBlock's conv bias and embedding gradients from its filter gradients (Blocks::bias_in_filter,
+// on where those run on "wgmma" in tf32; forced here on the CPU) instead of from the norms' dx
+// passes: the same gradients up to summation order, the same outputs, for every block kind
+// (resampling, scale-shift: the bias only, dropout, attention), in fp32 and the bf16 emulation.
+TEST(Model, BiasGradientsFromTheFilterGradientsAreTheNormsColumnSums) {
+  for (int k : {0, 1, 2}) {
+    Case c = cases()[k];
+    SCOPED_TRACE(c.name);
+    for (Precision p : {Precision::FP32, Precision::BF16}) {
+      SCOPED_TRACE(precision_name(p));
+      Fixture norms(c.cfg, p, [](Model& m) { m.set_bias_from_filter_grads(false); });
+      Fixture filters(c.cfg, p, [](Model& m) { m.set_bias_from_filter_grads(true); });
+      EXPECT_EQ(norms.model->plan_report().find("from their filter gradients"), std::string::npos);
+      EXPECT_NE(filters.model->plan_report().find("from their filter gradients"), std::string::npos)
+          << filters.model->plan_report();
+      EXPECT_EQ(norms.out(), filters.out());
+      const std::vector<float> ga = norms.grads(), gb = filters.grads();
+      EXPECT_LT(test::rel_l2(gb, ga), p == Precision::FP32 ? 1e-6 : 1e-3);
+      EXPECT_GT(test::rel_l2(ga, std::vector<float>(ga.size(), 0.f)), 0.1);
+    }
+  }
+}
+
 // UNET_CONV_STATS=1: the conv in front of a layer's first GroupNorm (from one layer to the next,
 // and the last layer to the out norm; a skip concatenation) also gives the norm's statistics, and the norm
 // runs as GroupNormApply. The same outputs and gradients up to the statistics' rounding, for

@@ -483,6 +483,18 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
   // added to dx by GN1's backward (no separate add pass). With lanes its data path runs on the
   // branch (Ops::branch), beside out_layers' and in_layers' data gradients, the main lane's chain.
   const bool on_branch = skip_branch && (s.sw != SIZE_MAX || l.updown);
+  // conv2's and conv1's bias (and conv1's embedding) gradients from their filter gradients
+  // (sums_in_filter), else from GN1's and GN2's backward (decided on the ops' shapes: conv1's input
+  // is in's, resampled)
+  const Tensor x2 = s.fuse2 ? at(s.h1) : at(keep ? s.f_n2 : s.b_n2), x1 = l.updown ? at(s.f_n1r) : at(s.in);
+  const bool f2 = wgrad && plain_skip && !s.db_given &&
+                  sums_in_filter(ConvBwdFilter{x2, dout, Gc(s.w2, co, 3, co), gvec(s.b2, co), {}, 1,
+                                               s.fuse2 ? gn2(s) : NormIn{}});
+  const bool f1 = wgrad && sums_in_filter(ConvBwdFilter{x1, at(s.b_dh1), Gc(s.w0, co, 3, ci), gvec(s.b0, co), {},
+                                                        1, s.fuse1 ? gn1(s) : NormIn{}});
+  const bool e1 = f1 && emb_sums_in_filter();
+  if (tracing && (f1 || f2)) ++filter_sums;
+  if (e1) emb_from_filter = true;
   Tensor dxs = dout;
   auto skip_data = [&] {
     ScopedRange r(d, "skip_connection");
@@ -506,10 +518,10 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     if (wgrad) {
       if (!keep && !s.fuse2) res_conv2_input(s, s.b_n2, true);
       // conv2's bias gradient (the column sums of dout) comes from GN1's backward below, which
-      // adds dout into dx anyway, when dout is what it adds (no skip conv, no resampling)
-      conv_filter_grad(s.fuse2 ? at(s.h1) : at(keep ? s.f_n2 : s.b_n2), dout, Gc(s.w2, co, 3, co),
-                       plain_skip || s.db_given ? Tensor{} : gvec(s.b2, co), {}, 1,
-                       s.fuse2 ? gn2(s) : NormIn{});
+      // adds dout into dx anyway, when dout is what it adds (no skip conv, no resampling), unless
+      // the filter gradient sums it (f2)
+      conv_filter_grad(x2, dout, Gc(s.w2, co, 3, co), (plain_skip && !f2) || s.db_given ? Tensor{} : gvec(s.b2, co),
+                       {}, 1, s.fuse2 ? gn2(s) : NormIn{});
     }
     run(ConvBwdData{dout, Wc(s.w2, co, 3, co), at(s.b_dn2), 1});
     if (dropout_p() > 0) run(DropoutBwd{at(s.b_dn2), at(s.b_dn2), dropout_p(), dseed(s)});
@@ -518,8 +530,8 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     h1_offsets(s, xbias, xemb);
     run(GroupNormBwd{at(s.h1), vec(s.n2w, co), vec(s.n2b, co), ss ? at(s.e) : Tensor{}, at(s.mean2),
                      at(s.rstd2), at(s.b_dn2), at(s.b_dh1), gvec(s.n2w, co), gvec(s.n2b, co),
-                     ss && wgrad ? at(s.b_de) : Tensor{}, true, {}, !ss && wgrad ? at(s.b_de) : Tensor{},
-                     gvec(s.b0, co), {}, xbias, xemb});
+                     ss && wgrad ? at(s.b_de) : Tensor{}, true, {}, !ss && wgrad && !e1 ? at(s.b_de) : Tensor{},
+                     f1 ? Tensor{} : gvec(s.b0, co), {}, xbias, xemb});
   }
   if (s.sw != SIZE_MAX) {
     ScopedRange r(d, "skip_connection");
@@ -538,7 +550,8 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
                           : !keep    ? res_conv1_input(s, s.b_n1, s.b_n1r, true)
                           : l.updown ? at(s.f_n1r)
                                      : at(s.f_n1);
-      conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), {}, {}, 1, s.fuse1 ? gn1(s) : NormIn{});
+      conv_filter_grad(c1in, at(s.b_dh1), Gc(s.w0, co, 3, ci), f1 ? gvec(s.b0, co) : Tensor{},
+                       e1 ? at(s.b_de) : Tensor{}, 1, s.fuse1 ? gn1(s) : NormIn{});
     }
     run(ConvBwdData{at(s.b_dh1), Wc(s.w0, co, 3, ci), at(s.b_dn1r), 1});
     Tensor dg1 = at(s.b_dn1r);
@@ -549,7 +562,7 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     if (on_branch) ops().join_branch();
     GroupNormBwd n1{at(s.in), vec(s.n1w, ci), vec(s.n1b, ci), {}, at(s.mean1), at(s.rstd1), dg1, at(s.dx),
                     gvec(s.n1w, ci), gvec(s.n1b, ci), {}, true, dxs, {}, {},
-                    plain_skip ? gvec(s.b2, co) : Tensor{}};
+                    plain_skip && !f2 ? gvec(s.b2, co) : Tensor{}};
     if (s.dx2.defined()) n1.dx2 = at(s.dx2);
     if (s.dx_add.defined()) n1.add2 = at(s.dx_add);
     if (s.dx_total_param != SIZE_MAX) n1.dx_total = gvec(s.dx_total_param, ci);

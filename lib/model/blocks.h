@@ -217,6 +217,24 @@ struct Blocks {
   // left off). bias_links: how many the last plan made (its report says so).
   void link_bias_grad(L& from, L& to);
   bool link_bias = false;
+  // A ResBlock's conv bias gradients (conv1's, and conv2's where the skip path is dout itself) and
+  // its embedding gradient (added, not scale-shifted, and summed by the grouped embedding backward,
+  // which the backward then runs after a join) from its filter gradients on the side lane instead
+  // of from the norms' dx passes on the main lane, where the filter gradient runs on "wgmma" in
+  // tf32: its transposes of dy give the column sums at little cost (filter_finish_kernel adds them
+  // beside its split sums). H100, seed64 tf32 step, same run, orders alternated, means of 6:
+  // 12.626 -> 12.490 ms (the bias gradients only: 12.577). With the column sums' partials in 16
+  // slots and a launch of their own after the split sums, it had cost 12.71 -> 12.89 ms.
+  // bias_in_filter: -1 there (the default), 0 never, 1 always (tests; Model::set_bias_from_filter_grads).
+  // filter_sums: how many ResBlocks took them so in the planning pass.
+  int bias_in_filter = -1;
+  int filter_sums = 0;
+  bool emb_from_filter = false;  // this backward's side lane writes embedding gradients (b_de)
+  bool sums_in_filter(const ConvBwdFilter& op) {
+    if (bias_in_filter >= 0) return bias_in_filter == 1;
+    return eng.precision() == Precision::TF32 && ops().variant(op) == "wgmma";
+  }
+  bool emb_sums_in_filter() const { return bias_in_filter != 0 && !cfg.use_scale_shift_norm && group_emb_; }
   int bias_links = 0;
   void join_lanes() {
     if (lanes) ops().join();

@@ -254,6 +254,7 @@ struct Model::Impl {
 
   void backward(const Tensor& dy_in) {
     bk.embedding_bwd_begin();
+    bk.emb_from_filter = false;
     if (single) {
       bk.layer_bwd(in_blocks[0][0], dy_in);
       return;
@@ -342,6 +343,8 @@ struct Model::Impl {
       if (!joiner || !joiner->dx_add.defined()) run(Add{g, at(dskip[out_blocks.size() - 1 - bi]), g});
       for (size_t j = blk.size(); j-- > 0;) back(blk[j]);
     }
+    // (the embedding gradients that filter gradients on the side lane sum are complete at a join)
+    if (bk.emb_from_filter) bk.join_lanes();
     bk.embedding_bwd(labels_in);
     bk.join_lanes();
     ready(0);
@@ -396,6 +399,7 @@ void Model::trace(Ops& tracer, int B, Mode m) {
   Tensor labels = cfg_.class_cond ? Tensor(nullptr, DType::I32, {B}) : Tensor();
   Blocks& bk = I.bk;
   bk.tracing = &tracer;
+  bk.filter_sums = 0;
   try {
     bk.B = B, bk.train = m == Mode::Train, bk.wgrad = m == Mode::Train, bk.seed = 0;
     I.x_in = x, I.t_in = t, I.labels_in = labels;
@@ -439,6 +443,11 @@ void Model::refresh_weights() { impl_->bk.recast_shadow(); }
 void Model::set_backward_joins(int layers) {
   if (layers < 1) throw std::logic_error("Model::set_backward_joins: at least 1 layer");
   impl_->join_every = layers;
+}
+
+void Model::set_bias_from_filter_grads(bool on) {
+  if (planned_) throw std::logic_error("Model::set_bias_from_filter_grads: after plan()");
+  impl_->bk.bias_in_filter = on ? 1 : 0;
 }
 
 void Model::set_bias_from_next_norm(bool on) {

@@ -50,6 +50,9 @@ class Model : public Network {
   // Before plan(): whether the conv bias gradients come from the next layer's norm backward
   // (Blocks::link_bias; default with bf16 activations). Tests compare the two.
   void set_bias_from_next_norm(bool on);
+  // Before plan(): whether a ResBlock's bias and embedding gradients come from its filter
+  // gradients (Blocks::bias_in_filter; default where those run on "wgmma" in tf32). Tests compare.
+  void set_bias_from_filter_grads(bool on);
   // How many layers the backward runs between joins of its two lanes (the filter gradients' side
   // lane waits for nothing until then); the grad-ready hook hears of gradients at the joins. Taken
   // by the next plan(). kJoinLayers: fastest on one GPU (H100, seed64); kDistributedJoinLayers:

@@ -84,6 +84,8 @@ void Network::plan(int B, Mode m) {
   if (recomputed) report_ += "backward recomputes the normalized activations (less memory, slower)\n";
   if (const Blocks* bk = blocks(); bk && bk->bias_links)
     report_ += std::to_string(bk->bias_links) + " conv bias gradients from the next layer's norm backward\n";
+  if (const Blocks* bk = blocks(); bk && bk->filter_sums)
+    report_ += std::to_string(bk->filter_sums) + " ResBlocks' bias gradients from their filter gradients\n";
   if (const Blocks* bk = blocks(); bk && bk->fused_norms)
     report_ += std::to_string(bk->fused_norms) +
                " ResBlock convs apply their GroupNorm + SiLU as they read (not stored; UNET_FUSE_NORM)\n";
