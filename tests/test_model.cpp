@@ -375,48 +375,40 @@ TEST(Model, RecomputingNormalizedInputsGivesTheSameGradientsWithLessMemory) {
   }
 }
 
-// The conv bias gradients that the next layer's norm backward writes as the column totals of its
-// dx (Blocks::link_bias, on with bf16 activations): the same gradients as the side lane's own
-// column sums, up to summation order, in fp32 and in the bf16 emulation, for every block kind.
-TEST(Model, BiasGradientsFromTheNextNormAreTheColumnSums) {
+// A planning choice of where the conv bias gradients come from, off and on (set(model, on)), for
+// every block kind, in fp32 and the bf16 emulation: the plan report names it only when on, the
+// outputs are the same, the gradients the same up to summation order.
+void expect_bias_gradients_either_way(const std::function<void(Model&, bool)>& set, const char* report) {
   for (int k : {0, 1, 2}) {
     Case c = cases()[k];
     SCOPED_TRACE(c.name);
     for (Precision p : {Precision::FP32, Precision::BF16}) {
       SCOPED_TRACE(precision_name(p));
-      Fixture own(c.cfg, p, [](Model& m) { m.set_bias_from_next_norm(false); });
-      Fixture linked(c.cfg, p, [](Model& m) { m.set_bias_from_next_norm(true); });
-      EXPECT_EQ(own.model->plan_report().find("bias gradients from"), std::string::npos);
-      EXPECT_NE(linked.model->plan_report().find("bias gradients from"), std::string::npos)
-          << linked.model->plan_report();
-      EXPECT_EQ(own.out(), linked.out());
-      const std::vector<float> ga = own.grads(), gb = linked.grads();
-      EXPECT_LT(test::rel_l2(gb, ga), p == Precision::FP32 ? 1e-6 : 1e-3);
-    }
-  }
-}
-
-// A ResBlock's conv bias and embedding gradients from its filter gradients (Blocks::bias_in_filter,
-// on where those run on "wgmma" in tf32; forced here on the CPU) instead of from the norms' dx
-// passes: the same gradients up to summation order, the same outputs, for every block kind
-// (resampling, scale-shift: the bias only, dropout, attention), in fp32 and the bf16 emulation.
-TEST(Model, BiasGradientsFromTheFilterGradientsAreTheNormsColumnSums) {
-  for (int k : {0, 1, 2}) {
-    Case c = cases()[k];
-    SCOPED_TRACE(c.name);
-    for (Precision p : {Precision::FP32, Precision::BF16}) {
-      SCOPED_TRACE(precision_name(p));
-      Fixture norms(c.cfg, p, [](Model& m) { m.set_bias_from_filter_grads(false); });
-      Fixture filters(c.cfg, p, [](Model& m) { m.set_bias_from_filter_grads(true); });
-      EXPECT_EQ(norms.model->plan_report().find("from their filter gradients"), std::string::npos);
-      EXPECT_NE(filters.model->plan_report().find("from their filter gradients"), std::string::npos)
-          << filters.model->plan_report();
-      EXPECT_EQ(norms.out(), filters.out());
-      const std::vector<float> ga = norms.grads(), gb = filters.grads();
+      Fixture off(c.cfg, p, [&](Model& m) { set(m, false); });
+      Fixture on(c.cfg, p, [&](Model& m) { set(m, true); });
+      EXPECT_EQ(off.model->plan_report().find(report), std::string::npos);
+      EXPECT_NE(on.model->plan_report().find(report), std::string::npos) << on.model->plan_report();
+      EXPECT_EQ(off.out(), on.out());
+      const std::vector<float> ga = off.grads(), gb = on.grads();
       EXPECT_LT(test::rel_l2(gb, ga), p == Precision::FP32 ? 1e-6 : 1e-3);
       EXPECT_GT(test::rel_l2(ga, std::vector<float>(ga.size(), 0.f)), 0.1);
     }
   }
+}
+
+// The conv bias gradients that the next layer's norm backward writes as the column totals of its
+// dx (Blocks::link_bias, on with bf16 activations) vs the side lane's own column sums.
+TEST(Model, BiasGradientsFromTheNextNormAreTheColumnSums) {
+  expect_bias_gradients_either_way([](Model& m, bool on) { m.set_bias_from_next_norm(on); },
+                                   "bias gradients from the next layer's norm");
+}
+
+// A ResBlock's conv bias and embedding gradients from its filter gradients (Blocks::bias_in_filter,
+// on where those run on "wgmma" in tf32; forced here on the CPU) vs from the norms' dx passes
+// (resampling, scale-shift: the biases only, dropout, attention).
+TEST(Model, BiasGradientsFromTheFilterGradientsAreTheNormsColumnSums) {
+  expect_bias_gradients_either_way([](Model& m, bool on) { m.set_bias_from_filter_grads(on); },
+                                   "from their filter gradients");
 }
 
 // UNET_CONV_STATS=1: the conv in front of a layer's first GroupNorm (from one layer to the next,
