@@ -580,7 +580,11 @@ bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
 // and 48 KB slices, tf32 step 12.97 / 13.02 -> 13.74 / 13.73 ms, bf16 7.87 / 7.88 -> 8.42 / 8.42; with
 // 64- to 256-byte chunks and 96 KB slices, 64x64 maps only: tf32 13.36 / 13.38, bf16 8.90 / 8.91
 // (sampling's forward at batch 64: tf32 7.81 -> 7.79, bf16 4.57 -> 5.76). The phases of a block
-// (load, sums, cluster barriers, apply) do not overlap, where "fused"'s passes stream.
+// (load, sums, cluster barriers, apply) do not overlap, where "fused"'s passes stream. Again
+// without shared-memory slices (2026-11-25): the forward in one launch, a sample's <= 8 blocks a
+// cluster streaming their rows as fwd_sums_kernel, the statistics met in distributed shared
+// memory, then apply_kernel's loop over the rows each block had just read (from L2): tf32 step
+// +0.03-0.05 ms, bf16 7.64 -> 7.71, sampling's forward at batch 64 tf32 7.58 -> 7.68 (same runs).
 
 constexpr size_t kSmemBytes = 48 << 10;  // the default dynamic shared memory limit
 __host__ __device__ inline size_t align16(size_t n) { return (n + 15) / 16 * 16; }
