@@ -56,9 +56,9 @@ int env_stream_data() {
   return switch_or_unset("UNET_STREAM_DATA", "must be 1 (stream the dataset from disk) or 0 (hold it in memory)");
 }
 
-int env_skip_branch() {
-  return switch_or_unset("UNET_SKIP_BRANCH",
-                         "must be 1 (a ResBlock's skip-connection gradient on a third stream) or 0 (on the main lane)");
+bool env_skip_branch(bool dflt) {
+  return switch_var("UNET_SKIP_BRANCH", dflt,
+                    "must be 1 (a ResBlock's skip-connection gradient on a third stream) or 0 (on the main lane)");
 }
 
 bool env_pdl() {
@@ -126,7 +126,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_conv_stats();
   env_fuse_norm();
   env_lanes();
-  env_skip_branch();
+  env_skip_branch(false);
   env_cpu_comm();
   const std::string cache = cudnn_cache_path();
   if (cache.empty()) return;

@@ -44,8 +44,8 @@ bool env_conv_stats();
 bool env_fuse_norm();
 // UNET_LANES: false for "0"; true when unset, empty or "1".
 bool env_lanes();
-// UNET_SKIP_BRANCH: 1 or 0; -1 when unset or empty.
-int env_skip_branch();
+// UNET_SKIP_BRANCH: true for "1", false for "0"; dflt when unset or empty.
+bool env_skip_branch(bool dflt);
 // UNET_STREAM_PRIORITY: false for "0"; true when unset, empty or "1".
 bool env_stream_priority();
 // UNET_CPU_COMM: "tcp", "mpi", or "" when unset.

@@ -29,7 +29,7 @@ Blocks::Blocks(Engine& e, const ModelConfig& c, const ParamTable& t, const Tenso
       conv_stats(env_conv_stats()),
       fuse_norm(env_fuse_norm()),
       lanes(env_lanes()),
-      skip_branch(lanes && (env_skip_branch() < 0 ? A == DType::BF16 : env_skip_branch() == 1)),
+      skip_branch(lanes && env_skip_branch(A == DType::BF16)),
       link_bias(A == DType::BF16),
       params_(params),
       shadow_(shadow),
@@ -492,7 +492,9 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
                                                s.fuse2 ? gn2(s) : NormIn{}});
   const bool f1 = wgrad && sums_in_filter(ConvBwdFilter{x1, at(s.b_dh1), Gc(s.w0, co, 3, ci), gvec(s.b0, co), {},
                                                         1, s.fuse1 ? gn1(s) : NormIn{}});
-  const bool e1 = f1 && emb_sums_in_filter();
+  // (the embedding's gradient when it is added, not scale-shifted, and the grouped embedding
+  // backward sums it after a join: emb_from_filter)
+  const bool e1 = f1 && !ss && group_emb_;
   if (tracing && (f1 || f2)) ++filter_sums;
   if (e1) emb_from_filter = true;
   Tensor dxs = dout;

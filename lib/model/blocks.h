@@ -234,7 +234,6 @@ struct Blocks {
     if (bias_in_filter >= 0) return bias_in_filter == 1;
     return eng.precision() == Precision::TF32 && ops().variant(op) == "wgmma";
   }
-  bool emb_sums_in_filter() const { return bias_in_filter != 0 && !cfg.use_scale_shift_norm && group_emb_; }
   int bias_links = 0;
   void join_lanes() {
     if (lanes) ops().join();
