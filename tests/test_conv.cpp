@@ -249,6 +249,12 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("3x3 wgmma wgrad 32", 2, 32, 64, 128, 3, 1, true, false);
   check_conv("3x3 wgmma wgrad 64", 2, 64, 64, 64, 3, 1, true, true);
   check_conv("3x3 wgmma wgrad 128", 1, 128, 64, 64, 3, 1, false, false);
+  // "pointwise" (tf32 1x1 filter gradients, 64 x 64-channel tiles, K blocks of 32 pixels): a last
+  // K block past the last pixel (147 pixels: 2 splits of 3 blocks, the last one partial), 16
+  // splits of 4, and 9 tiles of one split each (the bias gradient from one split's partials).
+  check_conv("1x1 pointwise tail", 3, 7, 64, 128, 1, 1, false, false);
+  check_conv("1x1 pointwise splits", 2, 32, 128, 64, 1, 1, false, false);
+  check_conv("1x1 pointwise tiles", 1, 8, 192, 192, 1, 1, false, true);
   // The model's output layer: activation inputs, an f32 output (bf16 in, f32 out in bf16 engines),
   // forward only; B, H, Ci, Co, emb, res:
   //  * small, and the released models' 192 -> 6 (learned sigma);
@@ -281,7 +287,8 @@ TEST(ConvVariants, SmallOddShapes) {
 // The model's last layer (C -> 3 or 6 channels) runs on "narrow" by default in fp32 and on
 // "narrow_tc" in tf32 and bf16: cuDNN has no engine for its bf16 input with an f32 output, and im2col +
 // GEMM at N = 3 was 4% of imagenet64's sampling forward; the first and last layers' tf32 filter
-// gradients on "narrow_wgrad". (Their accuracy is checked with every other variant above.)
+// gradients on "narrow_wgrad", the 1x1 ones on "pointwise". (Their accuracy is checked with every
+// other variant above.)
 TEST(ConvVariants, NarrowRunsTheOutputLayer) {
   SKIP_WITHOUT_GPU();
   for (Precision p : {Precision::FP32, Precision::TF32, Precision::BF16}) {
@@ -300,6 +307,10 @@ TEST(ConvVariants, NarrowRunsTheOutputLayer) {
     const ConvBwdFilter last{A(g->act_dtype(), {2, 8, 8, 64}), A(g->act_dtype(), {2, 8, 8, 3}),
                              A(DType::F32, {3, 3, 3, 64}), A(DType::F32, {3}), {}, 1};
     EXPECT_EQ(g->base_ops().variant(last) == "narrow_wgrad", p == Precision::TF32) << g->base_ops().variant(last);
+    // a skip connection's filter gradient (192 -> 64, 1x1): "pointwise" in tf32
+    const ConvBwdFilter skip{A(g->act_dtype(), {2, 8, 8, 192}), A(g->act_dtype(), {2, 8, 8, 64}),
+                             A(DType::F32, {64, 1, 1, 192}), A(DType::F32, {64}), {}, 1};
+    EXPECT_EQ(g->base_ops().variant(skip) == "pointwise", p == Precision::TF32) << g->base_ops().variant(skip);
   }
 }
 

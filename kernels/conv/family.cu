@@ -2,7 +2,8 @@
 // output channels (the model's last layer; narrow.cu: "narrow_tc" on tensor cores for bf16 and tf32 3x3,
 // "narrow" on f32 FMAs for the rest) and the tf32 filter gradient of convs with at most 3 input
 // channels (the first layer; "narrow_wgrad"), in fp32 mode unet's implicit GEMMs on FMAs (simt.cu), in tf32
-// and bf16 on Hopper the 3x3 filter gradients of wgmma.cu (faster than cuDNN's in the step), then cuDNN when it is present and has a
+// and bf16 on Hopper the 3x3 filter gradients of wgmma.cu (faster than cuDNN's in the step), the tf32 1x1 filter
+// gradients on mma.sync (pointwise.cu; cuDNN's ran on sm80 GEMMs with split-K reduce launches), then cuDNN when it is present and has a
 // deterministic engine for the shape (forwards with bias / residual as one fused cuDNN kernel
 // where that timed faster, then with unet's row-block epilogue and bias gradients, then
 // with the earlier elementwise ones), else unet's own im2col + cuBLAS; last, only when forced, as
@@ -18,6 +19,7 @@ void register_conv_cuda(CudaOps& ops) {
 #ifdef UNET_HAVE_SM90A
   register_conv_wgmma_filter(ops);
 #endif
+  register_conv_pointwise(ops);
   register_conv_cudnn_epi(ops);
   register_conv_cudnn_fused(ops);
   register_conv_cudnn(ops);

@@ -248,6 +248,7 @@ void register_conv_cuda(CudaOps& ops);  // kernels/conv/family.cu: the variants 
 void register_conv_narrow(CudaOps& ops);
 void register_conv_simt(CudaOps& ops);
 void register_conv_mma(CudaOps& ops);
+void register_conv_pointwise(CudaOps& ops);
 void register_conv_wgmma(CudaOps& ops);         // sm_90a builds only (UNET_HAVE_SM90A)
 void register_conv_wgmma_filter(CudaOps& ops);  // (the same)
 void register_conv_cudnn_epi(CudaOps& ops);
