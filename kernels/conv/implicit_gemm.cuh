@@ -69,6 +69,25 @@ __device__ __forceinline__ void add_terms(float4& v, const float* bias, const fl
   if (emb) add(ldg4(emb + b * N + n));
   if (res) add(ldg4(res + o));
 }
+// Slice sums: the float4 j of part [S][n4 * 4] summed over the S slices in order (deterministic), 8
+// slices' loads in flight at a time (the same additions in the same order as one at a time: the
+// finishing launches of the split-K filter gradients had waited out ~S / 4 L2 round trips each).
+__device__ __forceinline__ float4 sum_slices(const float* __restrict__ part, int S, size_t n4, size_t j) {
+  float4 v = ldg4(part + 4 * j);
+  int z = 1;
+  for (; z + 8 <= S; z += 8) {
+    float4 q[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) q[u] = ldg4(part + (size_t)(z + u) * n4 * 4 + 4 * j);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v.x += q[u].x, v.y += q[u].y, v.z += q[u].z, v.w += q[u].w;
+  }
+  for (; z < S; ++z) {
+    const float4 q = ldg4(part + (size_t)z * n4 * 4 + 4 * j);
+    v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
+  }
+  return v;
+}
 // out[i] = sum over z of part[z][i] (z in order: deterministic), with TERMS + bias[n] + emb[b, n] +
 // res[i] when given (i = m N + n, b = m / HW): the split-K variants' final pass (forwards, filter
 // gradients). n4 = elements / 4 per slice; slices n4 * 4 floats apart.
@@ -78,11 +97,7 @@ __global__ void splitsum_kernel(const float* __restrict__ part, int S, size_t n4
                                 const float* __restrict__ res, int N, int HW) {
   pdl_entry();
   for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n4; j += (size_t)gridDim.x * blockDim.x) {
-    float4 v = ldg4(part + 4 * j);
-    for (int z = 1; z < S; ++z) {
-      const float4 q = ldg4(part + (size_t)z * n4 * 4 + 4 * j);
-      v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-    }
+    float4 v = sum_slices(part, S, n4, j);
     if constexpr (TERMS) add_terms(v, bias, emb, res, (int)(4 * j % N), 4 * j / ((size_t)HW * N), N, 4 * j);
     reinterpret_cast<float4*>(out)[j] = v;
   }

@@ -171,19 +171,23 @@ __global__ void __launch_bounds__(256)
   pdl_entry();
   if ((int)blockIdx.x < nsplit) {
     for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n4; j += (size_t)nsplit * blockDim.x) {
-      float4 v = ldg4(part + 4 * j);
-      for (int z = 1; z < S; ++z) {
-        const float4 q = ldg4(part + (size_t)z * n4 * 4 + 4 * j);
-        v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-      }
-      reinterpret_cast<float4*>(dw)[j] = v;
+      reinterpret_cast<float4*>(dw)[j] = sum_slices(part, S, n4, j);
     }
     return;
   }
   const int co = (blockIdx.x - nsplit) * blockDim.x + threadIdx.x;
   if (co >= Co) return;
   double v = 0.0;
-  for (int s = 0; s < PSLOTS * S; ++s) v += csum[(size_t)s * Co + co];
+  const int n = PSLOTS * S;
+  int s = 0;
+  for (; s + 8 <= n; s += 8) {  // (8 loads in flight, added in order)
+    float f[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) f[u] = csum[(size_t)(s + u) * Co + co];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v += f[u];
+  }
+  for (; s < n; ++s) v += csum[(size_t)s * Co + co];
   total[co] = (float)v;
 }
 

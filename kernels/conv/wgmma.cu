@@ -1162,12 +1162,7 @@ __global__ void __launch_bounds__(256)
   pdl_entry();
   if ((int)blockIdx.x < nsplit) {
     for (size_t j = blockIdx.x * (size_t)blockDim.x + threadIdx.x; j < n4; j += (size_t)nsplit * blockDim.x) {
-      float4 v = ldg4(part + 4 * j);
-      for (int z = 1; z < S; ++z) {
-        const float4 q = ldg4(part + (size_t)z * n4 * 4 + 4 * j);
-        v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
-      }
-      reinterpret_cast<float4*>(dw)[j] = v;
+      reinterpret_cast<float4*>(dw)[j] = sum_slices(part, S, n4, j);
     }
     return;
   }
