@@ -375,6 +375,7 @@ void Blocks::res_fwd(L& s) {
   const bool ss = cfg.use_scale_shift_norm;
   Device& d = eng.device();
   if (!group_emb_) {  // else emb_layers_fwd made e
+    join_emb();
     ScopedRange r(d, "emb_layers");
     run(LinearFwd{at(semb), P(s.ew, {ss ? 2 * co : co, ed}), vec(s.eb, ss ? 2 * co : co), at(s.e)});
   }
@@ -408,6 +409,7 @@ void Blocks::res_fwd(L& s) {
     res = at(s.f_sk);
   }
   ScopedRange r(d, "out_layers");
+  join_emb();  // (GN2 adds e)
   res_conv2_input(s, s.f_n2);
   if (skip_side) join_lanes();
   ConvFwd c2{s.fuse2 ? at(s.h1) : at(s.f_n2), Wc(s.w2, co, 3, co), vec(s.b2, co), {}, res, at(s.out), 1};

@@ -237,7 +237,20 @@ struct Blocks {
   int bias_links = 0;
   void join_lanes() {
     if (lanes) ops().join();
+    emb_pending = false;
   }
+  // With lanes, the forward's embedding (the timestep MLP and the ResBlocks' projections) runs on
+  // the side lane beside the input conv and the first norm (embedding_fwd_side); the first op that
+  // reads it joins the lanes (join_emb: a ResBlock's first linear or second norm).
+  void embedding_fwd_side(const Tensor& t_in, const Tensor& labels) {
+    if (lanes) ops().lane(true);
+    embedding_fwd(t_in, labels);
+    if (lanes) ops().lane(false), emb_pending = true;
+  }
+  void join_emb() {
+    if (emb_pending) join_lanes();
+  }
+  bool emb_pending = false;
 
  private:
   const Tensor& params_;

@@ -201,7 +201,7 @@ struct Model::Impl {
       bk.layer_fwd(in_blocks[0][0], x_in);
       return;
     }
-    bk.embedding_fwd(t_in, labels_in);
+    bk.embedding_fwd_side(t_in, labels_in);
     Tensor h = x_in;
     if (A != DType::F32) {
       run(Cast{x_in, at(x_a)});
@@ -244,6 +244,7 @@ struct Model::Impl {
       run(GroupNormFwd{h, bk.vec(on_w, C), bk.vec(on_b, C), {}, at(n_out), at(o_mean), at(o_rstd), true});
     run(ConvFwd{
         at(n_out), bk.Wc(oc_w, cfg.out_channels(), 3, C), bk.vec(oc_b, cfg.out_channels()), {}, {}, out, 1});
+    bk.join_emb();  // (a network without ResBlocks)
   }
 
   // ---------------- backward ----------------
