@@ -249,10 +249,10 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("3x3 wgmma wgrad 32", 2, 32, 64, 128, 3, 1, true, false);
   check_conv("3x3 wgmma wgrad 64", 2, 64, 64, 64, 3, 1, true, true);
   check_conv("3x3 wgmma wgrad 128", 1, 128, 64, 64, 3, 1, false, false);
-  // "pointwise" (tf32 1x1 filter gradients, 64 x 64-channel tiles, K blocks of 32 pixels): a last
-  // K block past the last pixel (147 pixels: 2 splits of 3 blocks, the last one partial), 16
-  // splits of 4, and 9 tiles of one split each (the bias gradient from one split's partials).
-  check_conv("1x1 pointwise tail", 3, 7, 64, 128, 1, 1, false, false);
+  // "pointwise" (tf32 1x1 filter gradients, 64 x 64-channel tiles, K blocks of 64 pixels): 1083
+  // pixels (4 splits of 4 K blocks and a last of 1, 59 pixels past the end), 8 splits of 4, and 9
+  // tiles of one split each (the bias gradient from one split's partials).
+  check_conv("1x1 pointwise tail", 3, 19, 64, 128, 1, 1, false, false);
   check_conv("1x1 pointwise splits", 2, 32, 128, 64, 1, 1, false, false);
   check_conv("1x1 pointwise tiles", 1, 8, 192, 192, 1, 1, false, true);
   // The model's output layer: activation inputs, an f32 output (bf16 in, f32 out in bf16 engines),
