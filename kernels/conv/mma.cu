@@ -41,15 +41,6 @@ using namespace igemm;
 // Block tile: BM output pixels; K blocks of BK input channels of one tap; cp.async stages.
 constexpr int BM = 128, BK = 32, STAGES = 4;
 
-// 16 bytes global -> shared; zeros when !ok (src-size 0: nothing is read).
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 // Byte offset of 16-byte chunk c of row r in a [rows][BK] bf16 tile (64-byte rows), the chunk
 // swizzled so that 8 consecutive rows' chunk c lie in 8 distinct 16-byte bank groups.
 __device__ __forceinline__ uint32_t tile_off(int r, int c) { return (uint32_t)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4)); }

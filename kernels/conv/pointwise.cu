@@ -41,15 +41,6 @@ constexpr int PT = 64, PK = 64, PSTAGES = 3, PTHREADS = 256, PITCH = PT + 8;  //
 constexpr int PSLOTS = PTHREADS / 64;  // column-sum partials a split
 constexpr int TILE_FLOATS = PK * PITCH, PW_SMEM = PSTAGES * 2 * TILE_FLOATS * 4;
 
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 struct PwArgs {
   const float *x, *dy;
   float* out;           // [splits][Co][Ci] (dW itself for one split)

@@ -1,6 +1,7 @@
 // Warp-level tensor-core PTX (sm_80 and later) shared by the hand-written mma.sync kernels
-// (attention/flash.cu, conv/mma.cu, conv/narrow.cu): the ldmatrix loads, the m16n8 MMA shapes and
-// tf32 rounding. Fragments as the PTX ISA lays them out (a row-major, b column-major).
+// (attention/flash.cu, conv/mma.cu, conv/narrow.cu, conv/pointwise.cu): the ldmatrix loads, the
+// m16n8 MMA shapes, tf32 rounding and the cp.async copies that feed them. Fragments as the PTX ISA
+// lays them out (a row-major, b column-major).
 #pragma once
 #include <cstdint>
 
@@ -41,6 +42,17 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// cp.async (sm_80+): 16 bytes global -> shared (dst a shared address), zeros when !ok (src-size 0:
+// nothing is read); commit the issued copies as a group; wait until at most N groups are pending.
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 }  // namespace unet
