@@ -182,14 +182,25 @@ __global__ void __launch_bounds__(256)
   total[co] = (float)v;
 }
 
-// About kBlocks blocks (one wave of an H100 at one block per SM), at least 4 K blocks a split.
+// The split K of an op: about kBlocks blocks (one wave of an H100 at one block per SM), at least 4
+// K blocks a split; the workspace holds the splits' slices of dW (with more than one) and then the
+// column-sum partials (with a bias gradient).
 constexpr int kBlocks = 132;
-int pw_splits(long long P, int Ci, int Co, int& per, int& KB) {
-  KB = (int)((P + PK - 1) / PK);
-  const int tiles = (Ci / PT) * (Co / PT);
-  const int want = std::max(1, std::min((KB + 3) / 4, (kBlocks + tiles / 2) / tiles));
-  per = (KB + want - 1) / want;
-  return (KB + per - 1) / per;
+struct PwPlan {
+  int KB, per, splits;
+  size_t slices, bytes;  // the slices' bytes; the workspace's
+};
+PwPlan pw_plan(const ConvBwdFilter& o) {
+  const Geo g = filter_geo(o);
+  PwPlan p;
+  p.KB = (int)((g.M() + PK - 1) / PK);
+  const int tiles = (g.Ci / PT) * (g.Co / PT);
+  const int want = std::max(1, std::min((p.KB + 3) / 4, (kBlocks + tiles / 2) / tiles));
+  p.per = (p.KB + want - 1) / want;
+  p.splits = (p.KB + p.per - 1) / p.per;
+  p.slices = p.splits > 1 ? round256((size_t)p.splits * o.dw.numel() * 4) : 0;
+  p.bytes = p.slices + (o.db.defined() ? round256((size_t)p.splits * PSLOTS * g.Co * 4) : 0);
+  return p;
 }
 
 bool pw_ok(const ConvBwdFilter& o, const CudaCtx& c) {
@@ -201,23 +212,16 @@ bool pw_ok(const ConvBwdFilter& o, const CudaCtx& c) {
   return g.Ci % PT == 0 && g.Co % PT == 0 && (long long)(g.Ci / PT) * (g.Co / PT) <= 65535 &&
          g.M() < (1LL << 40) && aligned16(o.x.data) && aligned16(o.dy.data) && aligned16(o.dw.data);
 }
-size_t pw_ws(const ConvBwdFilter& o, const CudaCtx&) {
-  const Geo g = filter_geo(o);
-  int per = 0, KB = 0;
-  const int splits = pw_splits(g.M(), g.Ci, g.Co, per, KB);
-  const size_t slices = splits > 1 ? round256((size_t)splits * o.dw.numel() * 4) : 0;
-  return slices + (o.db.defined() ? round256((size_t)splits * PSLOTS * g.Co * 4) : 0);
-}
+size_t pw_ws(const ConvBwdFilter& o, const CudaCtx&) { return pw_plan(o).bytes; }
 void pw_wgrad(const ConvBwdFilter& o, CudaCtx& ctx) {
   need_aligned("pointwise", {o.x.data, o.dy.data, o.dw.data, ctx.ws});
   const Geo g = filter_geo(o);
-  int per = 0, KB = 0;
-  const int splits = pw_splits(g.M(), g.Ci, g.Co, per, KB);
+  const PwPlan p = pw_plan(o);
+  const int splits = p.splits;
   const size_t n = (size_t)o.dw.numel();
-  const size_t slices = splits > 1 ? round256((size_t)splits * n * 4) : 0;
-  float* csum = o.db.defined() ? reinterpret_cast<float*>(static_cast<char*>(ctx.ws) + slices) : nullptr;
+  float* csum = o.db.defined() ? reinterpret_cast<float*>(static_cast<char*>(ctx.ws) + p.slices) : nullptr;
   const PwArgs pa{dptr<float>(o.x), dptr<float>(o.dy), splits > 1 ? static_cast<float*>(ctx.ws) : dptr<float>(o.dw),
-                  n, csum, g.M(), g.Ci, g.Co, KB, per};
+                  n, csum, g.M(), g.Ci, g.Co, p.KB, p.per};
   const dim3 grid((g.Ci / PT) * (g.Co / PT), splits);
   static const bool attr = (allow_dynamic_smem(pw_wgrad_kernel, PW_SMEM), true);
   (void)attr;

@@ -1197,10 +1197,11 @@ __global__ void __launch_bounds__(256)
 bool fused_sums(const ConvBwdFilter& o, const CudaCtx& c) {
   return c.prec == Precision::TF32 && (o.db.defined() || o.demb.defined());
 }
+// K blocks an image holds.
+int filter_per_img(const Geo& g) { return (int)((long long)g.H * g.W / FK); }
 // Images a split's K blocks can touch (the column sums' slots per split).
 int filter_imgs(const Geo& g, int per) {
-  const int per_img = (int)((long long)g.H * g.W / FK);
-  return std::min(g.B, (per - 1) / per_img + 2);
+  return std::min(g.B, (per - 1) / filter_per_img(g) + 2);
 }
 size_t split_bytes(const ConvBwdFilter& o, int splits) {
   return splits > 1 ? round256((size_t)splits * o.dw.numel() * 4) : 0;
@@ -1255,7 +1256,7 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   if (nsplit + ncsum == 0) return;
   filter_finish_kernel<<<nsplit + ncsum, 256, 0, ctx.stream>>>(
       static_cast<const float*>(ctx.ws), splits, n / 4, dptr<float>(o.dw), nsplit, csum, g.B, g.Co, splits, per,
-      (int)((long long)g.H * g.W / FK), imgs, dptr<float>(o.demb), dptr<float>(o.db));
+      filter_per_img(g), imgs, dptr<float>(o.demb), dptr<float>(o.db));
   KERNEL_CHECK();
 }
 
