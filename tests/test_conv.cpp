@@ -217,6 +217,12 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("3x3 out conv 64x64", 2, 64, 64, 3, 3, 1, false, false);
   check_conv("3x3 out conv odd", 3, 13, 16, 1, 3, 1, false, true);
   check_conv("3x3 out conv 128 -> 2", 2, 67, 128, 2, 3, 1, false, false);
+  // "narrow_dgrad" (the last layer's data gradient, every precision) takes those too; here also 6
+  // outputs (learned sigma) and a run-time count (5) with 9 and 50 channel vectors for 16 lanes
+  // and partial row / column tiles
+  check_conv("3x3 out conv 192 -> 6", 2, 9, 192, 6, 3, 1, false, false);
+  check_conv("3x3 out conv 36 -> 5 odd", 3, 11, 36, 5, 3, 1, false, false);
+  check_conv("3x3 out conv 200 -> 8", 1, 70, 200, 8, 3, 1, false, false);
   check_conv("1x1 simt", 2, 9, 40, 36, 1, 1, false, true);
   check_conv("3x3 simt split", 2, 4, 256, 64, 3, 1, true, true);
   // "mma" (bf16 forward): partial pixel tiles (M = 507) with a partial 128-channel tile (Co = 72)
@@ -287,7 +293,8 @@ TEST(ConvVariants, SmallOddShapes) {
 // The model's last layer (C -> 3 or 6 channels) runs on "narrow" by default in fp32 and on
 // "narrow_tc" in tf32 and bf16: cuDNN has no engine for its bf16 input with an f32 output, and im2col +
 // GEMM at N = 3 was 4% of imagenet64's sampling forward; the first and last layers' tf32 filter
-// gradients on "narrow_wgrad", the 1x1 ones on "pointwise". (Their accuracy is checked with every
+// gradients on "narrow_wgrad", the 1x1 ones on "pointwise", the last layer's data gradient on
+// "narrow_dgrad". (Their accuracy is checked with every
 // other variant above.)
 TEST(ConvVariants, NarrowRunsTheOutputLayer) {
   SKIP_WITHOUT_GPU();
@@ -307,6 +314,10 @@ TEST(ConvVariants, NarrowRunsTheOutputLayer) {
     const ConvBwdFilter last{A(g->act_dtype(), {2, 8, 8, 64}), A(g->act_dtype(), {2, 8, 8, 3}),
                              A(DType::F32, {3, 3, 3, 64}), A(DType::F32, {3}), {}, 1};
     EXPECT_EQ(g->base_ops().variant(last) == "narrow_wgrad", p == Precision::TF32) << g->base_ops().variant(last);
+    // its data gradient (3 -> 64): "narrow_dgrad" in every precision
+    const ConvBwdData last_dx{A(g->act_dtype(), {2, 8, 8, 3}), A(g->act_dtype(), {3, 3, 3, 64}),
+                              A(g->act_dtype(), {2, 8, 8, 64}), 1};
+    EXPECT_EQ(g->base_ops().variant(last_dx), "narrow_dgrad");
     // a skip connection's filter gradient (192 -> 64, 1x1): "pointwise" in tf32
     const ConvBwdFilter skip{A(g->act_dtype(), {2, 8, 8, 192}), A(g->act_dtype(), {2, 8, 8, 64}),
                              A(DType::F32, {64, 1, 1, 192}), A(DType::F32, {64}), {}, 1};

@@ -1,7 +1,8 @@
 // Convolution variant "narrow": ConvFwd with at most 8 output channels — the UNet's last layer
 // (C -> 3, or 6 with learned sigma) — as a direct convolution on CUDA cores. Further down:
-// "narrow_tc", the same on tensor cores (bf16, tf32), and "narrow_wgrad", the tf32 filter gradient
-// of a conv with at most 3 input or output channels (the first and last layers).
+// "narrow_tc", the same on tensor cores (bf16, tf32), "narrow_dgrad", that layer's data gradient
+// (f32 FMAs, every precision), and "narrow_wgrad", the tf32 filter gradient of a conv with at
+// most 3 input or output channels (the first and last layers).
 //
 // Why: such a layer is a GEMM with N = 3..8, which tensor-core engines run at a few TFLOP/s, and
 // cuDNN has no engine at all for bf16 inputs with an f32 output (the model's output is f32), so
@@ -385,6 +386,133 @@ bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
          aligned16(o.w.data) && o.x.dim[1] == o.y.dim[1] && o.x.dim[2] == o.y.dim[2];
 }
 
+// ---- variant "narrow_dgrad": the data gradient of a conv with at most 8 output channels ----
+// The last layer's (C -> 3 or 6, 3x3) dx [B, H, W, C] from dy [B, H, W, Co]: cuDNN padded dy's
+// channels (nhwcAddPadding, 22 us at seed64's 64x64 batch 32) and ran an sm80 dgrad kernel (55
+// us), the first kernels of the backward's serial chain, for 0.45 GFLOP and a 34 MB write. As
+// "narrow"'s forward it is a direct convolution on f32 FMAs: a block takes 2 rows x 64 columns of
+// one image, dy's 4 x 66 neighbourhood (zero padding included) and the whole filter as f32 in
+// shared memory; a thread owns one 4-channel vector of dx for a run of 8 pixels of a row, so each
+// (tap row, output channel) is 10 dy values (broadcast to the 16 threads of a run) and 3 weight
+// vectors for 96 FMAs, and the 16 threads of a run store its pixels' channels as one contiguous
+// span. Every output is one thread's sum in a fixed order (ky, co, kx): deterministic, and f32
+// products in every precision (tf32 included: at least as accurate as cuDNN's tf32).
+constexpr int kDgCols = 64, kDgRows = 2, kDgRun = 8;  // a run: 8 consecutive pixels of a row
+constexpr int kDgThreads = 256, kDgLanes = kDgThreads / (kDgRows * kDgCols / kDgRun);  // 16 channel vectors
+size_t dg_smem_bytes(int Cw, int Cn) {
+  return (size_t)(9 * Cn * Cw + (kDgRows + 2) * (kDgCols + 2) * Cn) * sizeof(float);
+}
+
+// Four consecutive channels at element i of dx (16-byte stores of f32, 8-byte of bf16).
+__device__ __forceinline__ void st4v(float* p, size_t i, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void st4v(bf16* p, size_t i, const float (&v)[4]) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+  uint2 u;
+  u.x = *reinterpret_cast<const uint32_t*>(&a);
+  u.y = *reinterpret_cast<const uint32_t*>(&b);
+  *reinterpret_cast<uint2*>(p + i) = u;
+}
+
+// dx[b][y][x][ci] = sum over (ky, co, kx) of dy[b][y + 1 - ky][x + 1 - kx][co] w[co][ky][kx][ci].
+// CN: dy's channels when fixed at compile time (3, 6), else 0 and Cn <= 8 at run time.
+template <class T, int CN>
+__global__ void __launch_bounds__(kDgThreads, 3)
+    narrow_dgrad_kernel(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx, int H, int W, int Cw,
+                        int Cn_rt) {
+  pdl_entry();
+  constexpr int CM = CN ? CN : kMaxCo;
+  const int Cn = CN ? CN : Cn_rt;
+  extern __shared__ float4 dg_smem4[];
+  float* wsm = reinterpret_cast<float*>(dg_smem4);  // [tap][Cn][Cw]
+  float* sdy = wsm + 9 * Cn * Cw;                     // [kDgRows + 2][kDgCols + 2][Cn]
+  const int x0 = blockIdx.x * kDgCols, y0 = blockIdx.y * kDgRows, b = blockIdx.z, t = threadIdx.x;
+  for (int i = t; i < 9 * Cn * Cw; i += kDgThreads) {  // w is [Cn][3][3][Cw]
+    const int ci = i % Cw, r = i / Cw, tap = r % 9, co = r / 9;
+    wsm[(tap * Cn + co) * Cw + ci] = ldf(w, i);
+  }
+  for (int i = t; i < (kDgRows + 2) * (kDgCols + 2) * Cn; i += kDgThreads) {
+    const int co = i % Cn, r = i / Cn, iy = y0 - 1 + r / (kDgCols + 2), ix = x0 - 1 + r % (kDgCols + 2);
+    sdy[i] = iy >= 0 && iy < H && ix >= 0 && ix < W ? ldf(dy, (((size_t)b * H + iy) * W + ix) * Cn + co) : 0.f;
+  }
+  __syncthreads();
+  const int lane = t % kDgLanes, run = t / kDgLanes;
+  const int ry = run / (kDgCols / kDgRun), xl = run % (kDgCols / kDgRun) * kDgRun, y = y0 + ry;
+  if (y >= H || x0 + xl >= W) return;  // (no barrier follows)
+  for (int j = lane; j < Cw / 4; j += kDgLanes) {
+    float acc[kDgRun][4];
+#pragma unroll
+    for (int p = 0; p < kDgRun; ++p) acc[p][0] = acc[p][1] = acc[p][2] = acc[p][3] = 0.f;
+#pragma unroll 1  // (unrolled, the loads of all 9 (ky, co) were hoisted: 177 registers, one block an SM)
+    for (int ky = 0; ky < 3; ++ky) {
+      // dy row y + 1 - ky is tile row ry + 2 - ky; pixel x0 + xl + p at kx reads tile column xl + p + 2 - kx
+      const float* drow = sdy + ((ry + 2 - ky) * (kDgCols + 2) + xl) * Cn;
+#pragma unroll
+      for (int co = 0; co < CM; ++co) {
+        if (!CN && co >= Cn) break;
+        float d[kDgRun + 2];
+#pragma unroll
+        for (int c = 0; c < kDgRun + 2; ++c) d[c] = drow[c * Cn + co];
+#pragma unroll
+        for (int kx = 0; kx < 3; ++kx) {
+          const float4 wv = *reinterpret_cast<const float4*>(wsm + ((ky * 3 + kx) * Cn + co) * Cw + 4 * j);
+#pragma unroll
+          for (int p = 0; p < kDgRun; ++p) {
+            const float v = d[p + 2 - kx];
+            acc[p][0] = fmaf(v, wv.x, acc[p][0]);
+            acc[p][1] = fmaf(v, wv.y, acc[p][1]);
+            acc[p][2] = fmaf(v, wv.z, acc[p][2]);
+            acc[p][3] = fmaf(v, wv.w, acc[p][3]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < kDgRun; ++p)
+      if (x0 + xl + p < W) st4v(dx, (((size_t)b * H + y) * W + x0 + xl + p) * Cw + 4 * j, acc[p]);
+  }
+}
+
+template <class T, int CN>
+void launch_dgrad(const ConvBwdData& o, CudaCtx& ctx) {
+  auto kern = narrow_dgrad_kernel<T, CN>;
+  const int B = (int)o.dx.dim[0], H = (int)o.dx.dim[1], W = (int)o.dx.dim[2], Cw = (int)o.dx.dim[3];
+  const int Cn = (int)o.dy.dim[3];
+  const size_t smem = dg_smem_bytes(Cw, Cn);
+  static size_t smem_set = 48 * 1024;  // per instantiation: the default opt-in limit
+  if (smem > smem_set) {
+    allow_dynamic_smem(kern, kMaxSmem);
+    smem_set = kMaxSmem;
+  }
+  const dim3 grid((W + kDgCols - 1) / kDgCols, (H + kDgRows - 1) / kDgRows, B);
+  kern<<<grid, kDgThreads, smem, ctx.stream>>>(dptr<T>(o.dy), dptr<T>(o.w), dptr<T>(o.dx), H, W, Cw, Cn);
+  KERNEL_CHECK();
+}
+
+template <class T>
+void dispatch_dgrad(const ConvBwdData& o, CudaCtx& ctx) {
+  const int Cn = (int)o.dy.dim[3];
+  if (Cn == 3) return launch_dgrad<T, 3>(o, ctx);
+  if (Cn == 6) return launch_dgrad<T, 6>(o, ctx);
+  launch_dgrad<T, 0>(o, ctx);
+}
+
+void narrow_dgrad(const ConvBwdData& o, CudaCtx& ctx) {
+  if (o.dx.dtype == DType::BF16) return dispatch_dgrad<bf16>(o, ctx);
+  dispatch_dgrad<float>(o, ctx);
+}
+
+// 3x3 stride 1 with equal sizes, at most 8 output channels (dy's), dx's channels in 4-vectors with
+// aligned stores (16 bytes f32, 8 bf16), and the f32 filter in shared memory.
+bool narrow_dgrad_ok(const ConvBwdData& o, const CudaCtx&) {
+  const int64_t Cn = o.dy.dim[3], Cw = o.dx.dim[3];
+  return o.stride == 1 && o.w.dim[1] == 3 && o.w.dim[2] == 3 && Cn >= 1 && Cn <= kMaxCo && Cw % 4 == 0 &&
+         o.dx.dim[1] == o.dy.dim[1] && o.dx.dim[2] == o.dy.dim[2] && o.dx.dim[0] < 65536 &&
+         reinterpret_cast<uintptr_t>(o.dx.data) % (4 * dtype_size(o.dx.dtype)) == 0 &&
+         dg_smem_bytes((int)Cw, (int)Cn) <= kMaxSmem;
+}
+
 // ---- variant "narrow_wgrad": the filter gradient of a conv with at most 3 input or output channels (tf32) ----
 // The model's first layer (3 -> C, 3x3): cuDNN's deterministic tf32 engine took 79 us at seed64's
 // 64x64 batch 32 for 0.45 GFLOP, at the very end of the step's backward. As a GEMM it is
@@ -396,7 +524,8 @@ bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
 // partials are added in a fixed order (double) by a second kernel. The block count depends on the
 // shapes only, so the sums' order does too: deterministic. The last layer (C -> 3) is the same
 // GEMM with the roles swapped: dW [C x 27] = X^T . DY27, dy's neighbourhood mirrored, and the bias
-// gradient from the column sums of dy. H100, 3 -> 64 at 64x64 batch 32, same
+// gradient from dy's column sums, added by each block as it loads its pixels (per-block partials
+// beside the GEMM's; a separate column-sum launch took 44 us of the side lane for 1.5 MB). H100, 3 -> 64 at 64x64 batch 32, same
 // run: 25.4 + 14.8 us against cuDNN's ~150 us of kernels (its engine 40 us, then tensor conversion
 // 59, channel padding 15, split-K reduction 9, our bias column sums 21.5); tf32 step 13.052 /
 // 13.038 / 13.003 ms against 13.059 / 13.048 / 13.038 (and 12.937 / 12.938 / 12.938 against 12.977
@@ -418,7 +547,7 @@ size_t wg_smem_bytes(int Co) { return (size_t)kWgPix * wg_stride(Co) * 4 + (size
 // x[q][ci] dy[q - off(tap)][co]. part [block][Cw][kWgN].
 __global__ void __launch_bounds__(kWgThreads)
     narrow_wgrad_kernel(const float* __restrict__ wide, const float* __restrict__ narrow, float* __restrict__ part,
-                        int B, int H, int W, int Cn, int Cw, bool flip) {
+                        int B, int H, int W, int Cn, int Cw, bool flip, bool sum_db) {
   pdl_entry();
   extern __shared__ __align__(16) float wg_smem[];
   const int S = wg_stride(Cw);
@@ -442,6 +571,10 @@ __global__ void __launch_bounds__(kWgThreads)
     }
   }
   float acc[2][4][4] = {};  // [m-tile of this warp][n-tile][fragment] (Cw <= 128: 2 a warp)
+  // flip with db: dy's column sums (the bias gradient) over the block's pixels, as loaded (before
+  // the tf32 rounding); a thread's neighbourhood loads are always of channel t % 4.
+  const bool colsum = flip && sum_db;
+  float csum = 0.f;
   for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int x0 = (int)(tile % tx) * kWgCols, y0 = (int)(tile / tx % ty) * kWgRows, b = (int)(tile / tx / ty);
     __syncthreads();  // the previous tile's reads are done
@@ -458,6 +591,8 @@ __global__ void __launch_bounds__(kWgThreads)
       const int ci = i % 4, r = i / 4, iy = y0 - 1 + r / (kWgCols + 2), ix = x0 - 1 + r % (kWgCols + 2);
       float v = 0.f;
       if (ci < Cn && iy >= 0 && iy < H && ix >= 0 && ix < W) v = narrow[(((size_t)b * H + iy) * W + ix) * Cn + ci];
+      const int rr = r / (kWgCols + 2), cc = r % (kWgCols + 2);
+      if (colsum && rr >= 1 && rr <= kWgRows && cc >= 1 && cc <= kWgCols) csum += v;  // the tile's own pixels
       sn[i] = __uint_as_float(tf32_bits(v));
     }
     __pipeline_commit();
@@ -499,6 +634,18 @@ __global__ void __launch_bounds__(kWgThreads)
       pb[(size_t)(m + 8) * kWgN + n] = acc[j][nt][2], pb[(size_t)(m + 8) * kWgN + n + 1] = acc[j][nt][3];
     }
   }
+  if (colsum) {  // the block's column sums at row 0, columns 28 + channel (zeros from the MMAs there)
+    __shared__ float red[kWgThreads / 32][4];
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) csum += __shfl_xor_sync(0xffffffffu, csum, off);
+    if (lane < 4) red[warp][lane] = csum;
+    __syncthreads();  // (also orders the fragment stores above before these)
+    if (t < Cn) {
+      float s = 0.f;
+      for (int w = 0; w < kWgThreads / 32; ++w) s += red[w][t];
+      pb[28 + t] = s;
+    }
+  }
 }
 
 // dw [Co][3][3][Ci] (= [Co][27 columns]; flip: [27 columns][Ci], transposed) and db [Co] (the ones
@@ -537,6 +684,8 @@ __global__ void __launch_bounds__(kWgRuns* kWgSumCols)
     dw[flip ? ((size_t)(n % Cn) * 9 + n / Cn) * Cw + m : (size_t)m * 9 * Cn + n] = (float)tot;
   else if (n == 27 && db && !flip)
     db[m] = (float)tot;
+  else if (flip && db && m == 0 && n >= 28 && n < 28 + Cn)  // dy's column sums (narrow_wgrad_kernel)
+    db[n - 28] = (float)tot;
 }
 
 int wg_blocks(const ConvBwdFilter& o) {
@@ -561,12 +710,11 @@ void narrow_wgrad(const ConvBwdFilter& o, CudaCtx& ctx) {
   const int blocks = wg_blocks(o);
   float* part = static_cast<float*>(ctx.ws);
   narrow_wgrad_kernel<<<blocks, kWgThreads, wg_smem_bytes(Cw), ctx.stream>>>(
-      dptr<float>(wide), dptr<float>(narrow), part, B, H, W, Cn, Cw, flip);
+      dptr<float>(wide), dptr<float>(narrow), part, B, H, W, Cn, Cw, flip, o.db.defined());
   KERNEL_CHECK();
   narrow_wgrad_sum_kernel<<<(Cw * kWgN + kWgSumCols - 1) / kWgSumCols, kWgRuns * kWgSumCols, 0, ctx.stream>>>(
-      part, blocks, Cw, Cn, flip, dptr<float>(o.dw), flip ? nullptr : dptr<float>(o.db));
+      part, blocks, Cw, Cn, flip, dptr<float>(o.dw), dptr<float>(o.db));
   KERNEL_CHECK();
-  if (flip) rowblock::column_sums(ctx, o.dy, Tensor{}, o.db);  // (the ones column sums x there)
 }
 
 // tf32 (f32 tensors, not fp32: TF32 products), 3x3 stride 1 with equal sizes, one side at most 3
@@ -589,6 +737,7 @@ void register_conv_narrow(CudaOps& ops) {
       {"narrow_tc", no_norm<ConvFwd, stats_ok<ConvFwd, narrow_tc_ok>>, then_stats<ConvFwd, narrow_tc_fwd>, nullptr});
   ops.variants<ConvFwd>().push_back(
       {"narrow", no_norm<ConvFwd, stats_ok<ConvFwd, narrow_ok>>, then_stats<ConvFwd, narrow_fwd>, nullptr});
+  ops.variants<ConvBwdData>().push_back({"narrow_dgrad", narrow_dgrad_ok, narrow_dgrad, nullptr});
   ops.variants<ConvBwdFilter>().push_back(
       {"narrow_wgrad", no_norm<ConvBwdFilter, narrow_wgrad_ok>, narrow_wgrad, narrow_wgrad_ws});
 }
