@@ -230,8 +230,10 @@ TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {
 
 namespace {
 // Three seed64 training steps (B = 4; the first eager, then a captured graph replayed twice):
-// the weights, AdamW moments and EMA after them, flat.
-std::vector<float> seed64_steps(Precision prec, uint64_t seed, bool* early) {
+// the weights, AdamW moments and EMA after them, flat; norm_sum: the logs' sum of gradient norms
+// (finite only without poison, the gradients' NaN fill: the arena's padding is in the norm's sums).
+std::vector<float> seed64_steps(Precision prec, uint64_t seed, bool* early, float* norm_sum = nullptr,
+                                bool poison = true) {
   auto eng = make_cuda_engine(prec);
   if (!eng) return {};
   const ModelConfig cfg = preset("seed64");
@@ -250,7 +252,7 @@ std::vector<float> seed64_steps(Precision prec, uint64_t seed, bool* early) {
   const Diffusion d(cfg.diffusion_steps, cfg.noise_schedule, cfg.learn_sigma);
   const std::vector<int> ts = {5, 300, 640, 997};
   step.set_timesteps(d, ts.data(), nullptr);
-  eng->ops().run(Fill{model.grads(), NAN});  // an update that reads a gradient early reads NaN
+  eng->ops().run(Fill{model.grads(), poison ? NAN : 0.f});  // an update that reads a gradient early reads NaN
   step.enqueue(11);
   Device& dev = eng->device();
   dev.graph_begin();
@@ -262,6 +264,7 @@ std::vector<float> seed64_steps(Precision prec, uint64_t seed, bool* early) {
   std::vector<float> r(4 * n);
   eng->download(r.data(), model.params());
   opt.save(r.data() + n, r.data() + 2 * n, r.data() + 3 * n);
+  if (norm_sum) eng->download(norm_sum, opt.norm_sum());
   return r;
 }
 }  // namespace
@@ -285,6 +288,18 @@ TEST(ModelGolden, CudaEarlyOptimizerUpdatesGiveTheSameStateBitwise) {
     bool early2 = false;
     const std::vector<float> two = seed64_steps(prec, seed, &early2);
     EXPECT_TRUE(early2);
+    {  // the logs' gradient norm: the early updates add each range's squares as they update it,
+       // the single pass all at once (the ranges' f32 sums: a few f32 roundings apart)
+      float norm1 = 0, norm2 = 0;
+      bool e = false;
+      {
+        test::ScopedEnv lanes("UNET_LANES", "0");
+        seed64_steps(prec, seed, &e, &norm1, false);
+      }
+      seed64_steps(prec, seed, &e, &norm2, false);
+      EXPECT_GT(norm1, 0.f);
+      EXPECT_NEAR(norm2, norm1, 1e-6 * norm1);
+    }
     ASSERT_FALSE(one.empty());
     ASSERT_EQ(one.size(), two.size());
     EXPECT_EQ(bitwise_differences(one, two), 0u);

@@ -149,9 +149,15 @@ TEST(OptimizerVariants, AllOps) {
           return SumSquares{A(DType::F32, {n}), A(DType::F32, {1})};
         },
         f32);
-    for (int mode : {0, 1, 2})  // with the EMA in the same pass (the optimizer's), and the bf16 copy
+    // with the EMA in the same pass (the optimizer's), the bf16 copy, and (mode 3) the sum of
+    // squared gradients of the early updates
+    for (int mode : {0, 1, 2, 3})
       check_variants<AdamW>(
-          std::string(mode == 0 ? "adamw " : mode == 1 ? "adamw + ema " : "adamw + ema + shadow ") + w,
+          std::string(mode == 0   ? "adamw "
+                      : mode == 1 ? "adamw + ema "
+                      : mode == 2 ? "adamw + ema + shadow "
+                                  : "adamw + ema + gsq ") +
+              w,
           [n, mode](const Alloc& A, DType) {
             const bool ema = mode > 0;
             return AdamW{A(DType::F32, {n}),
@@ -165,7 +171,8 @@ TEST(OptimizerVariants, AllOps) {
                          1e-8f,
                          ema ? A(DType::F32, {n}) : Tensor{},
                          0.995f,
-                         mode == 2 ? A(DType::BF16, {n}) : Tensor{}};
+                         mode == 2 ? A(DType::BF16, {n}) : Tensor{},
+                         mode == 3 ? A(DType::F32, {1}) : Tensor{}};
           },
           f32, [](Engine& e, AdamW& o) {  // moments >= 0 and a sane schedule
             std::vector<float> v = test::to_host(e, o.v), h = {0.999f, 1e-3f, 0.3f, 1e-4f}, s = {0.7f};
@@ -184,6 +191,17 @@ TEST(OptimizerVariants, AllOps) {
       [](Engine& e, ClipScale& o) {
         const float s = 9.0f;
         e.upload(o.sumsq, &s);
+      });
+  // the optimizer's ranges: their sums added in order
+  check_variants<ClipScale>(
+      "clip of 3 sums",
+      [](const Alloc& A, DType) {
+        return ClipScale{A(DType::F32, {3}), A(DType::F32, {1}), A(DType::F32, {1}), 2.f};
+      },
+      f32,
+      [](Engine& e, ClipScale& o) {
+        const float s[3] = {4.0f, 3.0f, 2.0f};
+        e.upload(o.sumsq, s);
       });
   check_variants<AdamWSchedule>(
       "schedule",

@@ -239,6 +239,7 @@ class CudaDevice final : public Device {
       ctx.prio_branch = prio.main;
       make_lane(ctx, prio.main);
       CUDA_CHECK(cudaStreamCreateWithPriority(&ctx.aside_stream, cudaStreamDefault, prio.aside));
+      CUDA_CHECK(cudaMalloc(&ctx.aside_scratch, CudaCtx::kAsideScratchFloats * sizeof(float)));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_fork_ev, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_join_ev, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_side_ev, cudaEventDisableTiming));
@@ -308,7 +309,9 @@ class CudaDevice final : public Device {
     ctx.join_all();
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   }
-  size_t bytes_held() const override { return bytes_ + kLaneFixedBytes + ctx.lane_bytes(); }
+  size_t bytes_held() const override {
+    return bytes_ + kLaneFixedBytes + CudaCtx::kAsideScratchFloats * sizeof(float) + ctx.lane_bytes();
+  }
   size_t bytes_free() const override {
     size_t f = 0, t = 0;
     if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
@@ -381,8 +384,9 @@ class CudaDevice final : public Device {
   void release() {
     // No throwing here: errors on teardown are ignored.
     ctx.destroy_side();
-    if (ctx.on_aside) ctx.stream = ctx.aside_saved, ctx.on_aside = false;
+    if (ctx.on_aside) ctx.stream = ctx.aside_saved, ctx.scratch = ctx.aside_saved_scratch, ctx.on_aside = false;
     if (ctx.aside_stream) cudaStreamSynchronize(ctx.aside_stream), cudaStreamDestroy(ctx.aside_stream);
+    if (ctx.aside_scratch) cudaFree(ctx.aside_scratch), ctx.aside_scratch = nullptr;
     for (cudaEvent_t* e : {&ctx.aside_fork_ev, &ctx.aside_join_ev, &ctx.aside_side_ev})
       if (*e) cudaEventDestroy(*e), *e = nullptr;
     ctx.aside_stream = nullptr;
@@ -525,9 +529,11 @@ void CudaCtx::use_aside(bool on) {
     wait_for(aside_stream, stream, aside_fork_ev);
     if (side_pending) wait_for(aside_stream, other.stream, aside_side_ev);
     aside_saved = stream, stream = aside_stream;
+    aside_saved_scratch = scratch, scratch = aside_scratch;
     aside_pending = true;
   } else {
     stream = aside_saved;
+    scratch = aside_saved_scratch;
   }
   on_aside = on;
 }

@@ -125,9 +125,13 @@ struct CudaCtx {
   void use_lane(bool side);
   void join_lanes();
   // The optimizer's stream (Ops::aside): a third stream for ops that use nothing of a lane but
-  // its stream (elementwise maps), forked from both lanes by use_aside(true) and joined back by
-  // join_aside() only, so the side lane's joins at every layer leave it running.
+  // its stream (elementwise maps) and sums over one tensor (reduce.cuh's full_sum, AdamW's gsq:
+  // at most 2112 double partials, in aside_scratch, swapped in for the lane's scratch while on
+  // it), forked from both lanes by use_aside(true) and joined back by join_aside() only, so the
+  // side lane's joins at every layer leave it running.
+  static constexpr size_t kAsideScratchFloats = 2 * 2112;
   cudaStream_t aside_stream = nullptr, aside_saved = nullptr;
+  float *aside_scratch = nullptr, *aside_saved_scratch = nullptr;
   // The side lane's stream priority (lower is more urgent; stream_priorities() in cuda_engine.cu).
   int prio_side = 0;
   cudaEvent_t aside_fork_ev = nullptr, aside_join_ev = nullptr, aside_side_ev = nullptr;

@@ -23,9 +23,11 @@ struct SquareItem {  // items < n4: float4 groups; then single trailing elements
   }
 };
 
-__global__ void clip_scale_kernel(const float* sumsq, float clip, float* norm, float* grad_scale) {
+__global__ void clip_scale_kernel(const float* sumsq, int k, float clip, float* norm, float* grad_scale) {
   pdl_entry();
-  const float nrm = sqrtf(sumsq[0]);
+  double s = 0;  // (lib/ops/optimizer.h's order)
+  for (int i = 0; i < k; ++i) s += (double)sumsq[i];
+  const float nrm = sqrtf((float)s);
   if (norm) *norm = nrm;
   *grad_scale = clip > 0.f ? fminf(1.f, clip / (nrm + 1e-6f)) : 1.f;
 }
@@ -61,9 +63,11 @@ struct AdamWF {
     vi = beta2 * vi + (1.f - beta2) * gi * gi;
     pi = pi * hyper[0] - hyper[1] * mi / (sqrtf(vi) / hyper[2] + eps);
   }
-  __device__ void vec4(size_t j) const {
+  // Each returns its g's sum of squares (for AdamW's gsq; map_kernel drops it).
+  __device__ double vec4(size_t j) const {
     const float gs = grad_scale ? *grad_scale : 1.f;
     float4 pp = ld4(p, j), gg = ld4(g, j), mm = ld4(m, j), vv = ld4(v, j);
+    const double sq = (double)gg.x * gg.x + (double)gg.y * gg.y + (double)gg.z * gg.z + (double)gg.w * gg.w;
     // the EMA's load with the others (after the stores below it was a second round trip: the
     // compiler cannot move a load across stores that may alias it)
     const float4 a = e ? ld4(e, j) : float4{};
@@ -80,18 +84,43 @@ struct AdamWF {
           make_float4(ema_one(a.x, pp.x, rate, r1), ema_one(a.y, pp.y, rate, r1), ema_one(a.z, pp.z, rate, r1),
                       ema_one(a.w, pp.w, rate, r1)));
     }
+    return sq;
   }
-  __device__ void scalar(size_t i) const {
+  __device__ double scalar(size_t i) const {
     const float gs = grad_scale ? *grad_scale : 1.f;
     float pi = p[i], mi = m[i], vi = v[i];
-    one(pi, g[i], mi, vi, gs);
+    const float gi = g[i];
+    one(pi, gi, mi, vi, gs);
     if (e) e[i] = ema_one(e[i], pi, rate, r1);
     if (s) stf(s, i, pi);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
+    return (double)gi * gi;
   }
 };
+
+// AdamW with gsq: map_kernel's loops, each thread also adding its elements' g^2 in double, the
+// block's sums added with sum_partial_kernel's fixed tree into partial[block]; sum_final_kernel
+// then adds those in order. The optimizer's early updates take the gradient norm so, from the
+// gradients each range's update reads anyway (a separate pass per range on the optimizer's stream
+// cost the H100 seed64 tf32 step ~0.1 ms; one pass over all 88 MB at the step's end, 45 us).
+__global__ void adamw_sq_kernel(AdamWF f, size_t n4, size_t n, double* partial) {
+  pdl_entry();
+  __shared__ double sm[kThreads];
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  double acc = 0;
+  for (size_t j = tid; j < n4; j += stride) acc += f.vec4(j);
+  for (size_t i = 4 * n4 + tid; i < n; i += stride) acc += f.scalar(i);
+  sm[threadIdx.x] = acc;
+  __syncthreads();
+  for (int h = kThreads / 2; h > 0; h >>= 1) {
+    if ((int)threadIdx.x < h) sm[threadIdx.x] += sm[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sm[0];
+}
 
 void sumsq(const SumSquares& o, CudaCtx& ctx) {
   const size_t n = o.x.numel();
@@ -99,7 +128,7 @@ void sumsq(const SumSquares& o, CudaCtx& ctx) {
   full_sum(ctx, SquareItem{dptr<float>(o.x), n4}, n4 + (n - 4 * n4), 1.0, dptr<float>(o.out));
 }
 void clip(const ClipScale& o, CudaCtx& ctx) {
-  clip_scale_kernel<<<1, 1, 0, ctx.stream>>>(dptr<float>(o.sumsq), o.clip, dptr<float>(o.norm),
+  clip_scale_kernel<<<1, 1, 0, ctx.stream>>>(dptr<float>(o.sumsq), (int)o.sumsq.numel(), o.clip, dptr<float>(o.norm),
                                              dptr<float>(o.scale));
   KERNEL_CHECK();
 }
@@ -122,10 +151,17 @@ void adamw(const AdamW& o, CudaCtx& ctx) {
                  o.ema_rate,
                  1.f - o.ema_rate,
                  dptr<bf16>(o.shadow)};
-  launch_map(f, o.p.numel(),
-             aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v) && (!f.e || aligned16(f.e)) &&
-                 (!f.s || vec4_ok<bf16>(f.s)),
-             ctx.stream);
+  const size_t n = o.p.numel();
+  const bool vec = aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v) && (!f.e || aligned16(f.e)) &&
+                   (!f.s || vec4_ok<bf16>(f.s));
+  if (!o.gsq.defined()) return launch_map(f, n, vec, ctx.stream);
+  const size_t n4 = vec ? n / 4 : 0, items = std::max(n4, n - 4 * n4);
+  const unsigned nb = grid_for(items);  // (at most 2112 partials: within the optimizer stream's scratch too)
+  double* partial = reinterpret_cast<double*>(ctx.partial());
+  adamw_sq_kernel<<<nb, kThreads, 0, ctx.stream>>>(f, n4, n, partial);
+  KERNEL_CHECK();
+  sum_final_kernel<0><<<1, kThreads, 0, ctx.stream>>>(partial, (int)nb, 1.0, dptr<float>(o.gsq));
+  KERNEL_CHECK();
 }
 
 }  // namespace

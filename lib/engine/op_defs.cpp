@@ -506,7 +506,7 @@ double LearnedRangeNoise::flops() const { return 8.0 * y.numel(); }
 void SumSquares::check() const { req(*this, f32(x) && f32(out) && out.numel() >= 1, "f32; out [1]"); }
 double SumSquares::flops() const { return 2.0 * x.numel(); }
 void ClipScale::check() const {
-  req(*this, f32(sumsq) && f32(norm) && f32(scale) && scale.defined(), "f32 scalars");
+  req(*this, f32(sumsq) && sumsq.numel() >= 1 && f32(norm) && f32(scale) && scale.defined(), "f32 scalars");
 }
 double ClipScale::flops() const { return 4; }
 void AdamWSchedule::check() const {
@@ -521,6 +521,7 @@ void AdamW::check() const {
   req(*this, !ema.defined() || ema.numel() == p.numel(), "ema of p's size");
   req(*this, !shadow.defined() || (shadow.dtype == DType::BF16 && shadow.numel() == p.numel()),
       "shadow bf16 of p's size");
+  req(*this, f32(gsq) && (!gsq.defined() || gsq.numel() == 1), "gsq f32 [1]");
 }
 double AdamW::flops() const { return (ema.defined() ? 19.0 : 16.0) * p.numel(); }
 

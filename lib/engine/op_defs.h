@@ -599,7 +599,9 @@ struct SumSquares {  // out[0] = sum x^2 (fixed order)
     v.in("x", s.x), v.out("out", s.out);
   }
 };
-// norm[0] = sqrt(sumsq); scale[0] = min(1, clip / (norm + 1e-6)) if clip > 0 else 1.
+// norm[0] = sqrt(s), s = the sum of sumsq's entries (in order, in double: one entry a range's
+// SumSquares, so that the optimizer can sum the gradient by ranges); scale[0] = min(1, clip /
+// (norm + 1e-6)) if clip > 0 else 1.
 struct ClipScale {
   UNET_OP("clip_scale", "optimizer")
   Tensor sumsq, norm, scale;
@@ -637,11 +639,13 @@ struct AdamW {
   Tensor ema;
   float ema_rate = 0;
   Tensor shadow{};
+  Tensor gsq{};  // (optional, f32 [1]) the sum of g^2 over the range (g as given, unscaled)
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.inout("p", s.p), v.in("g", s.g), v.inout("m", s.m), v.inout("v", s.v), v.in("hyper", s.hyper);
     v.in("scale", s.scale), v.param("beta1", s.beta1), v.param("beta2", s.beta2);
     v.param("eps", s.eps), v.inout("ema", s.ema), v.param("ema_rate", s.ema_rate), v.out("shadow", s.shadow);
+    v.out("gsq", s.gsq);
   }
 };
 

@@ -304,7 +304,7 @@ void Blocks::emb_layers_bwd() {
   ScopedRange r(eng.device(), "emb_layers bwd");
   const int ed = cfg.time_embed_dim();
   const size_t n = emb_users_.size(), groups = (n + kLinearGroup - 1) / kLinearGroup;
-  for (size_t gi = groups; gi-- > 0;) {
+  auto group = [&](size_t gi) {
     LinearGroupBwd g{};
     g.x = at(semb), g.dx = at(d_semb);
     if (gi + 1 < groups) g.dx_in = at(d_semb);
@@ -314,6 +314,25 @@ void Blocks::emb_layers_bwd() {
       const int ec = (int)s.e.dim[1];
       g.w[j] = P(s.ew, {ec, ed}), g.dy[j] = at(s.b_de), g.dw[j] = G(s.ew, {ec, ed}), g.db[j] = gvec(s.eb, ec);
     }
+    return g;
+  };
+  // With lanes, the weight and bias gradients (no one reads them before the step's end) on the
+  // side lane, issued first so that they do not wait for d_semb, beside the main lane's d_semb and
+  // the time MLP's backward that it feeds (seed64 tf32, H100: the group's gradients took 24 of
+  // the ~75 us of small launches at the end of the backward).
+  if (lanes) {
+    ops().lane(true);
+    for (size_t gi = groups; gi-- > 0;) {
+      LinearGroupBwd g = group(gi);
+      g.dx = g.dx_in = Tensor{};
+      run(g);
+    }
+    ops().lane(false);
+  }
+  for (size_t gi = groups; gi-- > 0;) {
+    LinearGroupBwd g = group(gi);
+    if (lanes)
+      for (int j = 0; j < kLinearGroup; ++j) g.dw[j] = g.db[j] = Tensor{};
     run(g);
   }
 }
@@ -549,6 +568,11 @@ void Blocks::res_bwd(L& s, const Tensor& dout) {
     // yields the embedding gradient (per-sample sums of dh1) when the embedding was added, not
     // scale-shifted
     ScopedRange r(d, "in_layers");
+    // Measured and not kept (H100 seed64, 2026-11-25): conv1's data gradient issued before its
+    // filter gradient, so that the side lane's filter gradient starts when the data gradient is
+    // done and runs beside GN1's backward (memory-bound; the 64x64 level's left the side lane idle
+    // for ~0.2 ms) rather than beside the data gradient: tf32 12.394 -> 12.364 ms in one run (3
+    // rounds), 12.305 -> 12.329 in another (4), bf16 7.590 -> 7.589; conv2's the same way, 12.403.
     if (wgrad) {
       const Tensor c1in = s.fuse1     ? at(s.in)
                           : !keep    ? res_conv1_input(s, s.b_n1, s.b_n1r, true)
@@ -656,7 +680,12 @@ void Blocks::embedding_bwd(const Tensor& labels) {
     run(EmbeddingBwd{labels, at(d_emb), G(table.at("label_emb.weight").offset, {cfg.label_rows(), ed})});
   const size_t w2 = table.at("time_embed.2.weight").offset, b2 = table.at("time_embed.2.bias").offset;
   const size_t w0 = table.at("time_embed.0.weight").offset, b0 = table.at("time_embed.0.bias").offset;
-  run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), G(w2, {ed, ed}), gvec(b2, ed)});
+  if (lanes) {  // (as in emb_layers_bwd: the weight and bias gradients beside d_a1s)
+    run_side(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), {}, G(w2, {ed, ed}), gvec(b2, ed)});
+    run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), {}, {}});
+  } else {
+    run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), G(w2, {ed, ed}), gvec(b2, ed)});
+  }
   run(SiluBwd{at(a1), at(d_a1s), at(d_a1)});
   run(LinearBwd{at(temb), P(w0, {ed, mc}), at(d_a1), {}, G(w0, {ed, mc}), gvec(b0, ed)});
 }

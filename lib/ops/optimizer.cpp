@@ -10,7 +10,7 @@ namespace {
 
 void sumsq(const SumSquares& o) { ref::sum_squares<float>(o.x.f32(), o.out.f32(), o.x.numel()); }
 void clip(const ClipScale& o) {
-  ref::clip_scale<float>(o.sumsq.f32(), o.clip, o.norm.defined() ? o.norm.f32() : nullptr, o.scale.f32());
+  ref::clip_scale<float>(o.sumsq.f32(), o.sumsq.numel(), o.clip, o.norm.defined() ? o.norm.f32() : nullptr, o.scale.f32());
 }
 void schedule(const AdamWSchedule& o) {
   int32_t* step = o.step.i32();
@@ -23,6 +23,7 @@ void adamw(const AdamW& o) {
   if (o.ema.defined()) ref::ema<float>(o.ema.f32(), o.p.f32(), o.ema_rate, o.p.numel());
   // (widened to f32 by the emulation, which rounds it to bf16 as Cast does)
   if (o.shadow.defined()) std::copy(o.p.f32(), o.p.f32() + o.p.numel(), o.shadow.f32());
+  if (o.gsq.defined()) ref::sum_squares<float>(o.g.f32(), o.gsq.f32(), o.g.numel());
 }
 
 }  // namespace

@@ -16,10 +16,13 @@ void sum_squares(const T* x, T* out, size_t n) {
   out[0] = (T)det_sum(n, [&](size_t i) { return (double)x[i] * (double)x[i]; });
 }
 
-// norm = sqrt(sumsq); grad_scale = min(1, clip / (norm + 1e-6)) if clip > 0, else 1.
+// norm = sqrt(sum of sumsq[0 .. k)) (added in order in double); grad_scale = min(1, clip /
+// (norm + 1e-6)) if clip > 0, else 1.
 template <class T>
-void clip_scale(const T* sumsq, T clip, T* norm, T* grad_scale) {
-  const T nrm = std::sqrt(sumsq[0]);
+void clip_scale(const T* sumsq, size_t k, T clip, T* norm, T* grad_scale) {
+  double s = 0;
+  for (size_t i = 0; i < k; ++i) s += (double)sumsq[i];
+  const T nrm = std::sqrt((T)s);
   if (norm) *norm = nrm;
   *grad_scale = clip > T(0) ? std::min(T(1), clip / (nrm + T(1e-6))) : T(1);
 }

@@ -61,7 +61,13 @@ class Optimizer {
   Tensor shadow_;
   bool early_ = false;  // begin_early() called; [done_, n_) updated
   size_t done_ = 0;
-  void update(const Tensor& params, const Tensor& grads, size_t lo, size_t hi, bool scaled);
+  // With early updates, each range's sum of squared gradients, in update order (ClipScale adds
+  // them): one more slot than there can be ranges of kEarlyMin, for the rest at step().
+  static constexpr size_t kEarlyMin = size_t(1) << 20;
+  Tensor range_sq_;
+  int64_t ranges_ = 0;
+  void update(const Tensor& params, const Tensor& grads, size_t lo, size_t hi, bool scaled,
+              const Tensor& gsq = {});
 };
 
 }  // namespace unet

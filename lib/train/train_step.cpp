@@ -165,7 +165,10 @@ void TrainStep::backward(int micro) {
     const Tensor lc = rows(loss_coef, off, m_), tm = rows(terms, off, m_);
     ops.run(DiffusionLoss{out_, rows(x0, off, m_), rows(xt_, off, m_), rows(noise, off, m_), lc, tm, dout_,
                           obj_.predict_xstart, obj_.use_kl, false});
+    // (for the logs: with early updates on the optimizer's stream, off the backward's start)
+    if (updates_early()) ops.aside(true);
     ops.run(LossStats{tm, lc, stats});
+    if (updates_early()) ops.aside(false);
   }
   ScopedRange r(eng_.device(), "backward");
   grads_begin();
