@@ -1,7 +1,8 @@
 // The conv family's CUDA variants in priority order: direct kernels for forwards with at most 8
 // output channels (the model's last layer; narrow.cu: "narrow_tc" on tensor cores for bf16 and tf32 3x3,
-// "narrow" on f32 FMAs for the rest) and the tf32 filter gradient of convs with at most 3 input
-// channels (the first layer; "narrow_wgrad"), in fp32 mode unet's implicit GEMMs on FMAs (simt.cu), in tf32
+// "narrow" on f32 FMAs for the rest), that layer's data gradient ("narrow_dgrad", f32 FMAs) and the
+// tf32 filter gradient of convs with at most 3 input or output channels (the first and last layers;
+// "narrow_wgrad"), in fp32 mode unet's implicit GEMMs on FMAs (simt.cu), in tf32
 // and bf16 on Hopper the 3x3 filter gradients of wgmma.cu (faster than cuDNN's in the step), the tf32 1x1 filter
 // gradients on mma.sync (pointwise.cu; cuDNN's ran on sm80 GEMMs with split-K reduce launches), then cuDNN when it is present and has a
 // deterministic engine for the shape (forwards with bias / residual as one fused cuDNN kernel
