@@ -77,14 +77,10 @@ void colsum2(CudaCtx& ctx, const F& f, const G& g, int Bt, int R, int C) {
 // ---- full sums: out = sum_i f(i) over `items` (double accumulation) -----------------------
 // Stage 1: a grid of at most 1024 blocks (count set by `items` alone) strides over the items;
 // each block reduces with a fixed tree. Stage 2: one block adds the block sums, fixed order.
-template <class F>
-__global__ void sum_partial_kernel(F f, size_t items, double* partial) {
-  pdl_entry();
+// The block's stage 1: every thread's acc added in a fixed tree into partial[blockIdx.x] (kThreads
+// threads, all of them calling).
+__device__ __forceinline__ void block_sum_to(double acc, double* partial) {
   __shared__ double sm[kThreads];
-  double acc = 0;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < items;
-       i += (size_t)gridDim.x * blockDim.x)
-    acc += f(i);
   sm[threadIdx.x] = acc;
   __syncthreads();
   for (int h = kThreads / 2; h > 0; h >>= 1) {
@@ -92,6 +88,15 @@ __global__ void sum_partial_kernel(F f, size_t items, double* partial) {
     __syncthreads();
   }
   if (threadIdx.x == 0) partial[blockIdx.x] = sm[0];
+}
+template <class F>
+__global__ void sum_partial_kernel(F f, size_t items, double* partial) {
+  pdl_entry();
+  double acc = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < items;
+       i += (size_t)gridDim.x * blockDim.x)
+    acc += f(i);
+  block_sum_to(acc, partial);
 }
 
 // out[0] = (float)(scale * total). (A template so each translation unit has its own copy.)

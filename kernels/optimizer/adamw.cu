@@ -101,25 +101,18 @@ struct AdamWF {
 };
 
 // AdamW with gsq: map_kernel's loops, each thread also adding its elements' g^2 in double, the
-// block's sums added with sum_partial_kernel's fixed tree into partial[block]; sum_final_kernel
+// block's sums added in sum_partial_kernel's fixed tree into partial[block]; sum_final_kernel
 // then adds those in order. The optimizer's early updates take the gradient norm so, from the
 // gradients each range's update reads anyway (a separate pass per range on the optimizer's stream
 // cost the H100 seed64 tf32 step ~0.1 ms; one pass over all 88 MB at the step's end, 45 us).
 __global__ void adamw_sq_kernel(AdamWF f, size_t n4, size_t n, double* partial) {
   pdl_entry();
-  __shared__ double sm[kThreads];
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   const size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   double acc = 0;
   for (size_t j = tid; j < n4; j += stride) acc += f.vec4(j);
   for (size_t i = 4 * n4 + tid; i < n; i += stride) acc += f.scalar(i);
-  sm[threadIdx.x] = acc;
-  __syncthreads();
-  for (int h = kThreads / 2; h > 0; h >>= 1) {
-    if ((int)threadIdx.x < h) sm[threadIdx.x] += sm[threadIdx.x + h];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = sm[0];
+  block_sum_to(acc, partial);
 }
 
 void sumsq(const SumSquares& o, CudaCtx& ctx) {
