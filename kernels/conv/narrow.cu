@@ -539,6 +539,8 @@ bool narrow_dgrad_ok(const ConvBwdData& o, const CudaCtx&) {
 // out [P x C] = N27 . W27 (the narrow side's neighbourhood from this kernel's tile, W27 in
 // registers, mma.sync): the 3 -> 64 forward 21.0 us against cuDNN's 32, the 64 -> 3 backward 0.069
 // ms either way, the tf32 step 12.883 / 12.909 / 12.915 ms against 12.875 / 12.879 / 12.875.
+// (The last layer's with fewer blocks, to crowd the backward's first kernels less: 132 blocks tf32
+// step 12.376 ms, 264 12.345, 528 12.346; H100, same run, 3 rounds, 2026-11-25.)
 constexpr int kWgThreads = 128, kWgBlocks = 528;  // 4 a nominal 132-SM GPU's SM
 constexpr int kWgCols = 64, kWgRows = 2, kWgPix = kWgCols * kWgRows;
 constexpr int kWgN = 32;                                    // 27 taps x channels, the ones column at 27

@@ -121,8 +121,8 @@ void sumsq(const SumSquares& o, CudaCtx& ctx) {
   full_sum(ctx, SquareItem{dptr<float>(o.x), n4}, n4 + (n - 4 * n4), 1.0, dptr<float>(o.out));
 }
 void clip(const ClipScale& o, CudaCtx& ctx) {
-  clip_scale_kernel<<<1, 1, 0, ctx.stream>>>(dptr<float>(o.sumsq), (int)o.sumsq.numel(), o.clip, dptr<float>(o.norm),
-                                             dptr<float>(o.scale));
+  clip_scale_kernel<<<1, 1, 0, ctx.stream>>>(dptr<float>(o.sumsq), (int)o.sumsq.numel(), o.clip,
+                                             dptr<float>(o.norm), dptr<float>(o.scale));
   KERNEL_CHECK();
 }
 void schedule(const AdamWSchedule& o, CudaCtx& ctx) {
@@ -145,8 +145,8 @@ void adamw(const AdamW& o, CudaCtx& ctx) {
                  1.f - o.ema_rate,
                  dptr<bf16>(o.shadow)};
   const size_t n = o.p.numel();
-  const bool vec = aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v) && (!f.e || aligned16(f.e)) &&
-                   (!f.s || vec4_ok<bf16>(f.s));
+  const bool vec = aligned16(f.p) && aligned16(f.g) && aligned16(f.m) && aligned16(f.v) &&
+                   (!f.e || aligned16(f.e)) && (!f.s || vec4_ok<bf16>(f.s));
   if (!o.gsq.defined()) return launch_map(f, n, vec, ctx.stream);
   const size_t n4 = vec ? n / 4 : 0, items = std::max(n4, n - 4 * n4);
   const unsigned nb = grid_for(items);  // (at most 2112 partials: within the optimizer stream's scratch too)

@@ -10,7 +10,8 @@ namespace {
 
 void sumsq(const SumSquares& o) { ref::sum_squares<float>(o.x.f32(), o.out.f32(), o.x.numel()); }
 void clip(const ClipScale& o) {
-  ref::clip_scale<float>(o.sumsq.f32(), o.sumsq.numel(), o.clip, o.norm.defined() ? o.norm.f32() : nullptr, o.scale.f32());
+  ref::clip_scale<float>(o.sumsq.f32(), o.sumsq.numel(), o.clip, o.norm.defined() ? o.norm.f32() : nullptr,
+                         o.scale.f32());
 }
 void schedule(const AdamWSchedule& o) {
   int32_t* step = o.step.i32();

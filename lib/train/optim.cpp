@@ -48,8 +48,9 @@ void Optimizer::update(const Tensor& params, const Tensor& grads, size_t lo, siz
   if (hi <= lo) return;
   const size_t n = hi - lo;
   eng_.ops().run(AdamW{params.flat(lo, n), grads.flat(lo, n), m_.flat(lo, n), v_.flat(lo, n), hyper_,
-                       scaled ? scale_ : Tensor{}, (float)o_.beta1, (float)o_.beta2, (float)o_.eps, ema_.flat(lo, n),
-                       (float)o_.ema_rate, shadow_.defined() ? shadow_.flat(lo, n) : Tensor{}, gsq});
+                       scaled ? scale_ : Tensor{}, (float)o_.beta1, (float)o_.beta2, (float)o_.eps,
+                       ema_.flat(lo, n), (float)o_.ema_rate,
+                       shadow_.defined() ? shadow_.flat(lo, n) : Tensor{}, gsq});
 }
 
 void Optimizer::step(const Tensor& params, const Tensor& grads) {
