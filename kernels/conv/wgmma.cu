@@ -1151,13 +1151,13 @@ void launch_filter(CudaCtx& ctx, dim3 grid, const CUtensorMap& xmap, const CUten
   (void)attr;
   filter_kernel<WB><<<grid, FTHREADS, filter_smem<WB>(), ctx.stream>>>(xmap, dymap, fa);
 }
-// After filter_kernel, one launch: blocks [0, nsplit) add the splits' slices of dw (sum_splits'
+// After filter_kernel, one launch: blocks [0, nsplit) add the S splits' slices of dw (sum_splits'
 // loop and order), the next (Co + 31) / 32 blocks dy's column sums from FArgs::csum when given:
 // per_sample [B, Co] and total [Co], each optional, in double in a fixed order (a block: 32
 // channels x 8 image rows). One launch rather than two on the side lane's chain.
 __global__ void __launch_bounds__(256)
     filter_finish_kernel(const float* __restrict__ part, int S, size_t n4, float* __restrict__ dw, int nsplit,
-                         const float* __restrict__ csum, int B, int Co, int splits, int per, int per_img, int imgs,
+                         const float* __restrict__ csum, int B, int Co, int per, int per_img, int imgs,
                          float* __restrict__ per_sample, float* __restrict__ total) {
   pdl_entry();
   if ((int)blockIdx.x < nsplit) {
@@ -1171,7 +1171,7 @@ __global__ void __launch_bounds__(256)
   double tot = 0.0;
   if (co < Co)
     for (int b = r; b < B; b += 8) {
-      const int s0 = b * per_img / per, s1 = min(splits - 1, ((b + 1) * per_img - 1) / per);
+      const int s0 = b * per_img / per, s1 = min(S - 1, ((b + 1) * per_img - 1) / per);
       double v = 0.0;
       for (int s = s0; s <= s1; ++s) {
         const float* q = csum + (size_t)(s * imgs + b - filter_first_img(s, per, per_img)) * FILTER_SLOTS * Co + co;
@@ -1255,7 +1255,7 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
   const int nsplit = splits > 1 ? (int)grid_for(n / 4) : 0, ncsum = sums ? (g.Co + 31) / 32 : 0;
   if (nsplit + ncsum == 0) return;
   filter_finish_kernel<<<nsplit + ncsum, 256, 0, ctx.stream>>>(
-      static_cast<const float*>(ctx.ws), splits, n / 4, dptr<float>(o.dw), nsplit, csum, g.B, g.Co, splits, per,
+      static_cast<const float*>(ctx.ws), splits, n / 4, dptr<float>(o.dw), nsplit, csum, g.B, g.Co, per,
       filter_per_img(g), imgs, dptr<float>(o.demb), dptr<float>(o.db));
   KERNEL_CHECK();
 }
