@@ -182,27 +182,16 @@ TEST(OptimizerVariants, AllOps) {
             e.upload(o.scale, s.data());
           });
   }
-  check_variants<ClipScale>(
-      "clip",
-      [](const Alloc& A, DType) {
-        return ClipScale{A(DType::F32, {1}), A(DType::F32, {1}), A(DType::F32, {1}), 0.5f};
-      },
-      f32,
-      [](Engine& e, ClipScale& o) {
-        const float s = 9.0f;
-        e.upload(o.sumsq, &s);
-      });
-  // the optimizer's ranges: their sums added in order
-  check_variants<ClipScale>(
-      "clip of 3 sums",
-      [](const Alloc& A, DType) {
-        return ClipScale{A(DType::F32, {3}), A(DType::F32, {1}), A(DType::F32, {1}), 2.f};
-      },
-      f32,
-      [](Engine& e, ClipScale& o) {
-        const float s[3] = {4.0f, 3.0f, 2.0f};
-        e.upload(o.sumsq, s);
-      });
+  // one sum, and the optimizer's ranges' sums (added in order), with the scale clipping in both
+  for (const std::vector<float>& sums : {std::vector<float>{9.0f}, std::vector<float>{4.0f, 3.0f, 2.0f}}) {
+    const int64_t k = (int64_t)sums.size();
+    check_variants<ClipScale>(
+        "clip of " + std::to_string(k) + " sums",
+        [k](const Alloc& A, DType) {
+          return ClipScale{A(DType::F32, {k}), A(DType::F32, {1}), A(DType::F32, {1}), k == 1 ? 0.5f : 2.f};
+        },
+        f32, [&sums](Engine& e, ClipScale& o) { e.upload(o.sumsq, sums.data()); });
+  }
   check_variants<AdamWSchedule>(
       "schedule",
       [](const Alloc& A, DType) {

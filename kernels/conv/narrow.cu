@@ -406,18 +406,6 @@ size_t dg_smem_bytes(int Cw, int Cn) {
   return (size_t)(9 * Cn * Cw + (kDgRows + 2) * (kDgCols + 2) * Cn) * sizeof(float);
 }
 
-// Four consecutive channels at element i of dx (16-byte stores of f32, 8-byte of bf16).
-__device__ __forceinline__ void st4v(float* p, size_t i, const float (&v)[4]) {
-  *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ __forceinline__ void st4v(bf16* p, size_t i, const float (&v)[4]) {
-  const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
-  uint2 u;
-  u.x = *reinterpret_cast<const uint32_t*>(&a);
-  u.y = *reinterpret_cast<const uint32_t*>(&b);
-  *reinterpret_cast<uint2*>(p + i) = u;
-}
-
 // dx[b][y][x][ci] = sum over (ky, co, kx) of dy[b][y + 1 - ky][x + 1 - kx][co] w[co][ky][kx][ci].
 // CN: dy's channels when fixed at compile time (3, 6), else 0 and Cn <= 8 at run time.
 template <class T, int CN>
@@ -473,7 +461,9 @@ __global__ void __launch_bounds__(kDgThreads, 3)
     }
 #pragma unroll
     for (int p = 0; p < kDgRun; ++p)
-      if (x0 + xl + p < W) st4v(dx, (((size_t)b * H + y) * W + x0 + xl + p) * Cw + 4 * j, acc[p]);
+      if (x0 + xl + p < W)  // (st4: 16-byte stores of f32, 8-byte of bf16)
+        st4(dx + ((((size_t)b * H + y) * W + x0 + xl + p) * Cw + 4 * j), 0,
+            make_float4(acc[p][0], acc[p][1], acc[p][2], acc[p][3]));
   }
 }
 

@@ -44,11 +44,12 @@ namespace unet {
 
 constexpr int kThreads = 256;
 
-// Blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed.
+// Blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed,
+// at most kGridCap (~16 blocks per SM on an H100, 132 SMs; loops cover the rest).
+constexpr size_t kGridCap = 132 * 16;
 inline unsigned grid_for(size_t n, int threads = kThreads) {
   size_t b = (n + threads - 1) / threads;
-  const size_t cap = 132 * 16;  // ~16 blocks per SM on an H100 (132 SMs); loops cover the rest
-  if (b > cap) b = cap;
+  if (b > kGridCap) b = kGridCap;
   return (unsigned)(b ? b : 1);
 }
 
@@ -126,10 +127,10 @@ struct CudaCtx {
   void join_lanes();
   // The optimizer's stream (Ops::aside): a third stream for ops that use nothing of a lane but
   // its stream (elementwise maps) and sums over one tensor (reduce.cuh's full_sum, AdamW's gsq:
-  // at most 2112 double partials, in aside_scratch, swapped in for the lane's scratch while on
-  // it), forked from both lanes by use_aside(true) and joined back by join_aside() only, so the
-  // side lane's joins at every layer leave it running.
-  static constexpr size_t kAsideScratchFloats = 2 * 2112;
+  // at most kGridCap double partials, in aside_scratch, swapped in for the lane's scratch while
+  // on it), forked from both lanes by use_aside(true) and joined back by join_aside() only, so
+  // the side lane's joins at every layer leave it running.
+  static constexpr size_t kAsideScratchFloats = 2 * kGridCap;
   cudaStream_t aside_stream = nullptr, aside_saved = nullptr;
   float *aside_scratch = nullptr, *aside_saved_scratch = nullptr;
   // The side lane's stream priority (lower is more urgent; stream_priorities() in cuda_engine.cu).

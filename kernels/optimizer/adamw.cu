@@ -149,7 +149,7 @@ void adamw(const AdamW& o, CudaCtx& ctx) {
                    (!f.e || aligned16(f.e)) && (!f.s || vec4_ok<bf16>(f.s));
   if (!o.gsq.defined()) return launch_map(f, n, vec, ctx.stream);
   const size_t n4 = vec ? n / 4 : 0, items = std::max(n4, n - 4 * n4);
-  const unsigned nb = grid_for(items);  // (at most 2112 partials: within the optimizer stream's scratch too)
+  const unsigned nb = grid_for(items);  // (at most kGridCap partials: within the optimizer stream's scratch)
   double* partial = reinterpret_cast<double*>(ctx.partial());
   adamw_sq_kernel<<<nb, kThreads, 0, ctx.stream>>>(f, n4, n, partial);
   KERNEL_CHECK();

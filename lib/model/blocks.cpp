@@ -680,11 +680,14 @@ void Blocks::embedding_bwd(const Tensor& labels) {
     run(EmbeddingBwd{labels, at(d_emb), G(table.at("label_emb.weight").offset, {cfg.label_rows(), ed})});
   const size_t w2 = table.at("time_embed.2.weight").offset, b2 = table.at("time_embed.2.bias").offset;
   const size_t w0 = table.at("time_embed.0.weight").offset, b0 = table.at("time_embed.0.bias").offset;
+  const LinearBwd l2{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), G(w2, {ed, ed}), gvec(b2, ed)};
   if (lanes) {  // (as in emb_layers_bwd: the weight and bias gradients beside d_a1s)
-    run_side(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), {}, G(w2, {ed, ed}), gvec(b2, ed)});
-    run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), {}, {}});
+    LinearBwd params = l2, data = l2;
+    params.dx = {}, data.dw = data.db = {};
+    run_side(params);
+    run(data);
   } else {
-    run(LinearBwd{at(a1s), P(w2, {ed, ed}), at(d_emb), at(d_a1s), G(w2, {ed, ed}), gvec(b2, ed)});
+    run(l2);
   }
   run(SiluBwd{at(a1), at(d_a1s), at(d_a1)});
   run(LinearBwd{at(temb), P(w0, {ed, mc}), at(d_a1), {}, G(w0, {ed, mc}), gvec(b0, ed)});
