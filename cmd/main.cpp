@@ -25,19 +25,20 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help / --version
   } catch (const CLI::ValidationError& e) {
-    std::fprintf(stderr, "unet: %s\n", e.what());  // names the flag and its allowed range
+    std::fprintf(stderr, "unet: %s\n", unet::one_line(e.what()).c_str());  // names the flag and its range
     return 1;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::fprintf(stderr, "unet: %s (see 'unet --help')\n", e.what());
+    std::fprintf(stderr, "unet: %s (see 'unet --help')\n", unet::one_line(e.what()).c_str());
     return 1;
   } catch (const unet::SilentError&) {
     return 1;
   } catch (const unet::UserError& e) {
-    std::fprintf(stderr, "unet: %s%s\n", unet::error_prefix().c_str(), e.what());
+    std::fprintf(stderr, "unet: %s%s\n", unet::error_prefix().c_str(), unet::one_line(e.what()).c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "unet: %sinternal error: %s\n", unet::error_prefix().c_str(), e.what());
+    std::fprintf(stderr, "unet: %sinternal error: %s\n", unet::error_prefix().c_str(),
+                 unet::one_line(e.what()).c_str());
     return 2;
   }
   return 0;

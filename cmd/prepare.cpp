@@ -248,7 +248,7 @@ void run_prepare(const PrepareArgs& a) {
       if (!r.error.empty()) {
         if (a.strict) throw UserError(r.error + " (--strict)");
         ++skipped;
-        std::fprintf(stderr, "%sunet: skipping %s\n", tty ? "\r\033[K" : "", r.error.c_str());
+        std::fprintf(stderr, "%sunet: skipping %s\n", tty ? "\r\033[K" : "", one_line(r.error).c_str());
         continue;
       }
       writer.append(r.img.rgb.data(), items[i].label);

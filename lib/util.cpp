@@ -18,6 +18,52 @@
 
 namespace unet {
 
+std::string one_line(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  auto hex = [&](unsigned char c) {
+    const char* d = "0123456789abcdef";
+    out += "\\x";
+    out += d[c >> 4];
+    out += d[c & 15];
+  };
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f)
+        hex(c);
+      else
+        out += (char)c;
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length from the lead byte, continuation bytes 10xxxxxx, no overlong
+    // forms, no surrogates, nothing past U+10FFFF.
+    size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
+    if (ok && len == 3) ok = !(c == 0xe0 && p[i + 1] < 0xa0) && !(c == 0xed && p[i + 1] >= 0xa0);
+    if (ok && len == 4) ok = !(c == 0xf0 && p[i + 1] < 0x90) && !(c == 0xf4 && p[i + 1] >= 0x90);
+    if (!ok) {
+      hex(c);
+      ++i;
+      continue;
+    }
+    // C1 controls (U+0080-U+009F) and the line and paragraph separators (U+2028, U+2029) end a
+    // line for some readers (Python's splitlines): escaped like the ASCII controls.
+    const bool breaks = (len == 2 && c == 0xc2 && p[i + 1] < 0xa0) ||
+                        (len == 3 && c == 0xe2 && p[i + 1] == 0x80 && (p[i + 2] == 0xa8 || p[i + 2] == 0xa9));
+    if (breaks)
+      for (size_t k = 0; k < len; ++k) hex(p[i + k]);
+    else
+      out.append(s, i, len);
+    i += len;
+  }
+  return out;
+}
+
 std::string& error_prefix() {
   static std::string p;
   return p;

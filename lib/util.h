@@ -20,6 +20,12 @@ struct SilentError : UserError {
 // Prepended to main()'s error lines: "rank 3: " on the ranks other than 0 of a data-parallel run.
 std::string& error_prefix();
 
+// An error message as one printable line: control characters (a newline, an escape sequence, C1
+// controls, U+2028/U+2029) and bytes that are not UTF-8 become \xNN, so text taken from a damaged
+// file cannot break the one-line error nor the terminal; other UTF-8 (a file name in any script)
+// is kept.
+std::string one_line(const std::string& s);
+
 // strerror(err) as a string ("No space left on device").
 std::string errno_text(int err);
 

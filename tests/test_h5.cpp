@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -175,6 +176,84 @@ TEST(H5, Attributes) {
   EXPECT_THROW(h5::get_attr_i64(f, "g", "mult"), UserError);  // not a scalar
   EXPECT_THROW(h5::get_attr_i64(f, "/", "missing"), UserError);
   EXPECT_THROW(h5::get_attr_i64(f, "no/such", "x"), UserError);
+}
+
+// HDF5 1.10 trusts the object sizes in a file's global heap, where variable-length strings live:
+// a damaged size made H5Aread copy past its buffer and crash (a byte flipped in a dataset's
+// class_names, found by fuzzing `unet train`). The strings are read in a child process: a size far
+// past the heap is a UserError naming the file and attribute; a small overrun may leave the child
+// alive with strings that are wrong (they come from a damaged file) but never harms this process.
+TEST(H5, DamagedVariableLengthStringIsAnError) {
+  std::mt19937_64 rng(test::test_seed());
+  const std::string word = "word" + std::to_string(rng() % 1000000);
+  const std::vector<std::string> names{"first", word, "third"};
+  const std::string p = tmpfile("gheap.h5");
+  {
+    h5::File f = h5::File::create(p);
+    h5::set_attr(f, "/", "format", "unet-dataset");
+    h5::set_attr(f, "/", "names", names);
+    f.close();
+  }
+  std::string bytes;
+  {
+    std::ifstream in(p, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // A global heap collection: "GCOL", version, 3 reserved, its size (8); then objects: index (2),
+  // references (2), 4 reserved, size (8), the data. Find the object holding `word`.
+  const size_t gcol = bytes.find("GCOL");
+  ASSERT_NE(gcol, std::string::npos);
+  const size_t at = bytes.find(word, gcol);
+  ASSERT_NE(at, std::string::npos);
+  uint64_t size = 0;
+  std::memcpy(&size, bytes.data() + at - 8, 8);
+  ASSERT_EQ(size, word.size());
+  auto damaged = [&](uint64_t bad, const std::string& name) {
+    std::string d = bytes;
+    std::memcpy(&d[at - 8], &bad, 8);
+    const std::string q = tmpfile(name);
+    std::ofstream out(q, std::ios::binary);
+    out << d;
+    return q;
+  };
+  // Far past the collection (the fuzzer's case; a crash before): an error naming file and attribute.
+  const std::string far = damaged(size + (uint64_t(0xa6) << 24), "gheap_far.h5");
+  {
+    h5::File f = h5::File::open(far);
+    EXPECT_EQ(h5::get_attr_str(f, "/", "format"), "unet-dataset");
+    try {
+      h5::get_attr_strv(f, "/", "names");
+      ADD_FAILURE() << "a heap object 2.8 GB long was read";
+    } catch (const UserError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(far), std::string::npos) << m;
+      EXPECT_NE(m.find("'names'"), std::string::npos) << m;
+      EXPECT_NE(m.find("damaged"), std::string::npos) << m;
+    }
+    EXPECT_EQ(h5::get_attr_str(f, "/", "format"), "unet-dataset");  // the file stays usable
+  }
+  // A little past it (memory overwritten in the reading process): an error or 3 strings, and this
+  // process goes on (the test's own heap would be damaged if the read ran here).
+  const std::string near = damaged(size + 4096, "gheap_near.h5");
+  {
+    h5::File f = h5::File::open(near);
+    try {
+      EXPECT_EQ(h5::get_attr_strv(f, "/", "names").size(), names.size());
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(near), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(h5::get_attr_str(f, "/", "format"), "unet-dataset");
+  }
+  std::vector<std::string> big(1000);
+  for (auto& s : big) s = std::to_string(rng());
+  {
+    h5::File f = h5::File::open(p, true);
+    h5::set_attr(f, "/", "big", big);
+  }
+  // The intact file reads through the same path, a thousand strings too.
+  h5::File g = h5::File::open(p);
+  EXPECT_EQ(h5::get_attr_strv(g, "/", "names"), names);
+  EXPECT_EQ(h5::get_attr_strv(g, "/", "big"), big);
 }
 
 TEST(H5, OpenErrors) {

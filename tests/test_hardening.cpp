@@ -3,6 +3,7 @@
 // resolution. The end-to-end faults (disk full, ulimits, two processes) are in
 // test_reliability.py.
 #include <gtest/gtest.h>
+#include <iconv.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <stdexcept>
 
 #include "checkpoint.h"
@@ -48,6 +50,59 @@ pid_t dead_pid() {
   return p;
 }
 }  // namespace
+
+// glibc's iconv as the independent judge of UTF-8 (it refuses overlong forms and surrogates):
+// the code points, or false.
+static bool decode_utf8(const std::string& s, std::vector<char32_t>& cps) {
+  iconv_t cd = iconv_open("UTF-32LE", "UTF-8");
+  if (cd == (iconv_t)-1) return false;
+  std::string in = s;
+  std::vector<char32_t> out(s.size() + 2);
+  char *ip = in.data(), *op = reinterpret_cast<char*>(out.data());
+  size_t il = in.size(), ol = out.size() * sizeof(char32_t);
+  const bool ok = iconv(cd, &ip, &il, &op, &ol) != (size_t)-1 && il == 0;
+  iconv_close(cd);
+  cps.assign(out.begin(), out.begin() + (out.size() - ol / sizeof(char32_t)));
+  return ok;
+}
+
+// A code point that ends a line or moves the terminal for some reader.
+static bool line_breaking(char32_t c) {
+  return c < 0x20 || (c >= 0x7f && c < 0xa0) || c == 0x2028 || c == 0x2029;
+}
+
+TEST(Errors, OneLineEscapesControlCharactersAndBytesThatAreNotUtf8) {
+  EXPECT_EQ(one_line("d.h5: format is 'a\nb'"), "d.h5: format is 'a\\x0ab'");
+  EXPECT_EQ(one_line("\x1b[31mred\r\t\x7f"), "\\x1b[31mred\\x0d\\x09\\x7f");
+  EXPECT_EQ(one_line("ünïcode 日本 \xf0\x9f\x99\x82"), "ünïcode 日本 \xf0\x9f\x99\x82");  // kept
+  EXPECT_EQ(one_line("\xe3("), "\\xe3(");                                                 // cut sequence
+  EXPECT_EQ(one_line("\xc0\xaf"), "\\xc0\\xaf");                                          // overlong '/'
+  EXPECT_EQ(one_line("\xed\xa0\x80"), "\\xed\\xa0\\x80");                                 // a surrogate
+  EXPECT_EQ(one_line("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");                        // past U+10FFFF
+  EXPECT_EQ(one_line("ab\xe6\x97"), "ab\\xe6\\x97");                                      // ends mid-sequence
+  EXPECT_EQ(one_line("a\xc2\x85"
+                     "b\xe2\x80\xa8"
+                     "c"),
+            "a\\xc2\\x85b\\xe2\\x80\\xa8c");  // NEL, U+2028
+  EXPECT_EQ(one_line(std::string("a\0b", 3)), "a\\x00b");
+  // Random bytes: the result is UTF-8 without a line-breaking code point, and a string that
+  // already was (as iconv decodes it) comes back unchanged.
+  std::mt19937_64 rng(test::test_seed());
+  for (int i = 0; i < 4000; ++i) {
+    std::string s(rng() % 24, ' ');
+    for (char& c : s) c = (char)(i % 2 ? rng() % 256 : 0x80 + rng() % 128);  // odd: any byte
+    const std::string o = one_line(s);
+    std::vector<char32_t> cps;
+    ASSERT_TRUE(decode_utf8(o, cps)) << i;
+    for (char32_t c : cps) ASSERT_FALSE(line_breaking(c)) << i << " U+" << std::hex << (uint32_t)c;
+    bool plain = decode_utf8(s, cps);
+    for (char32_t c : cps) plain = plain && !line_breaking(c);
+    if (plain)
+      EXPECT_EQ(o, s) << i;
+    else
+      EXPECT_NE(o, s) << i;
+  }
+}
 
 TEST(Outputs, SpecialFilesAreNeverReplaced) {
   const std::string d = test::temp_dir("special");

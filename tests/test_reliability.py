@@ -799,12 +799,46 @@ def streamed():
         refused(args, ["d_trunc.h5"], f"{args[0]} of a truncated dataset", quiet=True)
 
 
+def damaged_strings():
+    """Strings from a damaged file: one line, never a crash. HDF5 1.10 trusts the object sizes in a
+    file's global heap, where variable-length strings live, and copied past its buffer on a damaged
+    one (a byte flipped in class_names crashed `unet train`); and text from the file that holds a
+    newline, an escape sequence or bytes that are not UTF-8 must not break the line."""
+    data = bytearray(open(P("d.h5"), "rb").read())
+    gcol = data.find(b"GCOL")
+    at = data.find(b"circles", gcol)  # class_names' first string; its heap object's size 8 bytes before
+    check(gcol >= 0 and at > gcol and int.from_bytes(data[at - 8:at], "little") == 7,
+          "the dataset's class names are in a global heap")
+    for extra, name in ((0xa6 << 24, "heap_far.h5"), (4096, "heap_near.h5")):
+        bad = bytearray(data)
+        bad[at - 8:at] = (7 + extra).to_bytes(8, "little")
+        open(P(name), "wb").write(bad)
+        # Refused; or, a small overrun (the strings read apart from the run may come back wrong),
+        # refused for what the strings say, or trained.
+        r = unet("train", P(name), "--init", P("i.h5"), "-o", P("heaprun"), "--steps", "1", "--batch-size", "2", *CPU)
+        lines = r.stderr.splitlines()
+        ok = (r.returncode == 1 and len(lines) == 1 and name in lines[0] and "class_names" in lines[0] and
+              "damaged" in lines[0])
+        ok = ok or (extra < 1 << 20 and (r.returncode == 0 or (r.returncode == 1 and len(lines) == 1 and
+                                                               name in lines[0])))
+        check(ok, f"a damaged global-heap size in class_names (+{extra}): rc {r.returncode}, {lines[:3]}")
+        shutil.rmtree(P("heaprun"), ignore_errors=True)
+    refused(["train", P("heap_far.h5"), "--init", P("i.h5"), "-o", P("heaprun2"), *CPU],
+            ["heap_far.h5", "class_names", "damaged"], "a global-heap size far past its collection")
+    shutil.copy(P("d.h5"), P("fmt.h5"))
+    with h5py.File(P("fmt.h5"), "a") as f:
+        f.attrs["format"] = np.bytes_(b"unet-\n\x1b[2Jdataset\xe3\xc2\x85")
+    refused(["train", P("fmt.h5"), "--init", P("i.h5"), "-o", P("fmtrun"), *CPU],
+            ["fmt.h5", "unet-\\x0a\\x1b[2Jdataset\\xe3\\xc2\\x85"],
+            "a format with control characters and bytes not UTF-8")
+
+
 def main():
     t0 = time.time()
     try:
         setup()
         for part in (disk_full, absurd_sizes, labels, clobber, numbers, concurrent, resume, smaller, objective_flags,
-                     environment, resume_state, classifier, evaluation, profiling, streamed):
+                     environment, resume_state, classifier, evaluation, profiling, streamed, damaged_strings):
             t1, n = time.time(), cases
             part()
             print(f"-- {part.__name__}: {cases - n} bad inputs, {time.time() - t1:.1f} s", flush=True)

@@ -1,10 +1,16 @@
 #include "h5.h"
 
+#include <poll.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 #include "util.h"
@@ -706,6 +712,113 @@ std::vector<double> read_f64_attr(File& f, const std::string& obj, const std::st
   return v;
 }
 
+// A variable-length string attribute's strings as HDF5 reads them (into memory it allocates).
+bool read_vlen_strings(const OpenAttr& a, std::vector<char*>& ptrs, Handle& mt) {
+  mt = Handle(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(mt.get(), H5T_VARIABLE);
+  H5Tset_cset(mt.get(), H5Tget_cset(a.type.get()));
+  ptrs.assign(a.n, nullptr);
+  return H5Aread(a.attr.get(), mt.get(), ptrs.data()) >= 0;
+}
+
+bool write_all(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w, n -= (size_t)w;
+  }
+  return true;
+}
+
+// Reads a variable-length string attribute's strings into out; returns why it could not ("" when
+// it could). HDF5 1.10 trusts the object sizes in a file's global heap, where these strings live:
+// a damaged size makes H5Aread copy past its buffer (a crash, or memory silently overwritten). So
+// the read runs in a forked child that sends the strings back through a pipe, and a damaged file
+// can only hurt that throwaway process. The caller holds the HDF5 lock, so no other thread of ours
+// is inside the library at the fork. Where no process can be forked, the read runs here.
+std::string read_vlen_strings_apart(const OpenAttr& a, std::vector<std::string>& out) {
+  const std::string damaged = "a damaged variable-length string: the file is corrupt";
+  auto in_process = [&] {
+    std::vector<char*> ptrs;
+    Handle mt;
+    if (!read_vlen_strings(a, ptrs, mt)) return std::string("cannot read");
+    for (char* p : ptrs) out.emplace_back(p ? p : "");
+    H5Dvlen_reclaim(mt.get(), a.space.get(), H5P_DEFAULT, ptrs.data());
+    return std::string();
+  };
+  int fds[2];
+  if (pipe(fds) != 0) return in_process();
+  std::fflush(stdout);  // the child leaves through _exit: nothing buffered is written twice
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    ::close(fds[0]), ::close(fds[1]);
+    return in_process();
+  }
+  if (pid == 0) {
+    // Child: a Ctrl-C meant for the run must not look like a damaged file.
+    signal(SIGINT, SIG_IGN), signal(SIGTERM, SIG_IGN), signal(SIGHUP, SIG_IGN), signal(SIGPIPE, SIG_DFL);
+    ::close(fds[0]);
+    std::vector<char*> ptrs;
+    Handle mt;
+    if (!read_vlen_strings(a, ptrs, mt)) _exit(2);
+    for (char* p : ptrs) {
+      const uint64_t len = p ? std::strlen(p) : 0;
+      if (!write_all(fds[1], &len, sizeof len) || (len && !write_all(fds[1], p, len))) _exit(3);
+    }
+    _exit(0);
+  }
+  ::close(fds[1]);
+  std::string buf;
+  char chunk[65536];
+  // A few strings take milliseconds; a child still reading after 120 s is stuck on the file, and
+  // more than 64 MiB of strings in attributes (which are small by nature) is a damaged length.
+  const int limit_s = 120;
+  const size_t limit_bytes = size_t(64) << 20;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
+  bool timed_out = false;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd pfd{fds[0], POLLIN, 0};
+    int pr = left.count() > 0 ? poll(&pfd, 1, (int)left.count()) : 0;
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr == 0) {
+      timed_out = true;
+      break;
+    }
+    ssize_t r = ::read(fds[0], chunk, sizeof chunk);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    buf.append(chunk, (size_t)r);
+    if (buf.size() > limit_bytes) break;
+  }
+  ::close(fds[0]);
+  const bool too_long = buf.size() > limit_bytes;
+  if (timed_out || too_long) kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) return "cannot read (no answer in " + std::to_string(limit_s) + " s)";
+  if (too_long) return "cannot read (over 64 MiB of strings: " + damaged + ")";
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 2) return "cannot read";
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "cannot read (" + damaged + ")";
+  size_t at = 0;
+  for (size_t i = 0; i < a.n; ++i) {
+    uint64_t len = 0;
+    if (buf.size() - at < sizeof len) return "cannot read (" + damaged + ")";
+    std::memcpy(&len, buf.data() + at, sizeof len);
+    at += sizeof len;
+    if (buf.size() - at < len) return "cannot read (" + damaged + ")";
+    out.emplace_back(buf.data() + at, (size_t)len);
+    at += (size_t)len;
+  }
+  if (at != buf.size()) return "cannot read (" + damaged + ")";
+  return "";
+}
+
 std::vector<std::string> read_str_attr(File& f, const std::string& obj, const std::string& name) {
   Lock l;
   OpenAttr a = open_attr(f, obj, name);
@@ -713,13 +826,10 @@ std::vector<std::string> read_str_attr(File& f, const std::string& obj, const st
     attr_fail(f, obj, name, std::string("expected a string, found ") + dtype_name(a.dt));
   std::vector<std::string> out;
   if (H5Tis_variable_str(a.type.get()) > 0) {
-    Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mt.get(), H5T_VARIABLE);
-    H5Tset_cset(mt.get(), H5Tget_cset(a.type.get()));
-    std::vector<char*> ptrs(a.n, nullptr);
-    if (a.n && H5Aread(a.attr.get(), mt.get(), ptrs.data()) < 0) attr_fail(f, obj, name, "cannot read");
-    for (char* p : ptrs) out.emplace_back(p ? p : "");
-    if (a.n) H5Dvlen_reclaim(mt.get(), a.space.get(), H5P_DEFAULT, ptrs.data());
+    if (a.n) {
+      const std::string why = read_vlen_strings_apart(a, out);
+      if (!why.empty()) attr_fail(f, obj, name, why);
+    }
   } else {
     size_t sz = H5Tget_size(a.type.get());
     bool spacepad = H5Tget_strpad(a.type.get()) == H5T_STR_SPACEPAD;
