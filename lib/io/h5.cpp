@@ -1,6 +1,7 @@
 #include "h5.h"
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -752,13 +753,16 @@ std::string read_vlen_strings_apart(const OpenAttr& a, std::vector<std::string>&
   if (pipe(fds) != 0) return in_process();
   std::fflush(stdout);  // the child leaves through _exit: nothing buffered is written twice
   std::fflush(stderr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     ::close(fds[0]), ::close(fds[1]);
     return in_process();
   }
   if (pid == 0) {
-    // Child: a Ctrl-C meant for the run must not look like a damaged file.
+    // Child: a Ctrl-C meant for the run must not look like a damaged file; it dies with the run.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
     signal(SIGINT, SIG_IGN), signal(SIGTERM, SIG_IGN), signal(SIGHUP, SIG_IGN), signal(SIGPIPE, SIG_DFL);
     ::close(fds[0]);
     std::vector<char*> ptrs;
@@ -773,9 +777,10 @@ std::string read_vlen_strings_apart(const OpenAttr& a, std::vector<std::string>&
   ::close(fds[1]);
   std::string buf;
   char chunk[65536];
-  // A few strings take milliseconds; a child still reading after 120 s is stuck on the file, and
-  // more than 64 MiB of strings in attributes (which are small by nature) is a damaged length.
-  const int limit_s = 120;
+  // A few strings take milliseconds; a child still reading after 20 s is stuck (a damaged heap
+  // can send HDF5 round a loop forever), and more than 64 MiB of strings in attributes (which are
+  // small by nature) is a damaged length.
+  const int limit_s = 20;
   const size_t limit_bytes = size_t(64) << 20;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
   bool timed_out = false;
@@ -801,7 +806,9 @@ std::string read_vlen_strings_apart(const OpenAttr& a, std::vector<std::string>&
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (timed_out) return "cannot read (no answer in " + std::to_string(limit_s) + " s)";
+  if (timed_out)
+    return "cannot read (HDF5 still reading after " + std::to_string(limit_s) +
+           " s: the file is corrupt, or its file system stalled)";
   if (too_long) return "cannot read (over 64 MiB of strings: " + damaged + ")";
   if (WIFEXITED(status) && WEXITSTATUS(status) == 2) return "cannot read";
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "cannot read (" + damaged + ")";
