@@ -226,7 +226,7 @@ void run(SampleArgs& a) {
     std::snprintf(gs + std::strlen(gs), sizeof gs - std::strlen(gs),
                   ", classifier guidance scale %g (%s weights)", (double)a.classifier_scale,
                   !a.no_ema && !cck.ema.empty() ? "EMA" : "model");
-  if (!noise_warning.empty()) std::fprintf(stderr, "unet: warning: %s\n", noise_warning.c_str());
+  if (!noise_warning.empty()) std::fprintf(stderr, "unet: warning: %s\n", one_line(noise_warning).c_str());
   std::printf("unet sample: %d images, %s %d steps, %s weights%s, batch %d%s, %s\n", n, a.sampler.c_str(),
               a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", gs, so.batch_size,
               auto_batch && so.batch_size < n ? " (the largest that fits)" : "", device.c_str());

@@ -349,7 +349,7 @@ void run_train(TrainArgs& a) {
   // Printed once the trainer has planned its memory: every check came first.
   auto started = [&] {
     if (!root) return;
-    for (const std::string& w : warnings) std::fprintf(stderr, "unet: warning: %s\n", w.c_str());
+    for (const std::string& w : warnings) std::fprintf(stderr, "unet: warning: %s\n", one_line(w).c_str());
     if (!ranks_line.empty()) std::printf("%s\n", ranks_line.c_str());
     if (added_null_class)
       std::printf(

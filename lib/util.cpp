@@ -39,8 +39,8 @@ std::string one_line(const std::string& s) {
       ++i;
       continue;
     }
-    // A UTF-8 sequence: its length from the lead byte, continuation bytes 10xxxxxx, no overlong
-    // forms, no surrogates, nothing past U+10FFFF.
+    // c leads a UTF-8 sequence whose length it gives; the sequence is kept only when it is whole
+    // (continuation bytes 10xxxxxx) and canonical (not overlong, no surrogate, at most U+10FFFF).
     size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
     bool ok = len > 0 && i + len <= n;
     for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
@@ -62,6 +62,21 @@ std::string one_line(const std::string& s) {
     i += len;
   }
   return out;
+}
+
+bool write_all(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return false;
+    if (w == 0) {
+      errno = EIO;
+      return false;
+    }
+    c += w, n -= (size_t)w;
+  }
+  return true;
 }
 
 std::string& error_prefix() {
@@ -202,15 +217,10 @@ void copy_file_atomic(const std::string& src, const std::string& dst) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) rerr = errno;
     if (n <= 0) break;
-    for (ssize_t off = 0; off < n && !werr;) {
-      ssize_t w = ::write(fd, buf.data() + off, (size_t)(n - off));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0)
-        werr = errno;
-      else
-        off += w;
+    if (!write_all(fd, buf.data(), (size_t)n)) {
+      werr = errno;
+      break;
     }
-    if (werr) break;
   }
   ::close(in);
   werr = close_keep(fd, werr);

@@ -26,6 +26,9 @@ std::string& error_prefix();
 // is kept.
 std::string one_line(const std::string& s);
 
+// Writes all n bytes to fd (retrying short writes and EINTR); false with errno set on failure.
+bool write_all(int fd, const void* p, size_t n);
+
 // strerror(err) as a string ("No space left on device").
 std::string errno_text(int err);
 

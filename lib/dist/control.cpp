@@ -335,7 +335,7 @@ void ControlPlane::fail(const std::string& why, bool print) {
 void ControlPlane::exit_failed(const std::string& why, bool print) {
   if (print) {
     std::fflush(stdout);
-    std::fprintf(stderr, "unet: %s\n", why.c_str());
+    std::fprintf(stderr, "unet: %s\n", one_line(why).c_str());
     std::fflush(stderr);
   }
   BeatMsg m{rank_ == 0 ? (uint32_t)Abort : (uint32_t)Failed, rank_, 0, 0};

@@ -722,17 +722,6 @@ bool read_vlen_strings(const OpenAttr& a, std::vector<char*>& ptrs, Handle& mt) 
   return H5Aread(a.attr.get(), mt.get(), ptrs.data()) >= 0;
 }
 
-bool write_all(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w, n -= (size_t)w;
-  }
-  return true;
-}
-
 // Reads a variable-length string attribute's strings into out; returns why it could not ("" when
 // it could). HDF5 1.10 trusts the object sizes in a file's global heap, where these strings live:
 // a damaged size makes H5Aread copy past its buffer (a crash, or memory silently overwritten). So
@@ -740,7 +729,7 @@ bool write_all(int fd, const void* p, size_t n) {
 // can only hurt that throwaway process. The caller holds the HDF5 lock, so no other thread of ours
 // is inside the library at the fork. Where no process can be forked, the read runs here.
 std::string read_vlen_strings_apart(const OpenAttr& a, std::vector<std::string>& out) {
-  const std::string damaged = "a damaged variable-length string: the file is corrupt";
+  const std::string corrupt = "cannot read (a damaged variable-length string: the file is corrupt)";
   auto in_process = [&] {
     std::vector<char*> ptrs;
     Handle mt;
@@ -809,20 +798,20 @@ std::string read_vlen_strings_apart(const OpenAttr& a, std::vector<std::string>&
   if (timed_out)
     return "cannot read (HDF5 still reading after " + std::to_string(limit_s) +
            " s: the file is corrupt, or its file system stalled)";
-  if (too_long) return "cannot read (over 64 MiB of strings: " + damaged + ")";
+  if (too_long) return corrupt;  // over 64 MiB
   if (WIFEXITED(status) && WEXITSTATUS(status) == 2) return "cannot read";
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "cannot read (" + damaged + ")";
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return corrupt;
   size_t at = 0;
   for (size_t i = 0; i < a.n; ++i) {
     uint64_t len = 0;
-    if (buf.size() - at < sizeof len) return "cannot read (" + damaged + ")";
+    if (buf.size() - at < sizeof len) return corrupt;
     std::memcpy(&len, buf.data() + at, sizeof len);
     at += sizeof len;
-    if (buf.size() - at < len) return "cannot read (" + damaged + ")";
+    if (buf.size() - at < len) return corrupt;
     out.emplace_back(buf.data() + at, (size_t)len);
     at += (size_t)len;
   }
-  if (at != buf.size()) return "cannot read (" + damaged + ")";
+  if (at != buf.size()) return corrupt;
   return "";
 }
 
