@@ -40,7 +40,8 @@ std::string one_line(const std::string& s) {
       continue;
     }
     // c leads a UTF-8 sequence whose length it gives; the sequence is kept only when it is whole
-    // (continuation bytes 10xxxxxx) and canonical (not overlong, no surrogate, at most U+10FFFF).
+    // (each continuation byte's top two bits are 10) and canonical (not overlong, no surrogate, at
+    // most U+10FFFF).
     size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
     bool ok = len > 0 && i + len <= n;
     for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
