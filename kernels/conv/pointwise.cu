@@ -188,10 +188,15 @@ __global__ void __launch_bounds__(256)
   total[co] = (float)v;
 }
 
-// The split K of an op: about kBlocks blocks (one wave of an H100 at one block per SM), at least 4
-// K blocks a split; the workspace holds the splits' slices of dW (with more than one) and then the
-// column-sum partials (with a bias gradient).
-constexpr int kBlocks = 132;
+// The split K of an op: about kBlocks blocks, at least 4 K blocks a split; the workspace holds the
+// splits' slices of dW (with more than one) and then the column-sum partials (with a bias
+// gradient). 200 rather than one wave (132 on an H100 or H200, one block an SM): the kernel runs on
+// the side lane beside the main lane's, and smaller splits finish in the gaps they leave. H200,
+// seed64 tf32 step, two runs on two machines (CUDA events): 132 -> 200 blocks 11.213 / 11.212 ->
+// 11.173 / 11.158 ms and 11.362 / 11.375 / 11.372 -> 11.319 / 11.313 / 11.309 (160: 11.288 / 11.318
+// / 11.306; 232: 11.35; 264: 11.205 / 11.188; 100: 11.280 / 11.276); this kernel 1.06 -> 0.96 ms a
+// step, pw_finish_kernel (more slices to add) 0.20 -> 0.30.
+constexpr int kBlocks = 200;
 struct PwPlan {
   int KB, per, splits;
   size_t slices, bytes;  // the slices' bytes; the workspace's
