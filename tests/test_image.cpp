@@ -363,6 +363,30 @@ TEST(Image, CorruptFilesAreUserErrorsAndSilent) {
   EXPECT_THROW(decode_image_file(tmp("does_not_exist.png")), UserError);
 }
 
+// An intact image above the pixel limit is refused for its size, not called corrupt.
+TEST(Image, AboveThePixelLimitIsNotCorrupt) {
+  const int w = 37 + (int)(test::test_seed() % 20), h = 23;
+  auto rgb = noise_image(w, h, test::test_seed() + 9);
+  const std::string png = tmp("limit.png"), jpg = tmp("limit.jpg");
+  write_png(png, rgb.data(), w, h);
+  write_jpeg(jpg, rgb.data(), w, h, 3, JCS_RGB, 90);
+  for (const std::string& p : {png, jpg}) {
+    EXPECT_EQ(decode_image_file(p, (uint64_t)w * h).w, w) << p << ": at the limit";
+    std::string msg = "(no error)";
+    try {
+      decode_image_file(p, (uint64_t)w * h - 1);
+    } catch (const UserError& e) {
+      msg = e.what();
+    }
+    EXPECT_EQ(msg.find("corrupt"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(w) + "x" + std::to_string(h) + " = " + std::to_string(w * h) +
+                       " pixels, above the limit of " + std::to_string(w * h - 1)),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.rfind(p + ": ", 0), 0u) << msg;
+  }
+}
+
 // ---- resize + center crop --------------------------------------------------------------------
 TEST(Image, ResizeGeometryAndConstant) {
   std::mt19937 g(test::test_seed() + 6);

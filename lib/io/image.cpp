@@ -31,6 +31,7 @@ struct PngCtx {
   const uint8_t* data = nullptr;
   size_t size = 0, pos = 0;
   char msg[256] = {0};
+  bool intact = false;  // the failure is a limit or memory, not damage: msg says all
   std::vector<uint8_t> buf;
   std::vector<png_bytep> rows;
   int w = 0, h = 0, channels = 0;
@@ -61,12 +62,13 @@ bool png_decode(PngCtx* c) {
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, c, png_error_fn, png_warning_fn);
   if (!png) {
     std::snprintf(c->msg, sizeof c->msg, "out of memory");
+    c->intact = true;
     return false;
   }
   png_infop info = png_create_info_struct(png);
   if (!info || setjmp(png_jmpbuf(png))) {
     png_destroy_read_struct(&png, info ? &info : nullptr, nullptr);
-    if (!c->msg[0]) std::snprintf(c->msg, sizeof c->msg, "out of memory");
+    if (!c->msg[0]) std::snprintf(c->msg, sizeof c->msg, "out of memory"), c->intact = true;
     return false;
   }
   png_set_read_fn(png, c, png_read_mem);
@@ -76,7 +78,10 @@ bool png_decode(PngCtx* c) {
   int depth = 0, ctype = 0;
   png_get_IHDR(png, info, &w, &h, &depth, &ctype, nullptr, nullptr, nullptr);
   if (w == 0 || h == 0) png_error(png, "empty image");
-  if ((uint64_t)w * h > c->max_pixels) png_error(png, too_large(w, h, c->max_pixels).c_str());
+  if ((uint64_t)w * h > c->max_pixels) {
+    c->intact = true;
+    png_error(png, too_large(w, h, c->max_pixels).c_str());
+  }
   if (depth == 16) png_set_strip_16(png);  // keep the high byte, as PIL's "RGB;16B" unpacker
   if (ctype == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
   if (ctype == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
@@ -105,7 +110,7 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& name, uint
   c.max_pixels = max_pixels;
   c.data = data;
   c.size = size;
-  if (!png_decode(&c)) bad(name, std::string("corrupt PNG (") + c.msg + ")");
+  if (!png_decode(&c)) bad(name, c.intact ? std::string("PNG ") + c.msg : std::string("corrupt PNG (") + c.msg + ")");
   Image im;
   im.w = c.w;
   im.h = c.h;
@@ -152,6 +157,7 @@ struct JpegCtx {
   std::vector<uint8_t> buf;
   int w = 0, h = 0, channels = 0;
   bool adobe = false;
+  bool intact = false;  // the failure is a limit or an unsupported layout, not damage
   uint64_t max_pixels = kDefaultMaxPixels;
 };
 
@@ -175,6 +181,7 @@ bool jpeg_decode(JpegCtx* c, const uint8_t* data, size_t size) {
                   ci->image_width == 0 || ci->image_height == 0
                       ? "empty image"
                       : too_large(ci->image_width, ci->image_height, c->max_pixels).c_str());
+    c->intact = ci->image_width != 0 && ci->image_height != 0;
     jpeg_destroy_decompress(ci);
     return false;
   }
@@ -189,14 +196,16 @@ bool jpeg_decode(JpegCtx* c, const uint8_t* data, size_t size) {
       ci->out_color_space = JCS_CMYK;
       break;
     default:
-      std::snprintf(c->err.msg, sizeof c->err.msg, "unsupported JPEG color space");
+      std::snprintf(c->err.msg, sizeof c->err.msg, "unsupported color space");
+      c->intact = true;
       jpeg_destroy_decompress(ci);
       return false;
   }
   jpeg_start_decompress(ci);
   int ch = ci->output_components;
   if (ch != 3 && ch != 4) {
-    std::snprintf(c->err.msg, sizeof c->err.msg, "unsupported JPEG layout");
+    std::snprintf(c->err.msg, sizeof c->err.msg, "unsupported layout");
+    c->intact = true;
     jpeg_destroy_decompress(ci);
     return false;
   }
@@ -217,7 +226,8 @@ bool jpeg_decode(JpegCtx* c, const uint8_t* data, size_t size) {
 Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name, uint64_t max_pixels) {
   auto c = std::make_unique<JpegCtx>();
   c->max_pixels = max_pixels;
-  if (!jpeg_decode(c.get(), data, size)) bad(name, std::string("corrupt JPEG (") + c->err.msg + ")");
+  if (!jpeg_decode(c.get(), data, size))
+    bad(name, c->intact ? std::string("JPEG ") + c->err.msg : std::string("corrupt JPEG (") + c->err.msg + ")");
   Image im;
   im.w = c->w;
   im.h = c->h;
