@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's checks for the CUDA engine, one part per argument (or all):
-#   tests   every test binary (CUDA tests run there; they skip in CI)
+#   tests   every test binary (CUDA tests run there; they skip in CI), 3 at a time
 #   e2e     the end-to-end CLI test on the GPU (pipeline, loss, bitwise resume, SIGINT, NaN)
 #   parity  unet sample on the GPU vs guided-diffusion's sampler in float64 (fp32: 1e-4, tf32: 1e-3)
 #   objective  issue 12 on the GPU: unet eval / sample flags vs the PyTorch transcription (fp32 1e-4,
@@ -68,7 +68,10 @@ for p in $parts; do
   echo "=== $p"
   t0=$(date +%s)
   case $p in
-    tests) bash scripts/gpu_tests.sh "$BUILD" 2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
+    tests)  # 3 at a time, test_conv in 3 shards (H200, 2026-11-28: test_model alone 405 s, test_conv's
+      # seed64 shard ~300 s; all of them in one 10-minute device call not yet tried)
+      JOBS=${JOBS:-3} SHARDS=${SHARDS:-test_conv=3} TLIM=${TLIM:-540} bash scripts/gpu_tests.sh "$BUILD" 2>&1 |
+        tee "$OUT/tests.txt" | tail -40 ;;
     e2e)
       UNET_TEST_DEVICE=cuda timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e.txt" 2>&1
       UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e_graph.txt" 2>&1

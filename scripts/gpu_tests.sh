@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
 # Runs every GoogleTest binary under BUILD_DIR/bin (test_*) the way ctest would (working directory
-# BUILD_DIR), brief output, and prints one line per binary plus totals. This is the check to run
-# on the GPU machine, where the CUDA tests actually execute (in CI they skip).
+# BUILD_DIR), brief output, and prints one line per binary (or shard) plus totals. This is the check
+# to run on the GPU machine, where the CUDA tests actually execute (in CI they skip).
 #
 #   scripts/gpu_tests.sh BUILD_DIR [GTEST_FILTER]
 #
+# Environment:
+#   BINARIES="test_conv test_model_golden"  only those
+#   JOBS=3        binaries (and shards) run 3 at a time (default 1). The GPU machine's CPU reference
+#                 work dominates most binaries, so 3 at a time fits a 10-minute device call:
+#                 2026-11-28, one H200 (16 cores), 24 CUDA binaries: test_model 405 s, test_groupnorm
+#                 235, test_classifier_free 233 run 3 at a time beside the short ones
+#   SHARDS="test_conv=3"  GoogleTest shards of a binary, run as separate jobs (test_conv's
+#                 EverySeed64ShapeAtBatch32 alone takes ~300 s; the rest of it ~80 s a shard)
+#   ALONE="test_profile_gpu"  run first, one at a time, before the pool (the default: its timing
+#                 checks compare CUDA events with kernel times, which other processes' kernels upset)
+#   FIRST="test_model test_conv"  these enter the pool first, in this order (the default: the
+#                 longest four of 2026-11-28, so that none starts last)
+#   TLIM=540      seconds per binary or shard (timeout; default none): TIMEOUT in its line
 # Full logs go to $LOG_DIR (default BUILD_DIR/gpu-test-logs); failures are echoed below their
-# binary's line. Exit status: 0 when nothing failed or crashed, 1 otherwise.
+# line. Exit status: 0 when nothing failed, crashed or timed out, 1 otherwise.
 set -u
 BUILD=${1:-build}
 FILTER=${2:-*}
@@ -18,7 +31,13 @@ fi
 BUILD=$(cd "$BUILD" && pwd)
 BIN="$BUILD/bin"
 LOG_DIR=${LOG_DIR:-$BUILD/gpu-test-logs}
+JOBS=${JOBS:-1}
+SHARDS=${SHARDS:-}
+ALONE=${ALONE-test_profile_gpu}
+TLIM=${TLIM:-0}
+FIRST=${FIRST-test_model test_conv test_groupnorm test_classifier_free}
 mkdir -p "$LOG_DIR"
+rm -f "$LOG_DIR"/*.rc
 
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
@@ -28,47 +47,90 @@ fi
 
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
+# run_one NAME INDEX TOTAL: one binary (or one shard of it); its exit status and seconds go to
+# LOG_DIR/TAG.rc, its output to LOG_DIR/TAG.log.
+run_one() {
+  local name=$1 idx=$2 tot=$3 tag=$1 t0 rc
+  [ "$tot" -gt 1 ] && tag="$name.$idx-of-$tot"
+  t0=$(date +%s.%N)
+  local lim=()
+  [ "$TLIM" -gt 0 ] && lim=(timeout -s TERM "$TLIM")
+  (cd "$BUILD" && GTEST_TOTAL_SHARDS=$tot GTEST_SHARD_INDEX=$idx GTEST_BRIEF=1 \
+    "${lim[@]}" "$BIN/$name" --gtest_brief=1 --gtest_filter="$FILTER") >"$LOG_DIR/$tag.log" 2>&1
+  rc=$?
+  echo "$rc $(elapsed "$t0")" >"$LOG_DIR/$tag.rc"
+  echo "  done: $tag (exit $rc)" >&2
+}
+export -f run_one elapsed
+export BUILD BIN FILTER LOG_DIR TLIM
+
+shards_of() {  # shards_of NAME: the shard count SHARDS gives it (1 by default)
+  local kv
+  for kv in $SHARDS; do
+    [ "${kv%%=*}" = "$1" ] && { echo "${kv#*=}"; return; }
+  done
+  echo 1
+}
+
+alone=() pool=()
+names=()
+for f in $FIRST; do [ -x "$BIN/$f" ] && names+=("$f"); done
+for t in "$BIN"/test_*; do
+  [ -f "$t" ] && [ -x "$t" ] || continue
+  [[ " $FIRST " == *" $(basename "$t") "* ]] || names+=("$(basename "$t")")
+done
+for name in "${names[@]}"; do
+  if [ -n "${BINARIES:-}" ] && [[ " $BINARIES " != *" $name "* ]]; then continue; fi
+  n=$(shards_of "$name")
+  for ((i = 0; i < n; ++i)); do
+    if [[ " $ALONE " == *" $name "* ]]; then alone+=("$name $i $n"); else pool+=("$name $i $n"); fi
+  done
+done
+
+t_all=$(date +%s.%N)
+for j in "${alone[@]}"; do
+  run_one $j
+done
+printf '%s\n' "${pool[@]}" | xargs -r -P "$JOBS" -L 1 bash -c 'run_one "$0" "$1" "$2"'
+
 count() {  # count PATTERN FILE: the number in the first gtest summary line matching PATTERN
   local n
   n=$(grep -E "$1" "$2" | head -1 | grep -oE '[0-9]+' | head -1)
   echo "${n:-0}"
 }
 
-tot_pass=0 tot_fail=0 tot_skip=0 bad=0 nbin=0
-t_all=$(date +%s.%N)
-printf '%-26s %-10s %6s %6s %6s %9s\n' binary status pass fail skip seconds
-for t in "$BIN"/test_*; do
-  [ -f "$t" ] && [ -x "$t" ] || continue
-  name=$(basename "$t")
-  # BINARIES="test_conv test_model_golden" runs only those
-  if [ -n "${BINARIES:-}" ] && [[ " $BINARIES " != *" $name "* ]]; then continue; fi
-  log="$LOG_DIR/$name.log"
-  t0=$(date +%s.%N)
-  (cd "$BUILD" && GTEST_BRIEF=1 "$t" --gtest_brief=1 --gtest_filter="$FILTER") >"$log" 2>&1
-  rc=$?
-  secs=$(elapsed "$t0")
+tot_pass=0 tot_fail=0 tot_skip=0 bad=0 nrun=0
+printf '%-30s %-10s %6s %6s %6s %9s\n' binary status pass fail skip seconds
+for j in "${alone[@]}" "${pool[@]}"; do
+  set -- $j
+  tag=$1
+  [ "$3" -gt 1 ] && tag="$1.$2-of-$3"
+  log="$LOG_DIR/$tag.log"
+  read -r rc secs <"$LOG_DIR/$tag.rc" || { rc=255 secs=0; }
   pass=$(count '^\[  PASSED  \] [0-9]+ test' "$log")
   fail=$(count '^\[  FAILED  \] [0-9]+ test' "$log")
   skip=$(count '^\[  SKIPPED \] [0-9]+ test' "$log")
   status=ok
   if [ "$fail" -gt 0 ]; then
     status=FAILED
+  elif [ "$rc" -eq 124 ] && [ "$TLIM" -gt 0 ]; then
+    status=TIMEOUT
   elif [ "$rc" -ne 0 ]; then
     status="CRASH($rc)"
   elif [ "$pass" -eq 0 ] && [ "$skip" -gt 0 ]; then
     status=skipped
   fi
-  printf '%-26s %-10s %6d %6d %6d %9s\n' "$name" "$status" "$pass" "$fail" "$skip" "$secs"
-  if [ "$status" = FAILED ] || [ "${status#CRASH}" != "$status" ]; then
+  printf '%-30s %-10s %6d %6d %6d %9s\n' "$tag" "$status" "$pass" "$fail" "$skip" "$secs"
+  if [ "$status" != ok ] && [ "$status" != skipped ]; then
     bad=1
     # brief mode logs only failures: show them (bounded), indented
     grep -vE '^\[==========\]|^\[  PASSED  \]|^\[  SKIPPED \]|^$' "$log" | head -60 | sed 's/^/    /'
   fi
   tot_pass=$((tot_pass + pass)) tot_fail=$((tot_fail + fail)) tot_skip=$((tot_skip + skip))
-  nbin=$((nbin + 1))
+  nrun=$((nrun + 1))
 done
 secs=$(elapsed "$t_all")
-printf '%-26s %-10s %6d %6d %6d %9s\n' "TOTAL ($nbin binaries)" "$([ $bad = 0 ] && echo ok || echo FAILED)" \
+printf '%-30s %-10s %6d %6d %6d %9s\n' "TOTAL ($nrun runs)" "$([ $bad = 0 ] && echo ok || echo FAILED)" \
   "$tot_pass" "$tot_fail" "$tot_skip" "$secs"
 echo "logs: $LOG_DIR"
 exit $bad
