@@ -68,7 +68,7 @@ for p in $parts; do
   echo "=== $p"
   t0=$(date +%s)
   case $p in
-    tests)  # 3 at a time, test_conv in 3 shards (H200, 2026-11-28: test_model alone 405 s, test_conv's
+    tests)  # 3 at a time, test_conv in 3 shards (H200, 2026-11-28, 3 at a time: test_model 405 s, test_conv's
       # seed64 shard ~300 s; all of them in one 10-minute device call not yet tried)
       JOBS=${JOBS:-3} SHARDS=${SHARDS:-test_conv=3} TLIM=${TLIM:-540} bash scripts/gpu_tests.sh "$BUILD" 2>&1 |
         tee "$OUT/tests.txt" | tail -40 ;;
