@@ -27,6 +27,7 @@ struct EvalArgs {
 
 void run(EvalArgs& a) {
   namespace fs = std::filesystem;
+  a.ckpt = checkpoint_arg(a.ckpt, "eval");
   // Everything is checked before the device and the long work: the output (never an input, never
   // a special file, in a writable directory), the environment, the checkpoint, the dataset against
   // the model, -n against the dataset, host memory.
@@ -98,7 +99,7 @@ void register_eval(CLI::App& app) {
       "decoder NLL at t = 0), the prior term and their total in bits/dim, and the x0 and eps MSE; averaged\n"
       "over images 0..N-1 of DATA. --csv writes the per-timestep means (t,vb,x0_mse,mse) and rows prior and\n"
       "total. The q_sample noise is drawn from --seed per (image, timestep): batch size does not matter.");
-  sub->add_option("checkpoint", a->ckpt, "checkpoint (HDF5)")->required();
+  sub->add_option("checkpoint", a->ckpt, "checkpoint (HDF5), or a run directory: its latest.h5")->required();
   sub->add_option("data", a->data, "dataset (HDF5 from unet prepare)")->required();
   sub->add_option("-n,--num-images", a->opt.n, "images 0..N-1 of the dataset (default: all)")
       ->check(int_range(1, INT64_MAX));

@@ -64,6 +64,8 @@ std::vector<float> read_noise(const std::string& path, const ModelConfig& cfg, i
 
 void run(SampleArgs& a) {
   namespace fs = std::filesystem;
+  a.ckpt = checkpoint_arg(a.ckpt, "sample");
+  a.classifier = checkpoint_arg(a.classifier, "--classifier");
   // Outputs first: never an input (also through links), never a special file, in a writable
   // directory — so a typo fails now, not after the sampling.
   auto check_out = [&](const std::string& p) {
@@ -301,7 +303,7 @@ void run(SampleArgs& a) {
 void register_sample(CLI::App& app) {
   auto a = std::make_shared<SampleArgs>();
   auto* sub = app.add_subcommand("sample", "generate images from a checkpoint");
-  sub->add_option("checkpoint", a->ckpt, "checkpoint (HDF5)")->required();
+  sub->add_option("checkpoint", a->ckpt, "checkpoint (HDF5), or a run directory: its latest.h5")->required();
   a->n_opt = sub->add_option("-n,--num-samples", a->n, "number of images (default 16, or N of --noise)")
                  ->check(int_range(1, kMaxSamples));
   sub->add_option("--batch-size", a->batch_size, "images per model call (default: on a GPU the largest batch that fits, up to n; on the CPU min(n, 64))")

@@ -154,6 +154,8 @@ void run_train(TrainArgs& a) {
   // Connected first, so that a rank failing a check below stops the others at once.
   std::unique_ptr<ControlPlane> cp = connect_control_plane(env, a.dist_timeout);
   if (!a.init.empty() && !a.resume.empty()) throw UserError("--init and --resume are exclusive");
+  a.resume = checkpoint_arg(a.resume, "--resume");
+  a.init = checkpoint_arg(a.init, "--init");
   if ((!a.init.empty() || !a.resume.empty()) && (cls ? a.cmodel.any_given() : a.model.any_given()))
     throw UserError(cls ? a.cmodel.given_names() +
                               ": classifier flags cannot be combined with --init/--resume: the classifier "
@@ -267,7 +269,7 @@ void run_train(TrainArgs& a) {
   }
   if (!resume && fs::exists(o.rundir + "/latest.h5"))
     throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
-                    "/latest.h5 or choose another -o");
+                    " or choose another -o");
 
   // The dataset against the model (and, on resume, against the run's), then host memory.
   TrainData data =
@@ -322,7 +324,7 @@ void run_train(TrainArgs& a) {
     lock = std::make_unique<DirLock>(o.rundir, cmd);
     if (!resume && fs::exists(o.rundir + "/latest.h5"))  // written by a trainer that just finished
       throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
-                      "/latest.h5 or choose another -o");
+                      " or choose another -o");
     check_writable_dir_for(o.rundir + "/metrics.csv");
     check_writable_dir_for(o.rundir + "/latest.h5");
     remove_stale_temps(o.rundir);
@@ -411,10 +413,12 @@ void add_train_flags(CLI::App* sub, TrainArgs* a) {
                   cls ? "labelled dataset (HDF5 from unet prepare --labels subdirs)"
                       : "dataset (HDF5 from unet prepare)")
       ->required();
-  sub->add_option("--init", a->init, "start from this checkpoint's weights (fresh optimizer)");
+  sub->add_option("--init", a->init,
+                  "start from this checkpoint's weights (fresh optimizer); a run directory: its latest.h5");
   sub->add_option(
       "--resume", a->resume,
-      "continue this checkpoint's run exactly (weights, EMA, optimizer, data order, RNG, settings)");
+      "continue this checkpoint's run exactly (weights, EMA, optimizer, data order, RNG, settings); a run "
+      "directory: its latest.h5");
   sub->add_option("-o,--output", a->rundir,
                   "run directory (default runs/<date>-<time>, or the --resume checkpoint's directory)");
   auto& o = a->opt;

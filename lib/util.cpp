@@ -184,6 +184,16 @@ void check_not_input(const std::string& out, const std::string& in, const std::s
                     "; refusing to overwrite an input");
 }
 
+std::string checkpoint_arg(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (path.empty() || !fs::is_directory(path, ec)) return path;
+  const std::string latest = (fs::path(path) / "latest.h5").string();
+  if (!fs::exists(latest, ec))
+    throw UserError(path + ": a directory without latest.h5 (" + what +
+                    " takes a checkpoint, or a run directory holding latest.h5)");
+  return latest;
+}
+
 void remove_stale_temps(const std::string& dir) {
   std::error_code ec;
   fs::directory_iterator it(dir, ec), end;

@@ -66,6 +66,11 @@ bool same_file(const std::string& a, const std::string& b);
 // `out` would replace the input `in`. Missing files never match.
 void check_not_input(const std::string& out, const std::string& in, const std::string& what);
 
+// A checkpoint argument: a run directory stands for its latest.h5 (what `unet train` and
+// `train-classifier` write last); any other path is returned as given. A directory without
+// latest.h5 is a UserError naming it and `what` (the flag or argument).
+std::string checkpoint_arg(const std::string& path, const std::string& what);
+
 // Removes "<name>.tmp-<pid>" files in `dir` whose process is gone (left by a killed run).
 void remove_stale_temps(const std::string& dir);
 

@@ -404,6 +404,28 @@ def resume():
     r = unet("train", P("d.h5"), "--resume", old, "--steps", "3", *CPU)
     lines = r.stderr.splitlines()
     check(r.returncode == 0 and len(lines) == 1 and "does not record" in lines[0], f"an older checkpoint: {lines}")
+    # A run directory stands for its latest.h5: the same continuation, bitwise; one without is refused.
+    shutil.copytree(P("base"), P("by_dir"))
+    shutil.copytree(P("base"), P("by_file"))
+    r = unet("train", P("d.h5"), "--resume", P("by_dir"), "--steps", "4", *CPU)
+    check(r.returncode == 0 and r.stderr == "", f"--resume RUN_DIR: {r.stderr.strip()[:200]}")
+    r = unet("train", P("d.h5"), "--resume", P("by_file", "latest.h5"), "--steps", "4", *CPU)
+    check(r.returncode == 0 and same_tensors(P("by_dir", "latest.h5"), P("by_file", "latest.h5")) and
+          sorted(os.listdir(P("by_dir"))) == sorted(os.listdir(P("by_file"))),
+          "--resume RUN_DIR == --resume RUN_DIR/latest.h5, bitwise, the same files written")
+    os.makedirs(P("no_run"), exist_ok=True)
+    refused(["train", P("d.h5"), "--resume", P("no_run"), *CPU], ["no_run", "without latest.h5", "--resume"],
+            "--resume of a directory without latest.h5")
+    # So it does for sample's checkpoint (and --init, eval's checkpoint, sample --classifier).
+    for tag, ck in (("dir", P("by_dir")), ("file", P("by_dir", "latest.h5"))):
+        r = unet("sample", ck, "-n", "2", "--steps", "2", "--class", "1", "-o", P(f"s_{tag}.png"), "--h5", P(f"s_{tag}.h5"),
+                 *CPU)
+        check(r.returncode == 0, f"sample of a run directory ({tag}): {r.stderr.strip()[:200]}")
+    check(same_tensors(P("s_dir.h5"), P("s_file.h5")), "sample RUN_DIR == sample RUN_DIR/latest.h5, bitwise")
+    refused(["sample", P("no_run"), "-n", "1", "--steps", "2", "-o", P("s_none.png"), *CPU],
+            ["no_run", "without latest.h5", "sample takes a checkpoint"], "sample of a directory without latest.h5")
+    refused(["train", P("d.h5"), "--init", P("no_run"), "-o", P("init_none"), *CPU], ["no_run", "--init"],
+            "--init of a directory without latest.h5")
 
 
 def smaller():
