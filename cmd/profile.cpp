@@ -34,6 +34,7 @@ void run(ProfileArgs& a) {
   ProfileRequest& r = a.r;
   if (!a.kernels.empty()) set_kernel_overrides(a.kernels);
   r.precision = parse_precision(a.precision);
+  a.checkpoint = checkpoint_arg(a.checkpoint, "profile");
   if (!a.checkpoint.empty() && !file_exists(a.checkpoint)) throw UserError(a.checkpoint + ": no such file");
   check_environment({{"checkpoint", a.checkpoint}});
   if (!r.trace.empty()) {  // before the GPU work (run_profile checks the directory)

@@ -783,6 +783,12 @@ def profiling():
     refused(["profile", P("missing.h5")], ["missing.h5"], "profile of a missing checkpoint", quiet=True)
     refused(["profile", P("i.h5"), "--num-channels", "64"], ["--num-channels", "i.h5"],
             "profile a checkpoint's model with model flags", quiet=True)
+    # A run directory stands for its latest.h5 here too (the flags' refusal names it).
+    refused(["profile", P("base"), "--num-channels", "64"], ["--num-channels", os.path.join("base", "latest.h5")],
+            "profile a run directory's model with model flags", quiet=True)
+    os.makedirs(P("no_run_p"), exist_ok=True)
+    refused(["profile", P("no_run_p")], ["no_run_p", "without latest.h5", "profile takes"],
+            "profile of a directory without latest.h5", quiet=True)
     refused(["profile", P("i.h5"), "--trace", P("i.h5")], ["i.h5", "same file"], "profile --trace onto the checkpoint",
             quiet=True)
     refused(["profile", "--trace", P("terms_fifo")], ["FIFO"], "profile --trace onto a FIFO", quiet=True)
