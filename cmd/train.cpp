@@ -267,9 +267,13 @@ void run_train(TrainArgs& a) {
     check_not_input(o.rundir + name, a.init, "--init checkpoint");
     if (std::string(name) != "/latest.h5") check_not_input(o.rundir + name, a.resume, "--resume checkpoint");
   }
-  if (!resume && fs::exists(o.rundir + "/latest.h5"))
-    throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
-                    " or choose another -o");
+  // A new run never writes over another: checked now, and again under the directory's lock.
+  auto refuse_other_run = [&] {
+    if (!resume && fs::exists(o.rundir + "/latest.h5"))
+      throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
+                      " or choose another -o");
+  };
+  refuse_other_run();
 
   // The dataset against the model (and, on resume, against the run's), then host memory.
   TrainData data =
@@ -322,9 +326,7 @@ void run_train(TrainArgs& a) {
     if (!fs::is_directory(o.rundir, ec)) throw UserError(o.rundir + ": cannot create the run directory");
     if (!existed) cleanup = std::make_unique<NewDirCleanup>(o.rundir);
     lock = std::make_unique<DirLock>(o.rundir, cmd);
-    if (!resume && fs::exists(o.rundir + "/latest.h5"))  // written by a trainer that just finished
-      throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
-                      " or choose another -o");
+    refuse_other_run();  // (latest.h5 written by a trainer that just finished)
     check_writable_dir_for(o.rundir + "/metrics.csv");
     check_writable_dir_for(o.rundir + "/latest.h5");
     remove_stale_temps(o.rundir);

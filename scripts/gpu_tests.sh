@@ -8,9 +8,9 @@
 # Environment:
 #   BINARIES="test_conv test_model_golden"  only those
 #   JOBS=3        binaries (and shards) run 3 at a time (default 1). The GPU machine's CPU reference
-#                 work dominates most binaries, so 3 at a time fits a 10-minute device call:
-#                 2026-11-28, one H200 (16 cores), 24 CUDA binaries: test_model 405 s, test_groupnorm
-#                 235, test_classifier_free 233 run 3 at a time beside the short ones
+#                 work dominates most binaries, and one at a time the 24 CUDA binaries exceed a
+#                 10-minute device call (2026-11-28, one H200, 16 cores, 3 at a time: test_model 405 s,
+#                 test_groupnorm 235, test_classifier_free 233)
 #   SHARDS="test_conv=3"  GoogleTest shards of a binary, run as separate jobs (test_conv's
 #                 EverySeed64ShapeAtBatch32 alone takes ~300 s; the rest of it ~80 s a shard)
 #   ALONE="test_profile_gpu"  run first, one at a time, before the pool (the default: its timing
@@ -47,11 +47,14 @@ fi
 
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
+# tag_of NAME INDEX TOTAL: the name of a run in the table and its log files.
+tag_of() { if [ "$3" -gt 1 ]; then echo "$1.$2-of-$3"; else echo "$1"; fi; }
+
 # run_one NAME INDEX TOTAL: one binary (or one shard of it); its exit status and seconds go to
 # LOG_DIR/TAG.rc, its output to LOG_DIR/TAG.log.
 run_one() {
-  local name=$1 idx=$2 tot=$3 tag=$1 t0 rc
-  [ "$tot" -gt 1 ] && tag="$name.$idx-of-$tot"
+  local name=$1 idx=$2 tot=$3 tag t0 rc
+  tag=$(tag_of "$@")
   t0=$(date +%s.%N)
   local lim=()
   [ "$TLIM" -gt 0 ] && lim=(timeout -s TERM "$TLIM")
@@ -61,7 +64,7 @@ run_one() {
   echo "$rc $(elapsed "$t0")" >"$LOG_DIR/$tag.rc"
   echo "  done: $tag (exit $rc)" >&2
 }
-export -f run_one elapsed
+export -f run_one elapsed tag_of
 export BUILD BIN FILTER LOG_DIR TLIM
 
 shards_of() {  # shards_of NAME: the shard count SHARDS gives it (1 by default)
@@ -102,9 +105,7 @@ count() {  # count PATTERN FILE: the number in the first gtest summary line matc
 tot_pass=0 tot_fail=0 tot_skip=0 bad=0 nrun=0
 printf '%-30s %-10s %6s %6s %6s %9s\n' binary status pass fail skip seconds
 for j in "${alone[@]}" "${pool[@]}"; do
-  set -- $j
-  tag=$1
-  [ "$3" -gt 1 ] && tag="$1.$2-of-$3"
+  tag=$(tag_of $j)
   log="$LOG_DIR/$tag.log"
   read -r rc secs <"$LOG_DIR/$tag.rc" || { rc=255 secs=0; }
   pass=$(count '^\[  PASSED  \] [0-9]+ test' "$log")

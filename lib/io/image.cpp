@@ -38,6 +38,12 @@ struct PngCtx {
   uint64_t max_pixels = kDefaultMaxPixels;
 };
 
+// The refusal of a file the decoder failed on: "<FMT> <msg>" when the file is intact (above the
+// pixel limit, out of memory, a layout we do not read), else "corrupt <FMT> (<msg>)".
+std::string decode_failure(const char* fmt, bool intact, const char* msg) {
+  return intact ? std::string(fmt) + " " + msg : std::string("corrupt ") + fmt + " (" + msg + ")";
+}
+
 std::string too_large(uint64_t w, uint64_t h, uint64_t max) {
   return std::to_string(w) + "x" + std::to_string(h) + " = " + std::to_string(w * h) +
          " pixels, above the limit of " + std::to_string(max) + " (prepare --max-pixels)";
@@ -110,7 +116,7 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& name, uint
   c.max_pixels = max_pixels;
   c.data = data;
   c.size = size;
-  if (!png_decode(&c)) bad(name, c.intact ? std::string("PNG ") + c.msg : std::string("corrupt PNG (") + c.msg + ")");
+  if (!png_decode(&c)) bad(name, decode_failure("PNG", c.intact, c.msg));
   Image im;
   im.w = c.w;
   im.h = c.h;
@@ -226,8 +232,7 @@ bool jpeg_decode(JpegCtx* c, const uint8_t* data, size_t size) {
 Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name, uint64_t max_pixels) {
   auto c = std::make_unique<JpegCtx>();
   c->max_pixels = max_pixels;
-  if (!jpeg_decode(c.get(), data, size))
-    bad(name, c->intact ? std::string("JPEG ") + c->err.msg : std::string("corrupt JPEG (") + c->err.msg + ")");
+  if (!jpeg_decode(c.get(), data, size)) bad(name, decode_failure("JPEG", c->intact, c->err.msg));
   Image im;
   im.w = c->w;
   im.h = c->h;
