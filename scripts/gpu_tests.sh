@@ -10,9 +10,15 @@
 #   JOBS=3        binaries (and shards) run 3 at a time (default 1). The GPU machine's CPU reference
 #                 work dominates most binaries, and one at a time the 24 CUDA binaries exceed a
 #                 10-minute device call (2026-11-28, one H200, 16 cores, 3 at a time: test_model 405 s,
-#                 test_groupnorm 235, test_classifier_free 233)
-#   SHARDS="test_conv=3"  GoogleTest shards of a binary, run as separate jobs (test_conv's
-#                 EverySeed64ShapeAtBatch32 alone takes ~300 s; the rest of it ~80 s a shard)
+#                 test_groupnorm 235, test_classifier_free 233). 5 at a time does not fit one call
+#                 either (the same day: test_model and test_conv's shard holding
+#                 EverySeed64ShapeAtBatch32 past 510 s, test_groupnorm 383, test_classifier_free 322,
+#                 the other 20 binaries and shards done by 550 s): two calls, or three
+#   SHARDS="test_conv=3 test_model=2"  GoogleTest shards of a binary, run as separate jobs
+#                 (test_conv's EverySeed64ShapeAtBatch32 alone takes ~300 s, and its shard's other
+#                 tests compile cuDNN kernels at run time: that shard passed 450 s beside four other
+#                 jobs; the rest of test_conv ~60-90 s a shard; test_model's halves 256 / 272 s
+#                 beside three other jobs)
 #   ALONE="test_profile_gpu"  run first, one at a time, before the pool (the default: its timing
 #                 checks compare CUDA events with kernel times, which other processes' kernels upset)
 #   FIRST="test_model test_conv"  these enter the pool first, in this order (the default: the
