@@ -37,7 +37,7 @@ void run(EvalArgs& a) {
     check_not_input(a.csv, a.data, "dataset");
   }
   check_environment({{"checkpoint", a.ckpt}, {"dataset", a.data}});
-  if (!fs::exists(a.data)) throw UserError(a.data + ": no such file");
+  check_input_exists(a.data);
   Checkpoint ck = load_checkpoint(a.ckpt);
   const TrainData data = check_train_data(a.data, ck.cfg, a.ckpt);
   if (a.opt.n > data.info.count)

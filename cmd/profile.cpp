@@ -1,7 +1,6 @@
 // unet profile — per-kernel (nsys cuda_gpu_kern_sum style), per-layer and roofline breakdown of
 // one layer or the full training step, from CUPTI activity records. Parses flags, resolves the
 // model, and hands the work to lib/profile (run_profile).
-#include <sys/stat.h>
 
 #include <climits>
 #include <cmath>
@@ -25,17 +24,12 @@ struct ProfileArgs {
   CLI::Option* in_ch_opt = nullptr;
 };
 
-bool file_exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
-
 void run(ProfileArgs& a) {
   ProfileRequest& r = a.r;
   if (!a.kernels.empty()) set_kernel_overrides(a.kernels);
   r.precision = parse_precision(a.precision);
   a.checkpoint = checkpoint_arg(a.checkpoint, "profile");
-  if (!a.checkpoint.empty() && !file_exists(a.checkpoint)) throw UserError(a.checkpoint + ": no such file");
+  if (!a.checkpoint.empty()) check_input_exists(a.checkpoint);
   check_environment({{"checkpoint", a.checkpoint}});
   if (!r.trace.empty()) {  // before the GPU work (run_profile checks the directory)
     check_writable_dir_for(r.trace);

@@ -155,7 +155,9 @@ void run(SampleArgs& a) {
   auto eng = a.dev.make(&device);
   if (!a.png_dir.empty()) {
     fs::create_directories(a.png_dir, ec);
-    if (!fs::is_directory(a.png_dir)) throw UserError(a.png_dir + ": cannot create directory");
+    std::error_code ec2;
+    if (!fs::is_directory(a.png_dir, ec2))
+      throw UserError(a.png_dir + ": cannot create directory" + (ec ? " (" + ec.message() + ")" : ""));
     for (int i = 0; i < n; ++i) {
       char name[32];
       std::snprintf(name, sizeof name, "/%06d.png", i);

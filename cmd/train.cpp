@@ -1,8 +1,10 @@
 // unet train DATA.h5 — thin: parse flags, pick the starting checkpoint, call lib/trainer. The same
 // code runs `unet train-classifier` (train_classifier.cpp registers its flags).
 #include <omp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <ctime>
 #include <filesystem>
@@ -163,8 +165,8 @@ void run_train(TrainArgs& a) {
                         : a.model.given_names() +
                               ": model flags cannot be combined with --init/--resume: the model and its "
                               "training objective come from the checkpoint");
-  if (!fs::exists(a.data)) throw UserError(a.data + ": no such file");
-  if (cls && !o.val_data.empty() && !fs::exists(o.val_data)) throw UserError(o.val_data + ": no such file");
+  check_input_exists(a.data);
+  if (cls && !o.val_data.empty()) check_input_exists(o.val_data);
   check_environment({{"dataset", a.data},
                      {"--val-data dataset", o.val_data},
                      {"--init checkpoint", a.init},
@@ -256,6 +258,9 @@ void run_train(TrainArgs& a) {
 
   // Outputs: a directory that is not an input nor holds one under an output's name.
   std::error_code ec;
+  struct stat rst;  // (missing: made below; under a file: "cannot create the run directory" below)
+  if (::stat(o.rundir.c_str(), &rst) != 0 && errno != ENOENT && errno != ENOTDIR)
+    throw UserError(o.rundir + ": cannot use as the run directory (" + errno_text(errno) + ")");
   if (fs::exists(o.rundir, ec) && !fs::is_directory(o.rundir, ec))
     throw UserError(o.rundir + ": exists and is not a directory (-o names the run directory)");
   check_input_not_in_outputs(o.rundir, a.data, "dataset");
@@ -269,7 +274,7 @@ void run_train(TrainArgs& a) {
   }
   // A new run never writes over another: checked now, and again under the directory's lock.
   auto refuse_other_run = [&] {
-    if (!resume && fs::exists(o.rundir + "/latest.h5"))
+    if (!resume && fs::exists(o.rundir + "/latest.h5", ec))
       throw UserError(o.rundir + ": already holds a run (latest.h5); continue it with --resume " + o.rundir +
                       " or choose another -o");
   };

@@ -158,18 +158,47 @@ void AtomicFile::commit() {
 
 // ---- output checks -------------------------------------------------------------------------------
 void check_writable_dir_for(const std::string& path) {
-  fs::path p(path);
   const std::string dir = dir_of(path);
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 && errno != ENOENT && errno != ENOTDIR)
+    throw UserError(path + ": cannot write (" + errno_text(errno) + ")");  // e.g. a name too long
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw UserError(path + ": directory " + dir + " does not exist");
   if (access(dir.c_str(), W_OK) != 0) throw UserError(path + ": directory " + dir + " is not writable");
-  struct stat st;
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) throw UserError(path + ": is a directory");
     if (!S_ISREG(st.st_mode))
       throw UserError(path + ": is " + kind_of(st.st_mode) +
                       ", not a regular file; refusing to replace it with an output");
+  } else if (errno != ENOENT) {
+    throw UserError(path + ": cannot write (" + errno_text(errno) + ")");
   }
+  // AtomicFile writes "<name>.tmp-<pid>" first: a name that fits but leaves no room for that
+  // suffix failed only at the end, after the work (10 digits: any pid).
+  const long name_max = pathconf(dir.c_str(), _PC_NAME_MAX);
+  const size_t len = fs::path(path).filename().string().size(), suffix = 5 + 10;
+  if (name_max > 0 && len + suffix > static_cast<size_t>(name_max))
+    throw UserError(path + ": file name too long (" + std::to_string(len) + " bytes; an output's name may have " +
+                    std::to_string(name_max - static_cast<long>(suffix)) +
+                    ", as it is written under a temporary name first)");
+}
+
+void check_input_exists(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) return;
+  const int err = errno;
+  if (err == ENOENT || err == ENOTDIR) {
+    struct stat lst;
+    if (err == ENOENT && lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+      std::error_code ec;
+      const fs::path to = fs::read_symlink(path, ec);
+      throw UserError(path + ": a broken symbolic link" +
+                      (ec ? std::string() : " (to " + to.string() + ", which does not exist)"));
+    }
+    throw UserError(path + ": no such file");
+  }
+  if (err == EACCES) throw UserError(path + ": cannot open (permission denied)");
+  throw UserError(path + ": cannot open (" + errno_text(err) + ")");
 }
 
 bool same_file(const std::string& a, const std::string& b) {
@@ -188,7 +217,8 @@ std::string checkpoint_arg(const std::string& path, const std::string& what) {
   std::error_code ec;
   if (path.empty() || !fs::is_directory(path, ec)) return path;
   const std::string latest = (fs::path(path) / "latest.h5").string();
-  if (!fs::exists(latest, ec))
+  struct stat lst;  // (a link to nowhere is named by the reader: "a broken symbolic link")
+  if (!fs::exists(latest, ec) && !(lstat(latest.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)))
     throw UserError(path + ": a directory without latest.h5 (" + what +
                     " takes a checkpoint, or a run directory holding latest.h5)");
   return latest;

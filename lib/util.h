@@ -59,6 +59,11 @@ class AtomicFile {
 // socket. Throws UserError naming the path.
 void check_writable_dir_for(const std::string& path);
 
+// Throws UserError unless `path` names something that exists: "<path>: no such file",
+// "<path>: a broken symbolic link (to T, which does not exist)", or "<path>: cannot open (<cause>)"
+// (a name too long, permission denied...). What it is (file, directory) is the reader's to check.
+void check_input_exists(const std::string& path);
+
 // True when both paths name the same existing file (same device and inode, so hard links and
 // symlinks count as the same file).
 bool same_file(const std::string& a, const std::string& b);

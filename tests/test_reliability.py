@@ -14,7 +14,8 @@ and, for the features that came after: the objective's and data-parallel flags (
 --gpus, --dist-timeout, --schedule-sampler), the environment (UNET_KERNELS, UNET_BUCKET_MB,
 UNET_STREAM_DATA, UNET_CPU_COMM, UNET_LANES, UNET_PDL, UNET_GRAPH_FILL, UNET_STREAM_PRIORITY, UNET_CONV_STATS, UNET_SKIP_BRANCH, UNET_CUDNN_CACHE, torchrun/Open MPI/Slurm variables), `unet eval`
 (-n, datasets of another size or without labels, --csv onto inputs), `unet profile` without a GPU,
-damaged streamed datasets, `unet train-classifier` and `unet sample --classifier`. Refused cases must
+damaged streamed datasets, `unet train-classifier` and `unet sample --classifier`, names longer than
+the filesystem allows (or without room for an output's temporary suffix) and links to nothing. Refused cases must
 also print nothing on stdout (quiet=True): the checks come before any informational line.
 CPU only; a tiny 8x8 model keeps the whole suite to about a minute on two idle cores."""
 
@@ -797,6 +798,53 @@ def profiling():
     refused(["profile"], ["UNET_KERNELS"], "profile UNET_KERNELS=conv", env={"UNET_KERNELS": "conv"}, quiet=True)
 
 
+def names():
+    """Paths the system refuses or that point nowhere: a name longer than the filesystem allows (an
+    internal error and exit 2 from the run-directory and dataset checks before), an output name
+    that fits but leaves no room for its temporary suffix (it failed only at the end, after the
+    work), and symbolic links to nothing (named as such, not "no such file")."""
+    name_max = os.pathconf(TMP, "PC_NAME_MAX")
+    too_long = "n" * (name_max + 1)
+    tight = "t" * (name_max - 4)  # + ".png" = NAME_MAX: fits, but "<name>.tmp-<pid>" does not
+    run = ["--init", P("i.h5"), "--steps", "1", "--batch-size", "2", *CPU]
+    refused(["train", P(too_long + ".h5"), *run, "-o", P("ln_run")], [too_long, "File name too long"],
+            "train on a dataset name too long", quiet=True)
+    refused(["train", P("d.h5"), *run, "-o", P(too_long)], [too_long, "run directory", "File name too long"],
+            "train -o a name too long", quiet=True)
+    refused(["train", P("d.h5"), *run, "-o", P(too_long, "x")], [too_long, "run directory", "File name too long"],
+            "train -o under a name too long", quiet=True)
+    refused(["eval", P("i.h5"), P(too_long + ".h5"), *CPU], [too_long, "File name too long"],
+            "eval of a dataset name too long", quiet=True)
+    refused(["eval", P("i.h5"), P("d.h5"), "-n", "1", *CPU, "--csv", P(too_long + ".csv")],
+            [too_long, "cannot write", "File name too long"], "eval --csv a name too long", quiet=True)
+    refused(["eval", P("i.h5"), P("d.h5"), "-n", "1", *CPU, "--csv", P(tight + ".csv")],
+            [tight, "file name too long", "temporary name"], "eval --csv a name without room for its suffix",
+            quiet=True)
+    sample = ["sample", P("i.h5"), "-n", "1", "--steps", "1", *CPU]
+    refused([*sample, "-o", P(too_long + ".png")], [too_long, "File name too long"], "sample -o a name too long",
+            quiet=True)
+    refused([*sample, "-o", P(tight + ".png")], [tight, "file name too long", "temporary name"],
+            "sample -o a name without room for its suffix", quiet=True)
+    refused([*sample, "--png-dir", P(too_long)], [too_long, "cannot create directory", "File name too long"],
+            "sample --png-dir a name too long")
+    refused(["init", "-o", P(tight + ".h5"), *MODEL], [tight, "temporary name"],
+            "init -o a name without room for its suffix", quiet=True)
+    refused(["prepare", os.path.join(SRC, "testdata", "images"), "-o", P(tight + ".h5"), "--image-size", "8"],
+            [tight, "temporary name"], "prepare -o a name without room for its suffix", quiet=True)
+    refused(["profile", P(too_long + ".h5")], [too_long, "File name too long"], "profile of a name too long",
+            quiet=True)
+    # Links to nothing: as a checkpoint, as a run directory's latest.h5, as a dataset.
+    os.makedirs(P("dangling_run"), exist_ok=True)
+    os.symlink(P("gone.h5"), P("dangling_run", "latest.h5"))
+    os.symlink(P("gone.h5"), P("dangling.h5"))
+    for args, what in ((["sample", P("dangling.h5"), *CPU], "sample of a link to nothing"),
+                       (["sample", P("dangling_run"), *CPU], "sample of a run directory whose latest.h5 links to nothing"),
+                       (["train", P("d.h5"), "--resume", P("dangling_run"), *CPU], "--resume of that run directory"),
+                       (["train", P("dangling.h5"), *run, "-o", P("ln_run")], "train on a dataset link to nothing"),
+                       (["eval", P("i.h5"), P("dangling.h5"), *CPU], "eval of a dataset link to nothing")):
+        refused(args, ["broken symbolic link", "gone.h5", "does not exist"], what, quiet=True)
+
+
 def streamed():
     """A damaged dataset: one line naming it, streamed (mid-run, from the reader threads) or held."""
     with h5py.File(P("d.h5"), "r") as f:
@@ -866,7 +914,8 @@ def main():
     try:
         setup()
         for part in (disk_full, absurd_sizes, labels, clobber, numbers, concurrent, resume, smaller, objective_flags,
-                     environment, resume_state, classifier, evaluation, profiling, streamed, damaged_strings):
+                     environment, resume_state, classifier, evaluation, profiling, names, streamed,
+                     damaged_strings):
             t1, n = time.time(), cases
             part()
             print(f"-- {part.__name__}: {cases - n} bad inputs, {time.time() - t1:.1f} s", flush=True)

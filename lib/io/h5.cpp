@@ -324,12 +324,9 @@ File File::create(const std::string& path, const std::string& display) {
 
 File File::open(const std::string& path, bool writable) {
   Lock l;
+  check_input_exists(path);
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) throw UserError(path + ": no such file");
-    if (errno == EACCES) throw UserError(path + ": cannot open (permission denied)");
-    throw UserError(path + ": cannot open (" + std::strerror(errno) + ")");
-  }
+  if (stat(path.c_str(), &st) != 0) throw UserError(path + ": cannot open (" + std::strerror(errno) + ")");
   if (S_ISDIR(st.st_mode)) throw UserError(path + ": is a directory, not an HDF5 file");
   if (access(path.c_str(), R_OK) != 0) throw UserError(path + ": cannot open (permission denied)");
   if (writable && access(path.c_str(), W_OK) != 0)

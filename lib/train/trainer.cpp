@@ -359,8 +359,9 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
   for (const std::string& c : task.columns()) columns.push_back(c);
   std::ofstream csv;
   if (root) {  // rank 0 alone writes the run directory
-    if (!fs::exists(o.rundir)) fs::create_directories(o.rundir);
-    const bool new_metrics = !fs::exists(metrics);
+    std::error_code ec;  // (the command made and checked the directory; no exception from here)
+    fs::create_directories(o.rundir, ec);
+    const bool new_metrics = !fs::exists(metrics, ec);
     csv.open(metrics, std::ios::app);
     if (!csv) throw UserError(metrics + ": cannot write");
     if (new_metrics) {
