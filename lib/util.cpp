@@ -95,7 +95,14 @@ std::string dir_of(const std::string& path) {
   return p.has_parent_path() ? p.parent_path().string() : std::string(".");
 }
 
-const char* kind_of(mode_t m) {
+// Closes fd, keeping the first error.
+int close_keep(int fd, int err) {
+  if (::close(fd) != 0 && err == 0) err = errno;
+  return err;
+}
+}  // namespace
+
+const char* file_kind(unsigned m) {
   if (S_ISDIR(m)) return "a directory";
   if (S_ISFIFO(m)) return "a FIFO";
   if (S_ISCHR(m)) return "a character device";
@@ -103,13 +110,6 @@ const char* kind_of(mode_t m) {
   if (S_ISSOCK(m)) return "a socket";
   return "not a regular file";
 }
-
-// Closes fd, keeping the first error.
-int close_keep(int fd, int err) {
-  if (::close(fd) != 0 && err == 0) err = errno;
-  return err;
-}
-}  // namespace
 
 // ---- AtomicFile --------------------------------------------------------------------------------
 AtomicFile::AtomicFile(std::string final_path) : final_(std::move(final_path)), target_(final_) {
@@ -168,7 +168,7 @@ void check_writable_dir_for(const std::string& path) {
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) throw UserError(path + ": is a directory");
     if (!S_ISREG(st.st_mode))
-      throw UserError(path + ": is " + kind_of(st.st_mode) +
+      throw UserError(path + ": is " + file_kind(st.st_mode) +
                       ", not a regular file; refusing to replace it with an output");
   } else if (errno != ENOENT) {
     throw UserError(path + ": cannot write (" + errno_text(errno) + ")");

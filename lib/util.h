@@ -59,6 +59,9 @@ class AtomicFile {
 // socket. Throws UserError naming the path.
 void check_writable_dir_for(const std::string& path);
 
+// What a file of this mode is, for messages: "a directory", "a FIFO", "a character device", ...
+const char* file_kind(unsigned mode);
+
 // Throws UserError unless `path` names something that exists: "<path>: no such file",
 // "<path>: a broken symbolic link (to T, which does not exist)", or "<path>: cannot open (<cause>)"
 // (a name too long, permission denied...). What it is (file, directory) is the reader's to check.

@@ -843,6 +843,12 @@ def names():
                        (["train", P("dangling.h5"), *run, "-o", P("ln_run")], "train on a dataset link to nothing"),
                        (["eval", P("i.h5"), P("dangling.h5"), *CPU], "eval of a dataset link to nothing")):
         refused(args, ["broken symbolic link", "gone.h5", "does not exist"], what, quiet=True)
+    # Special files as inputs: named for what they are (their size reads 0: "empty" before).
+    os.mkfifo(P("in_fifo"))
+    for path, kind in ((P("in_fifo"), "a FIFO"), ("/dev/zero", "a character device")):
+        refused(["sample", path, *CPU], [path, kind, "not an HDF5 file"], f"sample of {kind}", quiet=True)
+        refused(["train", path, *run, "-o", P("ln_run")], [path, kind, "not an HDF5 file"], f"train on {kind}",
+                quiet=True)
 
 
 def streamed():

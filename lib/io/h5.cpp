@@ -328,6 +328,8 @@ File File::open(const std::string& path, bool writable) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) throw UserError(path + ": cannot open (" + std::strerror(errno) + ")");
   if (S_ISDIR(st.st_mode)) throw UserError(path + ": is a directory, not an HDF5 file");
+  if (!S_ISREG(st.st_mode))  // (HDF5 seeks: a FIFO or device is never one; its size reads 0)
+    throw UserError(path + ": is " + file_kind(st.st_mode) + ", not an HDF5 file");
   if (access(path.c_str(), R_OK) != 0) throw UserError(path + ": cannot open (permission denied)");
   if (writable && access(path.c_str(), W_OK) != 0)
     throw UserError(path + ": cannot open for writing (permission denied)");
