@@ -31,6 +31,7 @@ checkpoint's weights as such a state_dict (float32), which guided-diffusion's sc
 
 import argparse
 import os
+import stat
 import sys
 from collections import Counter, OrderedDict
 
@@ -354,14 +355,65 @@ def _check_flags(fl):
         raise CliError("invalid model flags: class_dropout must be in [0, 1) and needs null_class")
 
 
+def _kind(mode):
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _check_input(path):
+    """An input file: one line for a missing file, a link to nothing, a name the system refuses, a
+    directory or a special file (as `unet` says them)."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        if os.path.islink(path):
+            raise CliError(f"{path}: a broken symbolic link (to {os.readlink(path)}, which does not exist)")
+        raise CliError(f"{path}: no such file")
+    except OSError as e:
+        raise CliError(f"{path}: cannot open ({e.strerror})")
+    if not stat.S_ISREG(st.st_mode):
+        raise CliError(f"{path}: is {_kind(st.st_mode)}, not a regular file")
+
+
 def _check_output(out, inp):
     d = os.path.dirname(os.path.abspath(out))
+    try:
+        os.stat(d)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as e:
+        raise CliError(f"{out}: cannot write ({e.strerror})")
     if not os.path.isdir(d):
         raise CliError(f"{out}: directory {d} does not exist")
-    if os.path.isdir(out):
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:  # a name too long, ...
+        raise CliError(f"{out}: cannot write ({e.strerror})")
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise CliError(f"{out}: is a directory")
-    if os.path.exists(out) and os.path.exists(inp) and os.path.samefile(out, inp):
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise CliError(f"{out}: is {_kind(st.st_mode)}, not a regular file; refusing to replace it with an output")
+    if st is not None and os.path.exists(inp) and os.path.samefile(out, inp):
         raise CliError(f"{out}: the output would overwrite the input")
+    # written as "<name>.tmp-<pid>" first (10 digits: any pid)
+    name_max, n = os.pathconf(d, "PC_NAME_MAX"), len(os.fsencode(os.path.basename(out)))
+    if name_max > 0 and n + 15 > name_max:
+        raise CliError(f"{out}: file name too long ({n} bytes; an output's name may have {name_max - 15}, "
+                       "as it is written under a temporary name first)")
+
+
+def _write(out, save):
+    """save(): the file written, or one line naming it and the system's reason (a full disk, ...)."""
+    try:
+        save()
+    except (OSError, RuntimeError) as e:
+        msg = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise CliError(f"{out}: cannot write ({msg})")
 
 
 def _flags_summary(fl):
@@ -448,7 +500,7 @@ def cmd_import_classifier(a, sd):
         raise CliError(f"{a.input}: does not match the classifier of {what}: {problem}{hint}")
     dtypes = Counter(str(v.dtype).replace("torch.", "") for v in sd.values())
     model = OrderedDict((k, sd[k].detach().to(torch.float32).contiguous()) for k, _ in want)
-    save_classifier_checkpoint(model, flags, a.output)
+    _write(a.output, lambda: save_classifier_checkpoint(model, flags, a.output))
     n = sum(v.numel() for v in model.values())
     conv = ", ".join(f"{c} {t}" for t, c in dtypes.items() if t != "float32")
     print(f"{a.output}: classifier, {what}, {len(model)} tensors, {n / 1e6:.2f} M parameters in model/ (float32"
@@ -457,8 +509,7 @@ def cmd_import_classifier(a, sd):
 
 
 def _load_state_dict(a):
-    if not os.path.isfile(a.input):
-        raise CliError(f"{a.input}: no such file")
+    _check_input(a.input)
     try:
         sd = torch.load(a.input, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle/zip errors, or objects a weights_only load refuses
@@ -502,7 +553,7 @@ def cmd_import(a):
     dtypes = Counter(str(v.dtype).replace("torch.", "") for v in sd.values())
     # float16/bfloat16 -> float32 is exact
     model = OrderedDict((k, sd[k].detach().to(torch.float32).contiguous()) for k, _ in want)
-    save_checkpoint(model, flags, a.output)
+    _write(a.output, lambda: save_checkpoint(model, flags, a.output))
     n = sum(v.numel() for v in model.values())
     conv = ", ".join(f"{c} {t}" for t, c in dtypes.items() if t != "float32")
     print(f"{a.output}: {what}, {len(model)} tensors, {n / 1e6:.2f} M parameters in model/ (float32"
@@ -562,8 +613,7 @@ def guided_diffusion_classifier_flags(flags):
 
 
 def cmd_export(a):
-    if not os.path.isfile(a.input):
-        raise CliError(f"{a.input}: no such file")
+    _check_input(a.input)
     _check_output(a.output, a.input)
     try:
         f = h5py.File(a.input, "r")
@@ -591,12 +641,15 @@ def cmd_export(a):
         # guided-diffusion's state_dict order (HDF5 lists names alphabetically)
         sd = OrderedDict((k, torch.from_numpy(np.asarray(g[k][()], dtype=np.float32))) for k, _ in want)
     tmp = f"{a.output}.tmp-{os.getpid()}"
-    try:
-        torch.save(sd, tmp)
-        os.replace(tmp, a.output)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+    def save():
+        try:
+            torch.save(sd, tmp)
+            os.replace(tmp, a.output)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    _write(a.output, save)
     n = sum(v.numel() for v in sd.values())
     why = {"ema": "EMA weights (what guided-diffusion releases and samples with)",
            "model": "model weights (the raw training weights, not the EMA)"}[group]
@@ -618,6 +671,7 @@ def cmd_export(a):
 
 
 def describe(path):
+    _check_input(path)
     try:
         f = h5py.File(path, "r")
     except OSError as e:

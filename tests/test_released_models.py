@@ -423,6 +423,24 @@ def test_errors():
     expect_error("export of a .pt", ["export", pt, "-o", os.path.join(TMP, "e.pt")], ["cannot open as HDF5"])
     expect_error("export --ema --model", ["export", h5, "--ema", "--model", "-o", os.path.join(TMP, "e.pt")],
                  ["not allowed"])
+    # paths the system refuses, links to nothing, special files (a traceback from torch.save or a
+    # late "cannot write" before; a FIFO input was "no such file")
+    name_max = os.pathconf(TMP, "PC_NAME_MAX")
+    too_long, tight = "n" * (name_max + 1), "t" * (name_max - 3)  # tight + ".pt": no room for ".tmp-PID"
+    expect_error("export -o a name too long", ["export", h5, "-o", os.path.join(TMP, too_long + ".pt")],
+                 ["File name too long"])
+    expect_error("export -o without room for the suffix", ["export", h5, "-o", os.path.join(TMP, tight + ".pt")],
+                 ["file name too long", "temporary name"])
+    expect_error("import -o without room for the suffix",
+                 ["import", pt, *SMALL_ARGS, "-o", os.path.join(TMP, tight + ".h5")], ["temporary name"])
+    expect_error("import of a name too long", ["import", os.path.join(TMP, too_long + ".pt"), *SMALL_ARGS, "-o", out],
+                 ["File name too long"])
+    os.symlink(os.path.join(TMP, "gone.h5"), os.path.join(TMP, "dangling.h5"))
+    expect_error("export of a link to nothing", ["export", os.path.join(TMP, "dangling.h5"), "-o",
+                                                 os.path.join(TMP, "e.pt")], ["broken symbolic link", "gone.h5"])
+    os.mkfifo(os.path.join(TMP, "fifo"))
+    expect_error("import of a FIFO", ["import", os.path.join(TMP, "fifo"), *SMALL_ARGS, "-o", out], ["is a FIFO"])
+    expect_error("export onto a FIFO", ["export", h5, "-o", os.path.join(TMP, "fifo")], ["is a FIFO", "refusing"])
     # the real command line: exit status 1 and one line
     r = subprocess.run([sys.executable, os.path.join(SRC, "scripts", "unet_ckpt.py"), "import", junk, "-o", out],
                        capture_output=True, text=True)
