@@ -259,10 +259,12 @@ void run_train(TrainArgs& a) {
   // Outputs: a directory that is not an input nor holds one under an output's name.
   std::error_code ec;
   struct stat rst;  // (missing: made below; under a file: "cannot create the run directory" below)
-  if (::stat(o.rundir.c_str(), &rst) != 0 && errno != ENOENT && errno != ENOTDIR)
+  if (::stat(o.rundir.c_str(), &rst) == 0) {
+    if (!S_ISDIR(rst.st_mode))
+      throw UserError(o.rundir + ": exists and is not a directory (-o names the run directory)");
+  } else if (errno != ENOENT && errno != ENOTDIR) {
     throw UserError(o.rundir + ": cannot use as the run directory (" + errno_text(errno) + ")");
-  if (fs::exists(o.rundir, ec) && !fs::is_directory(o.rundir, ec))
-    throw UserError(o.rundir + ": exists and is not a directory (-o names the run directory)");
+  }
   check_input_not_in_outputs(o.rundir, a.data, "dataset");
   check_input_not_in_outputs(o.rundir, o.val_data, "--val-data dataset");
   check_input_not_in_outputs(o.rundir, a.init, "--init checkpoint");

@@ -160,10 +160,10 @@ void AtomicFile::commit() {
 void check_writable_dir_for(const std::string& path) {
   const std::string dir = dir_of(path);
   struct stat st;
-  if (stat(dir.c_str(), &st) != 0 && errno != ENOENT && errno != ENOTDIR)
+  const bool found = stat(dir.c_str(), &st) == 0;
+  if (!found && errno != ENOENT && errno != ENOTDIR)
     throw UserError(path + ": cannot write (" + errno_text(errno) + ")");  // e.g. a name too long
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw UserError(path + ": directory " + dir + " does not exist");
+  if (!found || !S_ISDIR(st.st_mode)) throw UserError(path + ": directory " + dir + " does not exist");
   if (access(dir.c_str(), W_OK) != 0) throw UserError(path + ": directory " + dir + " is not writable");
   if (stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) throw UserError(path + ": is a directory");
@@ -183,9 +183,9 @@ void check_writable_dir_for(const std::string& path) {
                     ", as it is written under a temporary name first)");
 }
 
-void check_input_exists(const std::string& path) {
+struct stat check_input_exists(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0) return;
+  if (::stat(path.c_str(), &st) == 0) return st;
   const int err = errno;
   if (err == ENOENT || err == ENOTDIR) {
     struct stat lst;
@@ -217,8 +217,8 @@ std::string checkpoint_arg(const std::string& path, const std::string& what) {
   std::error_code ec;
   if (path.empty() || !fs::is_directory(path, ec)) return path;
   const std::string latest = (fs::path(path) / "latest.h5").string();
-  struct stat lst;  // (a link to nowhere is named by the reader: "a broken symbolic link")
-  if (!fs::exists(latest, ec) && !(lstat(latest.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)))
+  struct stat lst;  // (lstat: a link to nowhere is the reader's to name, "a broken symbolic link")
+  if (lstat(latest.c_str(), &lst) != 0)
     throw UserError(path + ": a directory without latest.h5 (" + what +
                     " takes a checkpoint, or a run directory holding latest.h5)");
   return latest;

@@ -1,5 +1,7 @@
 // Errors, atomic output files, output/input safety checks, small helpers shared by every command.
 #pragma once
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <stdexcept>
@@ -62,10 +64,11 @@ void check_writable_dir_for(const std::string& path);
 // What a file of this mode is, for messages: "a directory", "a FIFO", "a character device", ...
 const char* file_kind(unsigned mode);
 
-// Throws UserError unless `path` names something that exists: "<path>: no such file",
-// "<path>: a broken symbolic link (to T, which does not exist)", or "<path>: cannot open (<cause>)"
-// (a name too long, permission denied...). What it is (file, directory) is the reader's to check.
-void check_input_exists(const std::string& path);
+// stat() of an input: throws UserError unless `path` names something that exists: "<path>: no
+// such file", "<path>: a broken symbolic link (to T, which does not exist)", or "<path>: cannot
+// open (<cause>)" (a name too long, permission denied...). What it is (file, directory) is the
+// reader's to check, from the stat returned.
+struct stat check_input_exists(const std::string& path);
 
 // True when both paths name the same existing file (same device and inode, so hard links and
 // symlinks count as the same file).

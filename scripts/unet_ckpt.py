@@ -381,25 +381,26 @@ def _check_input(path):
 def _check_output(out, inp):
     d = os.path.dirname(os.path.abspath(out))
     try:
-        os.stat(d)
+        found = stat.S_ISDIR(os.stat(d).st_mode)
     except (FileNotFoundError, NotADirectoryError):
-        pass
-    except OSError as e:
+        found = False
+    except OSError as e:  # a name too long, ...
         raise CliError(f"{out}: cannot write ({e.strerror})")
-    if not os.path.isdir(d):
+    if not found:
         raise CliError(f"{out}: directory {d} does not exist")
     try:
         st = os.stat(out)
     except FileNotFoundError:
         st = None
-    except OSError as e:  # a name too long, ...
+    except OSError as e:
         raise CliError(f"{out}: cannot write ({e.strerror})")
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise CliError(f"{out}: is a directory")
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise CliError(f"{out}: is {_kind(st.st_mode)}, not a regular file; refusing to replace it with an output")
-    if st is not None and os.path.exists(inp) and os.path.samefile(out, inp):
-        raise CliError(f"{out}: the output would overwrite the input")
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise CliError(f"{out}: is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise CliError(f"{out}: is {_kind(st.st_mode)}, not a regular file; refusing to replace it with an output")
+        if os.path.exists(inp) and os.path.samefile(out, inp):
+            raise CliError(f"{out}: the output would overwrite the input")
     # written as "<name>.tmp-<pid>" first (10 digits: any pid)
     name_max, n = os.pathconf(d, "PC_NAME_MAX"), len(os.fsencode(os.path.basename(out)))
     if name_max > 0 and n + 15 > name_max:

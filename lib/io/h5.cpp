@@ -324,9 +324,7 @@ File File::create(const std::string& path, const std::string& display) {
 
 File File::open(const std::string& path, bool writable) {
   Lock l;
-  check_input_exists(path);
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) throw UserError(path + ": cannot open (" + std::strerror(errno) + ")");
+  const struct stat st = check_input_exists(path);
   if (S_ISDIR(st.st_mode)) throw UserError(path + ": is a directory, not an HDF5 file");
   if (!S_ISREG(st.st_mode))  // (HDF5 seeks: a FIFO or device is never one; its size reads 0)
     throw UserError(path + ": is " + file_kind(st.st_mode) + ", not an HDF5 file");
