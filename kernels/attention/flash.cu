@@ -255,11 +255,22 @@ __device__ __forceinline__ Heads heads_at(int h, int C, int D, bool legacy) {
 }
 
 constexpr int kWarps = 4, kThr = kWarps * 32, kRowsPerBlock = kWarps * 16;
+// Resident blocks an SM that the kernels' registers must allow (__launch_bounds__; 0: no bound).
+// Head width 32 (seed64's) in tf32 and bf16: 4, at most 128 registers a thread. Unbounded, ptxas
+// took 131 (tf32 forward), 158 / 162 (backward, tf32 / bf16): 3 blocks an SM, where 4 fit in
+// shared memory; bounded, no spills but the tf32 backward's 96 bytes. H200, seed64, same run, CUDA
+// events of graph replays (2026-11-28): the flash kernels' sums 9% lower in sampling's forward
+// (0.283 -> 0.259 ms at batch 64) and the bf16 backward; sampling's forward 6.493 / 6.487 ->
+// 6.463 / 6.462 ms, bf16 step 7.081 / 7.066 -> 7.044 / 7.043, tf32 step 11.206 / 11.193 -> 11.187 /
+// 11.190. Wider heads would spill (tf32 forward at 64: 108 bytes, backward 876), and fp32's 3xTF32
+// more.
+template <int D, bool kSplit>
+constexpr int kMinBlocks = D == 32 && !kSplit ? 4 : 0;
 
 // ---- forward ---------------------------------------------------------------------------------
 // grid (ceil(T / 64), B * heads); 4 warps x 16 query rows. sl2 = log2(e) / sqrt(D).
 template <class T, int D, bool kSplit, int BC>
-__global__ void __launch_bounds__(kThr)
+__global__ void __launch_bounds__(kThr, kMinBlocks<D, kSplit>)
     flash_fwd_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, int T_, int C,
                      int heads, bool legacy, float sl2) {
   pdl_entry();
@@ -677,7 +688,7 @@ int smem_optin() {
 // The backward's dK/dV blocks (blockIdx.z 0) and dQ blocks (1) as one launch: at seed64's 16x16
 // and 8x8 levels each pass alone left the GPU partly idle and the two waited on each other.
 template <class T, int D, bool kSplit, int BR, int BC, int S>
-__global__ void __launch_bounds__(kThr)
+__global__ void __launch_bounds__(kThr, kMinBlocks<D, kSplit>)
     flash_bwd_kernel(const T* __restrict__ qkv, const T* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ dsum, T* __restrict__ dqkv, int T_, int C, int heads, bool legacy,
                      float sl2, float scale) {

@@ -267,8 +267,15 @@ __device__ __forceinline__ void b_frag(const T* __restrict__ w, int n, int Co, i
   }
 }
 
+// Resident blocks an SM the registers must allow: unbounded, ptxas took 167 registers in tf32 (3
+// blocks an SM, 42 KB of shared memory each) and 100 in bf16 (4). H200, same run, kernel time at
+// seed64 (2026-11-28): tf32 batch 32 52.1 -> 48.4 us (4 blocks, 92 bytes spilled; 5: 50.1),
+// sampling's batch 64 108.0 -> 93.2; bf16 batch 64 34.4 -> 31.6 (5 blocks, no spills; 4: 33.5).
+template <class T>
+constexpr int kTcMinBlocks = std::is_same_v<T, float> ? 4 : 5;
+
 template <class T, class TY, int CO>
-__global__ void __launch_bounds__(kTcWarps * 32)
+__global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocks<T>)
     narrow_tc_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias,
                      const float* __restrict__ emb, const TY* __restrict__ res, TY* __restrict__ y, int H, int W,
                      int Ci, int Co_rt) {
