@@ -161,42 +161,14 @@ __device__ __forceinline__ bool last_block(unsigned* counter, unsigned n) {
   return last;
 }
 
-// Sum in order of n values at p, p + stride, ... (double), 16 loads in flight: the finishing
-// blocks sit on the critical path, and one dependent L2 round trip per value was measured to cost
-// microseconds per launch. 16 instead of 8 (same order, same bits): H100 bf16 step 8.824 / 8.834 /
-// 8.842 -> 8.803 / 8.810 / 8.815 ms, tf32 within noise (2026-11-24, same run); 32 spills.
-constexpr int kSumRunLoads = 16;
-template <class T2>
-__device__ __forceinline__ double2 sum_run(const T2* p, int n, size_t stride) {
-  constexpr int U = kSumRunLoads;
-  double x = 0, y = 0;
+// f(i, v) for i = 0 .. n-1 in order, v the value at p + i stride, loaded U at a time: the
+// finishing blocks sit on the critical path, and one dependent L2 round trip per value was measured
+// to cost microseconds per launch.
+template <int U, class T, class F>
+__device__ __forceinline__ void each_run(const T* p, int n, size_t stride, F f) {
   int i = 0;
   for (; i + U <= n; i += U) {
-    T2 v[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = __ldcg(p + (size_t)(i + u) * stride);
-#pragma unroll
-    for (int u = 0; u < U; ++u) x += v[u].x, y += v[u].y;
-  }
-  for (; i < n; ++i) {
-    const T2 v = __ldcg(p + (size_t)i * stride);
-    x += v.x, y += v.y;
-  }
-  return make_double2(x, y);
-}
-
-// f(i, v) for i = 0 .. n-1 in order, v the float4 at p + i stride, loaded kRunLoads at a time
-// (as sum_run: one dependent L2 round trip per value was microseconds per launch). In
-// stats_rows_kernel's finishing block: H200, seed64 sampling's forward at batch 64, same run
-// (2026-11-28), bf16 its sum 0.332 -> 0.312 ms, the forward 3.950 / 3.951 -> 3.925 / 3.925 ms;
-// f32 unchanged (0.507 ms: there nvcc had kept the loads in flight already).
-constexpr int kRunLoads = 8;
-template <class F>
-__device__ __forceinline__ void each_run(const float4* p, int n, size_t stride, F f) {
-  constexpr int U = kRunLoads;
-  int i = 0;
-  for (; i + U <= n; i += U) {
-    float4 v[U];
+    T v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) v[u] = __ldcg(p + (size_t)(i + u) * stride);
 #pragma unroll
@@ -204,6 +176,23 @@ __device__ __forceinline__ void each_run(const float4* p, int n, size_t stride, 
   }
   for (; i < n; ++i) f(i, __ldcg(p + (size_t)i * stride));
 }
+
+// Sum in order of n values at p, p + stride, ... (double), 16 loads in flight. 16 instead of 8
+// (same order, same bits): H100 bf16 step 8.824 / 8.834 / 8.842 -> 8.803 / 8.810 / 8.815 ms, tf32
+// within noise (2026-11-24, same run); 32 spills.
+constexpr int kSumRunLoads = 16;
+template <class T2>
+__device__ __forceinline__ double2 sum_run(const T2* p, int n, size_t stride) {
+  double x = 0, y = 0;
+  each_run<kSumRunLoads>(p, n, stride, [&](int, const T2& v) { x += v.x, y += v.y; });
+  return make_double2(x, y);
+}
+
+// stats_rows_kernel's finishing block reads its float4 partials kRunLoads at a time (each_run):
+// H200, seed64 sampling's forward at batch 64, same run (2026-11-28), bf16 its sum 0.332 -> 0.312
+// ms, the forward 3.950 / 3.951 -> 3.925 / 3.925 ms; f32 unchanged (0.507 ms: there nvcc had kept
+// the loads in flight already).
+constexpr int kRunLoads = 8;
 
 // out(c, total) for c < C with total = the n terms term(i, c) ... in order: P = threads per
 // channel take contiguous runs of i, then the P parts are added in order (the order depends on
@@ -416,7 +405,7 @@ __global__ void __launch_bounds__(kThreads)
       S, C, tmp,
       [&](int c, int i0, int i1) {
         double a = 0, m2 = 0;
-        each_run(pb + (size_t)i0 * C + c, i1 - i0, (size_t)C, [&](int k, const float4& p) {
+        each_run<kRunLoads>(pb + (size_t)i0 * C + c, i1 - i0, (size_t)C, [&](int k, const float4& p) {
           const double n = rows(i0 + k);
           a += n * p.z + p.x, m2 += p.y - (double)p.x * p.x / n;
         });
@@ -440,7 +429,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int k = g * Cg; k < (g + 1) * Cg; ++k) a += sb[k].x;
         const double mg = a / N;
         double sp = 0;
-        each_run(pb + (size_t)i0 * C + c, i1 - i0, (size_t)C, [&](int k, const float4& p) {
+        each_run<kRunLoads>(pb + (size_t)i0 * C + c, i1 - i0, (size_t)C, [&](int k, const float4& p) {
           const double n = rows(i0 + k), dm = p.z + (double)p.x / n - mg;
           sp += n * dm * dm;
         });
