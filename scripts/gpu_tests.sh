@@ -13,7 +13,10 @@
 #                 test_groupnorm 235, test_classifier_free 233). 5 at a time does not fit one call
 #                 either (the same day: test_model and test_conv's shard holding
 #                 EverySeed64ShapeAtBatch32 past 510 s, test_groupnorm 383, test_classifier_free 322,
-#                 the other 20 binaries and shards done by 550 s): two calls, or three
+#                 the other 20 binaries and shards done by 550 s): two calls, or three. 6 at a
+#                 time over 7 binaries (test_model and test_conv in 2 shards each, test_conv without
+#                 EverySeed64ShapeAtBatch32; H200, 2026-11-28): test_model's shards 402 s each,
+#                 test_classifier_free 393, test_conv's 247 / 193, the rest under 125 s
 #   SHARDS="test_conv=3 test_model=2"  GoogleTest shards of a binary, run as separate jobs
 #                 (test_conv's EverySeed64ShapeAtBatch32 alone takes ~300 s, and its shard's other
 #                 tests compile cuDNN kernels at run time: that shard passed 450 s beside four other
