@@ -10,6 +10,7 @@
 #include "classifier.h"
 #include "classifier_free.h"
 #include "commands.h"
+#include "diffusion.h"
 #include "env_vars.h"
 #include "grid.h"
 #include "guidance.h"
@@ -30,6 +31,7 @@ struct SampleArgs {
   int batch_size = 0;
   std::string sampler = "ddpm";
   int steps = 0;
+  std::string respacing;  // --timestep-respacing
   float eta = 0;
   float guidance_scale = 1;
   float classifier_scale = 1;
@@ -89,6 +91,12 @@ void run(SampleArgs& a) {
   if (a.steps_opt->count() && a.steps > cfg.diffusion_steps)
     throw UserError("--steps " + std::to_string(a.steps) + " exceeds the model's " +
                     std::to_string(cfg.diffusion_steps) + " diffusion steps");
+  if (a.steps_opt->count() && !a.respacing.empty())
+    throw UserError("--steps and --timestep-respacing both choose the timesteps: give one");
+  // The steps each image takes (a bad --timestep-respacing fails here, before any work).
+  const int steps = !a.respacing.empty() ? (int)space_timesteps(cfg.diffusion_steps, a.respacing).size()
+                    : a.steps             ? a.steps
+                                          : cfg.diffusion_steps;
   // Classifier guidance: a classifier of the model's images and (for a class-conditional model)
   // classes; the labels it is guided towards are the model's.
   const bool guided = !a.classifier.empty();
@@ -178,6 +186,7 @@ void run(SampleArgs& a) {
   SampleOptions so;
   so.sampler = a.sampler;
   so.steps = a.steps;
+  so.respacing = a.respacing;
   so.eta = a.eta;
   so.clip = !a.no_clip;
   so.seed = a.seed;
@@ -231,8 +240,9 @@ void run(SampleArgs& a) {
                   ", classifier guidance scale %g (%s weights)", (double)a.classifier_scale,
                   !a.no_ema && !cck.ema.empty() ? "EMA" : "model");
   if (!noise_warning.empty()) std::fprintf(stderr, "unet: warning: %s\n", one_line(noise_warning).c_str());
-  std::printf("unet sample: %d images, %s %d steps, %s weights%s, batch %d%s, %s\n", n, a.sampler.c_str(),
-              a.steps ? a.steps : cfg.diffusion_steps, use_ema ? "EMA" : "model", gs, so.batch_size,
+  std::printf("unet sample: %d images, %s %d steps%s, %s weights%s, batch %d%s, %s\n", n, a.sampler.c_str(),
+              steps, a.respacing.empty() ? "" : (" (--timestep-respacing " + a.respacing + ")").c_str(),
+              use_ema ? "EMA" : "model", gs, so.batch_size,
               auto_batch && so.batch_size < n ? " (the largest that fits)" : "", device.c_str());
   std::fflush(stdout);
   std::vector<float> out((size_t)n * R * R * C);
@@ -249,7 +259,6 @@ void run(SampleArgs& a) {
   prog.finish();
   // The sampling loop alone (no loading, planning or writing): what benchmarks compare.
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const int steps = a.steps ? a.steps : cfg.diffusion_steps;
   const int batches = (n + so.batch_size - 1) / so.batch_size;
   const auto t_end = std::chrono::steady_clock::now();
   char steady[96] = "";
@@ -276,7 +285,8 @@ void run(SampleArgs& a) {
         h5::write_i64(f, "labels", l.data(), {(hsize_t)n});
       }
       h5::set_attr(f, "/", "sampler", a.sampler);
-      h5::set_attr(f, "/", "steps", (int64_t)(a.steps ? a.steps : cfg.diffusion_steps));
+      h5::set_attr(f, "/", "steps", (int64_t)steps);
+      if (!a.respacing.empty()) h5::set_attr(f, "/", "timestep_respacing", a.respacing);
       h5::set_attr(f, "/", "eta", (double)a.eta);
       if (cf_guided) h5::set_attr(f, "/", "guidance_scale", (double)a.guidance_scale);
       if (guided) {
@@ -317,6 +327,11 @@ void register_sample(CLI::App& app) {
                       "sampling steps, 1 to the model's diffusion steps: respaced DDPM or DDIM step count "
                       "(default: all)")
           ->check(int_range(1, kModelLimits.diffusion_steps));
+  sub->add_option("--timestep-respacing", a->respacing,
+                  "guided-diffusion's timestep_respacing, for either sampler: N (N steps spread over all "
+                  "of them, as --steps N with ddpm), N1,N2,... (the diffusion steps cut into equal "
+                  "sections, N_i steps taken in section i) or ddimN (every k-th step, N of them, as "
+                  "--steps N with ddim); instead of --steps");
   sub->add_option("--eta", a->eta, "DDIM eta (default 0: deterministic)")->check(real_range(0, INFINITY));
   sub->add_option("--noise", a->noise, "x_T from dataset 'noise' float32 [N,C,H,W] of this HDF5 file");
   a->cls_opt =

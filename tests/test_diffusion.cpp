@@ -124,6 +124,39 @@ TEST(Respacing, DdimStrides) {
   EXPECT_THROW(space_timesteps_ddim(1000, 1001), UserError);
 }
 
+// --timestep-respacing: guided-diffusion's space_timesteps strings; expected lists from its
+// algorithm (scripts/diffusion_torch.py's transcription of respace.py).
+TEST(Respacing, GuidedDiffusionStrings) {
+  // Sections as equal as possible, the first T % k one step longer (7 = 3 + 2 + 2).
+  EXPECT_EQ(space_timesteps(7, "2,2,2"), (std::vector<int>{0, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(space_timesteps(10, "3,2,0"), (std::vector<int>{0, 2, 3, 4, 6}));  // 0 keeps none of 7..9
+  EXPECT_EQ(space_timesteps(11, "1,1,1,1"), (std::vector<int>{0, 3, 6, 9}));
+  EXPECT_EQ(space_timesteps(40, "3,5,2"), (std::vector<int>{0, 6, 13, 14, 17, 20, 23, 26, 27, 39}));
+  const std::vector<int> big = space_timesteps(1000, "10,15,20");
+  ASSERT_EQ(big.size(), 45u);
+  EXPECT_EQ(std::vector<int>(big.begin(), big.begin() + 11),
+            (std::vector<int>{0, 37, 74, 111, 148, 185, 222, 259, 296, 333, 334}));
+  EXPECT_EQ(std::vector<int>(big.end() - 4, big.end()), (std::vector<int>{947, 964, 982, 999}));
+  // One count is --steps N with ddpm, ddimN is --steps N with ddim; blanks around counts as int().
+  EXPECT_EQ(space_timesteps(1000, "250"), space_timesteps_ddpm(1000, 250));
+  EXPECT_EQ(space_timesteps(1000, " 25 "), space_timesteps_ddpm(1000, 25));
+  EXPECT_EQ(space_timesteps(40, "ddim8"), range(0, 40, 5));
+  EXPECT_EQ(space_timesteps(1000, "ddim50"), sampler_timesteps("ddim", 1000, 50));
+  // Each failure is one UserError naming the spec.
+  for (const char* bad : {"", "0", "0,0", "abc", "3,,2", "ddim", "ddimx", "ddim0", "ddim1001", "ddim999", "-3",
+                          "1001", "2.5", "9999999999", "600,600", "1,1,1,1,1,1,1,1,1,1,1"}) {
+    SCOPED_TRACE(bad);
+    const int T = std::string(bad).find(",1,1,1,1") != std::string::npos ? 10 : 1000;
+    try {
+      space_timesteps(T, bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Respacing, DdpmSections) {
   EXPECT_EQ(space_timesteps_ddpm(1000, 10),
             (std::vector<int>{0, 111, 222, 333, 444, 555, 666, 777, 888, 999}));

@@ -110,6 +110,15 @@ def main():
          ["--sampler", "ddpm", "--steps", "13", "--noise", noise_file, "--seed", str(s), "--class", "2"],
          lambda: dt.ddpm_sample(learned, xt, 13, labels=lab, T=40, schedule="cosine", learn_sigma=True,
                                 step_noise=dt.unet_step_noise(s))),
+        # guided-diffusion's timestep_respacing strings: sections, and a DDIM loop over them
+        ("ddpm learned-range, --timestep-respacing 3,5,2, class 2", learned_ck,
+         ["--sampler", "ddpm", "--timestep-respacing", "3,5,2", "--noise", noise_file, "--seed", str(s), "--class", "2"],
+         lambda: dt.Diffusion(40, "cosine", True, dt.space_timesteps(40, "3,5,2")).p_sample_loop(
+             learned, xt, True, lab, dt.unet_step_noise(s))),
+        ("ddim eta=0 over sections 7,3", plain_ck,
+         ["--sampler", "ddim", "--timestep-respacing", "7,3", "--noise", noise_file],
+         lambda: dt.Diffusion(40, "linear", False, dt.space_timesteps(40, "7,3")).ddim_loop(
+             plain, xt, 0.0, True, None, None)),
         ("ddpm, x_T drawn by unet, batches of 2", plain_ck,
          ["--sampler", "ddpm", "--steps", "25", "-n", "3", "--seed", str(s + 1), "--batch-size", "2"],
          lambda: dt.ddpm_sample(plain, dt.unet_initial_noise(s + 1, 3, C, R, R).double(), 25, T=40,
@@ -134,6 +143,15 @@ def main():
     check(a is not None and b is not None and np.array_equal(a, b), "ddim eta=0 is deterministic")
     zero = dt.ddim_sample(lambda x, t, **kw: torch.zeros_like(x), xt, 10, T=40, schedule="linear").numpy()
     check(a is not None and rel_l2(a, zero) > 1e-2, "the samples depend on the model")
+
+    # --timestep-respacing ddimN is --steps N of ddim, bitwise; the file says what ran.
+    r = run_sample(plain_ck, ["--sampler", "ddim", "--timestep-respacing", "ddim10", "--noise", noise_file],
+                   os.path.join(TMP, "r.h5"))
+    check(r is not None and a is not None and np.array_equal(r, a), "--timestep-respacing ddim10 = --steps 10")
+    if r is not None:
+        with h5py.File(os.path.join(TMP, "r.h5"), "r") as f:
+            check(f.attrs.get("timestep_respacing") == "ddim10" and int(f.attrs.get("steps")) == 10,
+                  f"--h5 attributes: {dict(f.attrs)}")
 
     # Python-side checks of the transcription itself.
     check(sorted(dt.space_timesteps(1000, "ddim50")) == list(range(0, 1000, 20)), "ddim50 stride 20")

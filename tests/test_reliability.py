@@ -319,6 +319,12 @@ def numbers():
     refused(["train", P("d.h5"), "--steps", "0"], ["--steps"], "train --steps 0")
     refused(["sample", P("i.h5"), "--steps", "0"], ["--steps"], "sample --steps 0")
     refused(["sample", P("i.h5"), "--steps", "5000", *CPU], ["--steps 5000"], "sample --steps past the model's")
+    for v, words in [("abc", ["'abc'", "step count"]), ("3,,2", ["'3,,2'"]), ("ddim5000", ["5000 DDIM steps"]),
+                     ("600,600", ["section 1 of 2"]), ("0", ["keeps no timestep"])]:
+        refused(["sample", P("i.h5"), "--timestep-respacing", v, *CPU], ["--timestep-respacing", *words],
+                f"sample --timestep-respacing {v}")
+    refused(["sample", P("i.h5"), "--steps", "5", "--timestep-respacing", "5", *CPU], ["give one"],
+            "sample --steps with --timestep-respacing")
     r = refused(["prepare", P("imgs"), "-o", P("j.h5"), "--jobs", "0"], ["--jobs", "1 to 1024"], "prepare --jobs 0")
     check(len(r.stderr) < 100, f"the --jobs message is short ({len(r.stderr)} characters)")
     for flag in ("--batch-size", "--log-every", "--lr-warmup"):

@@ -91,6 +91,56 @@ std::vector<int> sampler_timesteps(const std::string& sampler, int T, int steps)
   throw UserError("sample: unknown sampler '" + sampler + "' (use ddpm or ddim)");
 }
 
+std::vector<int> space_timesteps(int T, const std::string& spec) {
+  auto bad = [&](const std::string& why) {  // (a long spec shown by its start)
+    return UserError("--timestep-respacing '" + (spec.size() > 48 ? spec.substr(0, 40) + "..." : spec) +
+                     "': " + why);
+  };
+  // A count as Python's int() reads one: optional blanks around decimal digits.
+  auto count = [&](const std::string& s) {
+    size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+    if (a == std::string::npos) throw bad("an empty count");
+    const std::string d = s.substr(a, b - a + 1);
+    if (d.size() > 9 || d.find_first_not_of("0123456789") != std::string::npos)
+      throw bad("'" + d + "' is not a step count (use N, N1,N2,... or ddimN)");
+    return std::stoi(d);
+  };
+  if (T < 1) throw bad("the model has no diffusion steps");
+  if (spec.rfind("ddim", 0) == 0) {
+    const int n = count(spec.substr(4));
+    const std::string of = " of the model's " + std::to_string(T) + " diffusion steps";
+    if (n < 1 || n > T) throw bad("cannot take " + std::to_string(n) + " DDIM steps" + of);
+    try {
+      return space_timesteps_ddim(T, n);
+    } catch (const UserError&) {
+      throw bad("no integer stride takes exactly " + std::to_string(n) + " steps" + of);
+    }
+  }
+  std::vector<int> counts;
+  for (size_t a = 0;;) {
+    const size_t c = spec.find(',', a);
+    counts.push_back(count(spec.substr(a, c == std::string::npos ? std::string::npos : c - a)));
+    if (c == std::string::npos) break;
+    a = c + 1;
+  }
+  const int k = (int)counts.size(), per = T / k, extra = T % k;
+  std::vector<int> kept;
+  for (int i = 0, start = 0; i < k; ++i) {
+    const int size = per + (i < extra ? 1 : 0);
+    if (counts[i] > size)
+      throw bad(k == 1 ? "cannot take " + std::to_string(counts[i]) + " steps of the model's " + std::to_string(T) +
+                             " diffusion steps"
+                       : "section " + std::to_string(i + 1) + " of " + std::to_string(k) + " has " +
+                             std::to_string(size) + " of the model's " + std::to_string(T) +
+                             " diffusion steps, fewer than its count " + std::to_string(counts[i]));
+    if (counts[i] > 0)
+      for (int t : space_timesteps_ddpm(size, counts[i])) kept.push_back(start + t);
+    start += size;
+  }
+  if (kept.empty()) throw bad("keeps no timestep");
+  return kept;  // ascending: sections in order, each ascending
+}
+
 static std::vector<int> identity_map(int T) {
   std::vector<int> m(std::max(T, 0));
   for (int i = 0; i < T; ++i) m[i] = i;

@@ -32,6 +32,12 @@ std::vector<int> space_timesteps_ddim(int T, int N);
 std::vector<int> space_timesteps_ddpm(int T, int N);
 // The kept timesteps of a sampler run: steps == 0 means all T; sampler is "ddpm" or "ddim".
 std::vector<int> sampler_timesteps(const std::string& sampler, int T, int steps);
+// guided-diffusion's space_timesteps(T, timestep_respacing): "ddimN" (space_timesteps_ddim), or
+// section counts "N1,N2,..." (one count: space_timesteps_ddpm): T cut into as many sections as
+// counts, as equal as possible (the first T % k one step longer), section i keeping N_i of its
+// steps spaced as space_timesteps_ddpm spaces them (0 keeps none of it). Throws UserError naming
+// the spec when it does not parse, a section is shorter than its count or nothing is kept.
+std::vector<int> space_timesteps(int T, const std::string& spec);
 
 class Diffusion {
  public:

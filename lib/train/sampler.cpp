@@ -68,7 +68,8 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
   const int T = net_.diffusion_steps;
   const Diffusion base(T, net_.noise_schedule, net_.learn_sigma);
   // Always respaced, as guided-diffusion's SpacedDiffusion does even for all T steps.
-  Diffusion d = base.respaced(sampler_timesteps(opt.sampler, T, opt.steps));
+  Diffusion d = base.respaced(opt.respacing.empty() ? sampler_timesteps(opt.sampler, T, opt.steps)
+                                                     : space_timesteps(T, opt.respacing));
   d.predict_xstart = net_.predict_xstart;
   const int S = d.num_timesteps();
 

@@ -21,6 +21,9 @@ namespace unet {
 struct SampleOptions {
   std::string sampler = "ddpm";  // ddpm | ddim
   int steps = 0;                 // 0 = all T; else respaced (ddpm) / DDIM step count
+  // guided-diffusion's timestep_respacing ("250", "10,15,20", "ddim25"; space_timesteps): the kept
+  // timesteps whichever the sampler; when set, steps is not read.
+  std::string respacing;
   float eta = 0;                 // DDIM only, in [0, 1]
   bool clip = true;              // clip predicted x0 to [-1, 1]
   uint64_t seed = 0;
