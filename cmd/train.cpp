@@ -38,6 +38,7 @@ const char* const kSettingFlags[] = {"--batch-size",   "--seed",
                                      "--steps",        "--save-every",
                                      "--log-every",    "--sample-every",
                                      "--microbatch",   "--schedule-sampler",
+                                     "--lr-anneal-steps",
                                      "--noised",       "--eval-every"};
 
 void on_signal(int) { stop_requested().store(true); }
@@ -206,6 +207,18 @@ void run_train(TrainArgs& a) {
     ck.ccfg = a.cmodel.resolve();
   } else {
     ck.cfg = a.model.resolve();
+  }
+  // guided-diffusion stops at lr_anneal_steps, where the learning rate reaches 0: the run's default
+  // end; a --steps past it is refused.
+  if (o.lr_anneal_steps > 0) {
+    const int64_t at = resume ? ck.state.at("step") : 0;
+    if (o.steps == 0) o.steps = o.lr_anneal_steps;
+    if (o.steps > o.lr_anneal_steps)
+      throw UserError("--steps " + std::to_string(o.steps) + " goes past --lr-anneal-steps " +
+                      std::to_string(o.lr_anneal_steps) + ": the learning rate is 0 from there");
+    if (o.steps <= at)
+      throw UserError(a.resume + " is at step " + std::to_string(at) + ", which --lr-anneal-steps " +
+                      std::to_string(o.lr_anneal_steps) + " ends the run at; give a larger one to train on");
   }
   // Classifier-free guidance: the class dropout is the flag's, else the checkpoint's class_dropout
   // (on --resume resolve_resume has taken it). It needs the null class's row of label_emb: a fresh
@@ -465,6 +478,11 @@ void add_train_flags(CLI::App* sub, TrainArgs* a) {
       ->check(setting_check("--grad-clip"));
   sub->add_option("--lr-warmup", o.lr_warmup, "linear learning-rate warmup over N steps (default 0)")
       ->check(setting_check("--lr-warmup"));
+  sub->add_option("--lr-anneal-steps", o.lr_anneal_steps,
+                  "guided-diffusion's lr_anneal_steps: the learning rate decays linearly to 0 over N steps "
+                  "(lr (1 - step / N)), and the run stops at step N unless --steps stops it sooner (default "
+                  "0 = constant)")
+      ->check(setting_check("--lr-anneal-steps"));
   sub->add_option(
          "--microbatch", o.microbatch,
          "accumulate gradients over micro-batches of N samples (must divide each rank's batch; N at least "

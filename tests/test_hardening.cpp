@@ -235,6 +235,7 @@ TrainOptions trained() {
   TrainOptions o;
   o.batch_size = 3, o.lr = 3e-3, o.lr_warmup = 5, o.ema_rate = 0.9, o.grad_clip = 0.5, o.weight_decay = 0.01;
   o.flip = false, o.seed = 7, o.steps = 8, o.save_every = 2, o.log_every = 1, o.sample_every = 4;
+  o.lr_anneal_steps = 12;
   return o;
 }
 }  // namespace
@@ -246,6 +247,7 @@ TEST(Resume, EverySettingComesFromTheCheckpoint) {
   EXPECT_EQ(r.opt.batch_size, 3);
   EXPECT_EQ(r.opt.lr, 3e-3);
   EXPECT_EQ(r.opt.lr_warmup, 5);
+  EXPECT_EQ(r.opt.lr_anneal_steps, 12);
   EXPECT_EQ(r.opt.ema_rate, 0.9);
   EXPECT_EQ(r.opt.grad_clip, 0.5);
   EXPECT_EQ(r.opt.weight_decay, 0.01);
@@ -287,7 +289,10 @@ TEST(Resume, OlderCheckpointFallsBackWithOneWarning) {
   ck.opt.lr = 2e-4;
   ck.opt.weight_decay = 0.05;
   ck.state = {{"step", 4}, {"seed", 7}, {"batch_size", 3}, {"flip", 1}, {"dataset_count", 60}};
-  ResumeSettings r = resolve_resume(ck, "old.h5", TrainOptions(), {});
+  TrainOptions given;
+  given.lr_anneal_steps = 99;  // (not recorded: no anneal, whatever the default would be)
+  ResumeSettings r = resolve_resume(ck, "old.h5", given, {});
+  EXPECT_EQ(r.opt.lr_anneal_steps, 0);
   EXPECT_EQ(r.opt.lr, 2e-4);
   EXPECT_EQ(r.opt.weight_decay, 0.05);
   EXPECT_EQ(r.opt.seed, 7u);
@@ -348,6 +353,7 @@ TEST(Resume, RecordedValuesOutsideTheirRangeAreRefused) {
                         {"batch_size", 1e9, false},
                         {"seed", -1, false},
                         {"lr_warmup", -3, false},
+                        {"lr_anneal_steps", -2, false},
                         {"microbatch", -1, false},
                         {"microbatch", 70000, false},
                         {"save_every", -1, false},

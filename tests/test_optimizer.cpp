@@ -77,20 +77,34 @@ TEST(Optimizer, AdamWTwoStepsMatchTorch) {
 TEST(Optimizer, ScheduleWarmupAndHostView) {
   float hyper[4];
   for (int64_t t : {1, 5, 10, 11, 1000}) {
-    ref::adamw_hyper(t, 1e-3, 0.1, 0.9, 0.999, 10, hyper);
+    ref::adamw_hyper(t, 1e-3, 0.1, 0.9, 0.999, 10, 0, hyper);
     const double lr_t = 1e-3 * std::min(1.0, (double)t / 10);
     EXPECT_FLOAT_EQ(hyper[3], (float)lr_t) << t;
     EXPECT_FLOAT_EQ(hyper[0], 1.f - (float)lr_t * 0.1f) << t;
     EXPECT_FLOAT_EQ(hyper[1], (float)lr_t / (float)(1 - std::pow(0.9, (double)t))) << t;
   }
-  // The trainer's Optimizer reports the same schedule for logging.
+  // --lr-anneal-steps: guided-diffusion's _anneal_lr, lr (1 - step / N) at the 0-based step of the
+  // update (t - 1 here), 0 from step N on; times the warmup's factor where both are on.
+  for (int64_t t : {1, 2, 50, 100, 101, 150}) {
+    ref::adamw_hyper(t, 2e-4, 0.0, 0.9, 0.999, 0, 100, hyper);
+    const double step = (double)(t - 1), lr_t = step < 100 ? 2e-4 * (1.0 - step / 100.0) : 0.0;
+    EXPECT_FLOAT_EQ(hyper[3], (float)lr_t) << t;
+    EXPECT_FLOAT_EQ(hyper[1], (float)lr_t / (float)(1 - std::pow(0.9, (double)t))) << t;
+  }
+  ref::adamw_hyper(5, 2e-4, 0.0, 0.9, 0.999, 10, 100, hyper);
+  EXPECT_FLOAT_EQ(hyper[3], (float)(2e-4 * 0.5 * 0.96));
+  // The trainer's Optimizer reports the same schedule for logging: {warmup, anneal, step, lr}.
   auto e = make_cpu_engine();
-  OptimizerOptions o;
-  o.lr = 1e-3, o.warmup = 10;
-  Optimizer opt(*e, 8, o);
-  EXPECT_FLOAT_EQ((float)opt.lr_at(0), 1e-4f);
-  EXPECT_FLOAT_EQ((float)opt.lr_at(9), 1e-3f);
-  EXPECT_FLOAT_EQ((float)opt.lr_at(50), 1e-3f);
+  const struct {
+    int64_t warmup, anneal, step;
+    float lr;
+  } cases[] = {{10, 0, 0, 1e-4f},  {10, 0, 9, 1e-3f},   {10, 0, 50, 1e-3f},
+               {0, 40, 0, 1e-3f},  {0, 40, 10, 7.5e-4f}, {0, 40, 39, 2.5e-5f}, {0, 40, 40, 0.f}};
+  for (const auto& c : cases) {
+    OptimizerOptions o;
+    o.lr = 1e-3, o.warmup = c.warmup, o.anneal = c.anneal;
+    EXPECT_FLOAT_EQ((float)Optimizer(*e, 8, o).lr_at(c.step), c.lr) << c.warmup << " " << c.anneal << " " << c.step;
+  }
 }
 
 // AdamW's EMA (the optimizer's, in the same pass): ema = rate ema + (1 - rate) p of the updated p,
@@ -195,7 +209,7 @@ TEST(OptimizerVariants, AllOps) {
   check_variants<AdamWSchedule>(
       "schedule",
       [](const Alloc& A, DType) {
-        return AdamWSchedule{A(DType::I32, {1}), A(DType::F32, {4}), 2e-4, 0.05, 0.9, 0.999, 100};
+        return AdamWSchedule{A(DType::I32, {1}), A(DType::F32, {4}), 2e-4, 0.05, 0.9, 0.999, 100, 250};
       },
       f32,
       [](Engine& e, AdamWSchedule& o) {

@@ -93,6 +93,33 @@ def main():
     rb = open(os.path.join(b, "metrics.csv")).read().splitlines()
     check([l.split(",")[:3] for l in ra] == [l.split(",")[:3] for l in rb], "metrics (loss, grad norm) identical")
 
+    # --lr-anneal-steps (guided-diffusion's lr_anneal_steps): update s (0-based) at lr (1 - s / N), the
+    # run ends at N without --steps; 3 + resume without flags (the checkpoint's N) == 6 straight.
+    c, e = os.path.join(TMP, "anneal"), os.path.join(TMP, "anneal3")
+    an = ["--batch-size", "4", "--lr", "3e-4", "--log-every", "1", "--seed", "5", *dev()]
+    r = unet("train", data, "--init", init, "-o", c, "--lr-anneal-steps", "6", *an)
+    check(r.returncode == 0, "train with --lr-anneal-steps 6, no --steps")
+    rows = [l.split(",") for l in open(os.path.join(c, "metrics.csv")).read().splitlines()[1:] if l]
+    lrs = [float(x[3]) for x in rows]
+    want = [3e-4 * (1 - s / 6) for s in range(6)]
+    check([int(x[0]) for x in rows] == [1, 2, 3, 4, 5, 6] and np.allclose(lrs, want, rtol=1e-5, atol=0),
+          f"ends at step 6, lr (1 - s/6): {lrs}")
+    unet("train", data, "--init", init, "-o", e, "--lr-anneal-steps", "6", "--steps", "3", *an)
+    r = unet("train", data, "--resume", os.path.join(e, "latest.h5"), *dev())
+    check(r.returncode == 0, "resume an annealed run without flags")
+    tc, te = tensors(os.path.join(c, "latest.h5")), tensors(os.path.join(e, "latest.h5"))
+    diff = [k for k in tc if k != "@state" and (k not in te or not np.array_equal(tc[k], te[k]))]
+    check(tc.keys() == te.keys() and not diff and te["@state"].get("step") == 6,
+          f"annealed: 6 straight == 3 + resume to the anneal's end, bitwise (differing: {diff[:3]})")
+    for args, what, words in [
+            (["--init", init, "-o", os.path.join(TMP, "anneal8"), "--lr-anneal-steps", "6", "--steps", "8", *an],
+             "--steps past --lr-anneal-steps", ["--steps 8", "--lr-anneal-steps 6"]),
+            (["--resume", os.path.join(c, "latest.h5"), *dev()], "resuming a run its anneal has ended",
+             ["step 6", "--lr-anneal-steps 6"])]:
+        r = unet("train", data, *args, ok=False)
+        lines = r.stderr.strip().splitlines()
+        check(r.returncode == 1 and len(lines) == 1 and all(w in lines[0] for w in words), f"{what}: refused, {lines}")
+
     # Previews in between (--sample-every: the EMA's weights swapped in and back for a DDIM grid) leave
     # the training as it was: the same 6 steps as run `a`, bitwise (in bf16 the optimizer keeps the
     # weights' bf16 copy, which the preview's sampler overwrites and the trainer remakes).

@@ -33,10 +33,10 @@ __global__ void clip_scale_kernel(const float* sumsq, int k, float clip, float* 
 }
 
 __global__ void schedule_kernel(int32_t* step, float* hyper, double lr, double wd, double b1, double b2,
-                                long long warmup) {
+                                long long warmup, long long anneal) {
   pdl_entry();
   const int32_t t = ++*step;
-  ref::adamw_hyper(t, lr, wd, b1, b2, warmup, hyper);
+  ref::adamw_hyper(t, lr, wd, b1, b2, warmup, anneal, hyper);
 }
 
 // PyTorch AdamW (single-tensor path), g scaled by *grad_scale:
@@ -127,7 +127,7 @@ void clip(const ClipScale& o, CudaCtx& ctx) {
 }
 void schedule(const AdamWSchedule& o, CudaCtx& ctx) {
   schedule_kernel<<<1, 1, 0, ctx.stream>>>(dptr<int32_t>(o.step), dptr<float>(o.hyper), o.lr, o.weight_decay,
-                                           o.beta1, o.beta2, (long long)o.warmup);
+                                           o.beta1, o.beta2, (long long)o.warmup, (long long)o.anneal);
   KERNEL_CHECK();
 }
 void adamw(const AdamW& o, CudaCtx& ctx) {

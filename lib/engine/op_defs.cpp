@@ -512,6 +512,7 @@ double ClipScale::flops() const { return 4; }
 void AdamWSchedule::check() const {
   req(*this, step.dtype == DType::I32 && step.numel() == 1 && f32(hyper) && hyper.numel() >= 4,
       "step i32 [1], hyper f32 [4]");
+  req(*this, warmup >= 0 && anneal >= 0, "warmup, anneal >= 0");
 }
 double AdamWSchedule::flops() const { return 16; }
 void AdamW::check() const {

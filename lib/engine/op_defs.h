@@ -620,11 +620,13 @@ struct AdamWSchedule {
   Tensor step, hyper;
   double lr = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999;
   int64_t warmup = 0;
+  int64_t anneal = 0;  // the learning rate's linear decay to 0 over this many steps (0: none)
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.inout("step", s.step), v.out("hyper", s.hyper), v.param("lr", s.lr),
         v.param("weight_decay", s.weight_decay);
-    v.param("beta1", s.beta1), v.param("beta2", s.beta2), v.param("warmup", s.warmup);
+    v.param("beta1", s.beta1), v.param("beta2", s.beta2), v.param("warmup", s.warmup),
+        v.param("anneal", s.anneal);
   }
 };
 // PyTorch AdamW (single-tensor path) with g = grad * scale[0]:

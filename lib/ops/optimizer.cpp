@@ -16,7 +16,7 @@ void clip(const ClipScale& o) {
 void schedule(const AdamWSchedule& o) {
   int32_t* step = o.step.i32();
   ++*step;
-  ref::adamw_hyper(*step, o.lr, o.weight_decay, o.beta1, o.beta2, o.warmup, o.hyper.f32());
+  ref::adamw_hyper(*step, o.lr, o.weight_decay, o.beta1, o.beta2, o.warmup, o.anneal, o.hyper.f32());
 }
 void adamw(const AdamW& o) {
   ref::adamw<float>(o.p.f32(), o.g.f32(), o.m.f32(), o.v.f32(), o.p.numel(), o.hyper.f32(), o.beta1, o.beta2,

@@ -67,7 +67,7 @@ void Optimizer::step(const Tensor& params, const Tensor& grads) {
   } else {
     ops.run(SumSquares{grads, sumsq_});
     ops.run(ClipScale{sumsq_, norm_, scale_, (float)o_.grad_clip});
-    ops.run(AdamWSchedule{count_, hyper_, o_.lr, o_.weight_decay, o_.beta1, o_.beta2, o_.warmup});
+    ops.run(AdamWSchedule{count_, hyper_, o_.lr, o_.weight_decay, o_.beta1, o_.beta2, o_.warmup, o_.anneal});
     update(params, grads, 0, n_, true);
   }
   ops.run(Add{norm_sum_, norm_, norm_sum_});
@@ -78,7 +78,7 @@ void Optimizer::begin_early() {
   // on the optimizer's stream, which the first range's update follows (off the backward's start)
   Ops& ops = eng_.ops();
   ops.aside(true);
-  ops.run(AdamWSchedule{count_, hyper_, o_.lr, o_.weight_decay, o_.beta1, o_.beta2, o_.warmup});
+  ops.run(AdamWSchedule{count_, hyper_, o_.lr, o_.weight_decay, o_.beta1, o_.beta2, o_.warmup, o_.anneal});
   ops.aside(false);
   early_ = true, done_ = n_, ranges_ = 0;
 }
@@ -94,6 +94,6 @@ void Optimizer::update_from(const Tensor& params, const Tensor& grads, size_t fi
 
 void Optimizer::reset_norm_sum() { eng_.ops().run(Fill{norm_sum_, 0.f}); }
 
-double Optimizer::lr_at(int64_t s) const { return (float)ref::adamw_lr(o_.lr, o_.warmup, s + 1); }
+double Optimizer::lr_at(int64_t s) const { return (float)ref::adamw_lr(o_.lr, o_.warmup, o_.anneal, s + 1); }
 
 }  // namespace unet

@@ -17,6 +17,7 @@ struct OptimizerOptions {
   double ema_rate = 0.9999;
   double grad_clip = 0.0;  // 0 = off
   int64_t warmup = 0;      // linear warmup steps, 0 = none
+  int64_t anneal = 0;      // linear decay to 0 over this many steps (guided-diffusion's lr_anneal_steps), 0 = none
 };
 
 class Optimizer {

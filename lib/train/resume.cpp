@@ -43,6 +43,7 @@ SettingRange train_setting_range(const std::string& flag) {
                                                         {"--seed", I(0, INT64_MAX)},
                                                         {"--lr", R(0, INFINITY, true)},
                                                         {"--lr-warmup", I(0, INT64_MAX)},
+                                                        {"--lr-anneal-steps", I(0, INT64_MAX)},
                                                         {"--ema-rate", R(0, 1)},
                                                         {"--grad-clip", R(0, INFINITY)},
                                                         {"--weight-decay", R(0, INFINITY)},
@@ -143,6 +144,7 @@ void store_train_settings(const TrainOptions& o, const DatasetInfo& data, Checkp
   c.state["steps"] = o.steps;
   c.state_str["schedule_sampler"] = o.schedule_sampler;
   c.state["microbatch"] = o.microbatch;
+  c.state["lr_anneal_steps"] = o.lr_anneal_steps;
   c.state["dataset_count"] = data.count;
   c.state["dataset_image_size"] = data.image_size;
   if (o.dataset_fingerprint) c.state["dataset_fingerprint"] = (int64_t)o.dataset_fingerprint;
@@ -215,17 +217,22 @@ ResumeSettings resolve_resume(const Checkpoint& ck, const std::string& ckpt_path
     r.opt.schedule_sampler = ss;
   else if (given.schedule_sampler != ss)
     changed.push_back("--schedule-sampler " + given.schedule_sampler + " (checkpoint: " + ss + ")");
-  // Not recorded: written before micro-batches, i.e. whole batches.
-  const int64_t mb = ck.state.count("microbatch") ? ck.state.at("microbatch") : 0;
-  const SettingRange mb_range = train_setting_range("--microbatch");
-  if (!explicit_flags.count("--microbatch") && !mb_range.contains_int(mb))
-    throw UserError(ckpt_path + ": state attribute microbatch = " + std::to_string(mb) + " is not " +
-                    mb_range.text() + " (--microbatch's range); give --microbatch to replace it");
-  if (!explicit_flags.count("--microbatch"))
-    r.opt.microbatch = mb;
-  else if (given.microbatch != mb)
-    changed.push_back("--microbatch " + std::to_string(given.microbatch) +
-                      " (checkpoint: " + std::to_string(mb) + ")");
+  // Settings newer than some checkpoints, 0 where not recorded: microbatch (written before
+  // micro-batches: whole batches), lr_anneal_steps (before the learning rate could anneal: none).
+  auto newer = [&](const char* flag, const char* key, int64_t TrainOptions::*field) {
+    const int64_t v = ck.state.count(key) ? ck.state.at(key) : 0;
+    const SettingRange range = train_setting_range(flag);
+    if (!explicit_flags.count(flag) && !range.contains_int(v))
+      throw UserError(ckpt_path + ": state attribute " + key + " = " + std::to_string(v) + " is not " +
+                      range.text() + " (" + flag + "'s range); give " + flag + " to replace it");
+    if (!explicit_flags.count(flag))
+      r.opt.*field = v;
+    else if (given.*field != v)
+      changed.push_back(std::string(flag) + " " + std::to_string(given.*field) + " (checkpoint: " +
+                        std::to_string(v) + ")");
+  };
+  newer("--microbatch", "microbatch", &TrainOptions::microbatch);
+  newer("--lr-anneal-steps", "lr_anneal_steps", &TrainOptions::lr_anneal_steps);
   // The class dropout of classifier-free guidance is the checkpoint's root attribute class_dropout
   // (absent: 0, no dropout), which every save writes with the rate trained at.
   const double cd = ck.cfg.class_dropout;

@@ -12,6 +12,7 @@
 //   flip                 --no-flip             yes
 //   schedule_sampler     --schedule-sampler    yes  (+ the loss-second-moment history datasets)
 //   microbatch           --microbatch          yes  (absent in older checkpoints: 0, whole batch)
+//   lr_anneal_steps      --lr-anneal-steps     yes  (absent in older checkpoints: 0, no decay)
 //   (root) class_dropout --class-dropout       yes  (absent in older checkpoints: 0)
 //   steps                --steps               no (restored while still ahead of the step)
 //   save_every, log_every, sample_every        no

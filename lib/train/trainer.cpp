@@ -333,6 +333,7 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
   OptimizerOptions oo;
   oo.lr = o.lr, oo.weight_decay = o.weight_decay, oo.beta1 = kBeta1, oo.beta2 = kBeta2, oo.eps = kEps;
   oo.ema_rate = o.ema_rate, oo.grad_clip = o.grad_clip, oo.warmup = o.lr_warmup;
+  oo.anneal = o.lr_anneal_steps;
   Optimizer opt(eng, P, oo);
   task.make_step(eng, opt, Bl, (int)o.microbatch, multi ? comm : nullptr);
   eng.upload(net.params(), ck.model.data());

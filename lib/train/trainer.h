@@ -35,6 +35,7 @@ struct TrainOptions {
   int64_t sample_every = 0;  // 0 = never
   double grad_clip = 0.0;    // 0 = off
   int64_t lr_warmup = 0;
+  int64_t lr_anneal_steps = 0;  // the learning rate's linear decay to 0 (guided-diffusion's); 0 = none
   bool flip = true;
   uint64_t seed = 0;
   std::string schedule_sampler = "uniform";  // uniform | loss-second-moment (guided-diffusion's names)
