@@ -214,7 +214,8 @@ void run_train(TrainArgs& a) {
     const int64_t at = resume ? ck.state.at("step") : 0;
     if (o.steps == 0) o.steps = o.lr_anneal_steps;
     if (o.steps > o.lr_anneal_steps)
-      throw UserError("--steps " + std::to_string(o.steps) + " goes past --lr-anneal-steps " +
+      throw UserError((a.app->get_option("--steps")->count() ? "--steps " : a.resume + "'s --steps target ") +
+                      std::to_string(o.steps) + " goes past --lr-anneal-steps " +
                       std::to_string(o.lr_anneal_steps) + ": the learning rate is 0 from there");
     if (o.steps <= at)
       throw UserError(a.resume + " is at step " + std::to_string(at) + ", which --lr-anneal-steps " +
