@@ -81,15 +81,20 @@ cudaDataType cuda_type(DType t) {
 
 // Whether graph node n runs one of unet's own kernels: namespace unet, so their mangled names start
 // "_ZN4unet", and each begins with pdl_entry() (test_engine scans the sources for it).
-bool unet_kernel(cudaGraphNode_t n) {
+// The mangled name of the kernel node n runs, or null (not a kernel node, or one the runtime cannot
+// describe: cuDNN's, launched through the driver API).
+const char* kernel_name(cudaGraphNode_t n) {
   cudaGraphNodeType t;
-  if (cudaGraphNodeGetType(n, &t) != cudaSuccess || t != cudaGraphNodeTypeKernel) return (void)cudaGetLastError(), false;
+  if (cudaGraphNodeGetType(n, &t) != cudaSuccess || t != cudaGraphNodeTypeKernel) return (void)cudaGetLastError(), nullptr;
   cudaKernelNodeParams p = {};
   const char* name = nullptr;
-  if (cudaGraphKernelNodeGetParams(n, &p) != cudaSuccess || !p.func || cudaFuncGetName(&name, p.func) != cudaSuccess ||
-      !name)
-    return (void)cudaGetLastError(), false;
-  return std::strncmp(name, "_ZN4unet", 8) == 0;
+  if (cudaGraphKernelNodeGetParams(n, &p) != cudaSuccess || !p.func || cudaFuncGetName(&name, p.func) != cudaSuccess)
+    return (void)cudaGetLastError(), nullptr;
+  return name;
+}
+bool unet_kernel(cudaGraphNode_t n) {
+  const char* name = kernel_name(n);
+  return name && std::strncmp(name, "_ZN4unet", 8) == 0;
 }
 bool kernel_node(cudaGraphNode_t n) {
   cudaGraphNodeType t;
@@ -246,13 +251,14 @@ void hoist_workspace_fills(cudaGraph_t g, const std::vector<std::pair<const void
       return w.first && dst >= static_cast<const char*>(w.first) && dst < static_cast<const char*>(w.first) + w.second;
     });
     const cudaGraphNode_t pre = only_predecessor(f);
-    if (!in_ws || !pre || !clear_of_workspaces(pre)) continue;
+    if (!in_ws || !pre) continue;
     cudaGraphNode_t anchor = pre;  // the first node up the chain that may touch a workspace
     while (clear_of_workspaces(anchor)) {
       const cudaGraphNode_t up = only_predecessor(anchor);
       if (!up) break;  // (a start or a join: the fill follows anchor, which is clear, so still safe)
       anchor = up;
     }
+    if (anchor == pre) continue;  // (pre may touch a workspace, or nothing lies above it)
     size_t nd = 0;
     CUDA_CHECK(cudaGraphNodeGetDependentNodes(f, nullptr, nullptr, &nd));
     std::vector<cudaGraphNode_t> post(nd);
@@ -275,11 +281,8 @@ namespace {
 // apply (kernels/groupnorm/fused.cu, vec.cu), the skip concatenation with statistics
 // (rowblock.cuh), upsampling and pooling (kernels/resample/resample.cu).
 bool clear_of_workspaces(cudaGraphNode_t n) {
-  if (!unet_kernel(n)) return false;
-  cudaKernelNodeParams p = {};
-  const char* name = nullptr;
-  CUDA_CHECK(cudaGraphKernelNodeGetParams(n, &p));
-  CUDA_CHECK(cudaFuncGetName(&name, p.func));
+  const char* name = kernel_name(n);
+  if (!name || std::strncmp(name, "_ZN4unet", 8) != 0) return false;
   for (const char* k : {"12apply_kernel", "15fwd_sums_kernel", "17stats_rows_kernel", "15block2x2_kernel"})
     if (std::strstr(name, k)) return true;
   return false;
