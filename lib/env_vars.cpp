@@ -72,12 +72,6 @@ bool env_graph_fill() {
                     "nodes)");
 }
 
-bool env_hoist_fills() {
-  return switch_var("UNET_HOIST_FILLS", false,
-                    "must be 1 (a workspace's fill kernels run beside the kernels before them that do not "
-                    "touch it) or 0 (right before their convolution; the default)");
-}
-
 bool env_conv_stats() {
   return switch_var("UNET_CONV_STATS", false,
                     "must be 1 (a convolution gives the statistics of the GroupNorm after it) or 0 (off; the "
@@ -128,7 +122,6 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_stream_data();
   env_pdl();
   env_graph_fill();
-  env_hoist_fills();
   env_stream_priority();
   env_conv_stats();
   env_fuse_norm();

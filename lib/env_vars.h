@@ -38,9 +38,6 @@ int env_stream_data();
 bool env_pdl();
 // UNET_GRAPH_FILL: memset nodes of captured CUDA graphs replaced by fill kernels (default on).
 bool env_graph_fill();
-// UNET_HOIST_FILLS: true for "1" (fill kernels of a lane's workspace moved up past the kernels
-// that do not touch it); false when unset, empty or "0".
-bool env_hoist_fills();
 // UNET_CONV_STATS: true for "1"; false when unset, empty or "0".
 bool env_conv_stats();
 // UNET_FUSE_NORM: true for "1"; false when unset, empty or "0".

@@ -32,10 +32,6 @@
 #   pdl     programmatic dependent launch (UNET_PDL=1): the sampler's graph-vs-eager test, e2e bitwise
 #           resume with graphs (bf16), and the step's CUDA-event time with and without it (same run;
 #           read CUDA events and the plain timing, not kernel sums: waiting blocks count as running)
-#   hoist   cuDNN's workspace fills moved up past the kernels that touch no workspace
-#           (UNET_HOIST_FILLS=1, off by default): the graph test, the sampler's graph-vs-eager and the
-#           goldens' bitwise graph tests and e2e bitwise resume (bf16, graphs) with it on, and
-#           sampling's forward (tf32, batch 64) and the step with it off and on (same run)
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
 #   demo    make demo's pipeline on the GPU with more steps
 #   classdemo  issue 13 end to end (scripts/classifier_demo.sh, needs Fashion-MNIST: FASHION_MNIST_DIR):
@@ -186,18 +182,6 @@ PY
         done; done
       done
       unset UNET_CUDNN_CACHE ;;
-    hoist)
-      (cd "$BUILD" && ./bin/test_engine --gtest_filter='CudaGraphs.*' 2>&1 | tail -n 3)
-      (cd "$BUILD" && UNET_HOIST_FILLS=1 ./bin/test_sampler --gtest_filter='*CudaGraph*' 2>&1 | tail -n 3)
-      (cd "$BUILD" && UNET_HOIST_FILLS=1 ./bin/test_model_golden 2>&1 | tail -n 3)
-      (cd "$BUILD" && UNET_HOIST_FILLS=1 ./bin/test_determinism 2>&1 | tail -n 3)
-      e2e_bf16 hoist UNET_HOIST_FILLS=1
-      "$U" profile --layer model --batch-size 64 --pass forward --no-plain-timing > /dev/null 2>&1
-      for r in 1 2; do for h in 0 1; do
-        echo "sampling forward tf32 b64 UNET_HOIST_FILLS=$h: $(UNET_HOIST_FILLS=$h "$U" profile --layer model \
-          --batch-size 64 --pass forward --iters 50 2>&1 | grep -E 'without the profiler' | tr '\n' ' ')"
-      done; done
-      ab_step UNET_HOIST_FILLS=0 UNET_HOIST_FILLS=1 ;;
     lanes)
       (cd "$BUILD" && ./bin/test_model_golden --gtest_filter='*Lanes*' 2>&1 | tail -n 3)
       e2e_bf16 lanes UNET_LANES=1

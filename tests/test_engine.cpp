@@ -342,8 +342,6 @@ TEST(Kernels, EveryKernelBeginsWithPdlEntry) {
 
 namespace unet {
 void graph_memsets_as_kernels(cudaGraph_t g);  // kernels/device/cuda_engine.cu
-void hoist_workspace_fills(cudaGraph_t g, const std::vector<std::pair<const void*, size_t>>& workspaces,
-                           const std::function<bool(cudaGraphNode_t)>& clear_of_workspaces);
 }
 
 namespace {
@@ -434,92 +432,6 @@ TEST(CudaGraphs, MemsetNodesBecomeFillKernels) {
   cudaFree(copy);
 }
 
-
-// A fill of a workspace moves up its chain past the nodes that touch no workspace (here: copies
-// between other buffers) to the first one that may (a kernel: the fill of the workspace before
-// them), and its old successor waits for both. Chain: Q = fill ws (poison) -> P1 = copy a -> b ->
-// P2 = copy b -> c -> F = fill ws[0, 4) -> R = copy ws and c out. A fill outside the workspaces
-// and one right after a possible user stay. The replayed graph gives the same bytes.
-TEST(CudaGraphs, WorkspaceFillsMoveUpPastClearNodes) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  constexpr size_t kB = 1 << 20;
-  char *ws = nullptr, *a = nullptr, *b = nullptr, *c = nullptr, *out = nullptr, *other = nullptr;
-  for (char** p : {&ws, &a, &b, &c, &out, &other}) ASSERT_EQ(cudaMalloc(p, kB), cudaSuccess);
-  std::mt19937 rng((unsigned)test::test_seed());
-  std::vector<unsigned char> src(kB);
-  for (auto& x : src) x = (unsigned char)rng();
-  ASSERT_EQ(cudaMemcpy(a, src.data(), kB, cudaMemcpyHostToDevice), cudaSuccess);
-  cudaGraph_t g = nullptr;
-  ASSERT_EQ(cudaGraphCreate(&g, 0), cudaSuccess);
-  auto memset_node = [&](void* dst, unsigned v, size_t bytes, cudaGraphNode_t* dep) {
-    cudaMemsetParams p = {};
-    p.dst = dst, p.value = v, p.elementSize = 1, p.width = bytes, p.height = 1;
-    cudaGraphNode_t n = nullptr;
-    EXPECT_EQ(cudaGraphAddMemsetNode(&n, g, dep, dep ? 1 : 0, &p), cudaSuccess);
-    return n;
-  };
-  auto copy_node = [&](void* dst, const void* from, size_t bytes, cudaGraphNode_t* dep) {
-    cudaGraphNode_t n = nullptr;
-    EXPECT_EQ(cudaGraphAddMemcpyNode1D(&n, g, dep, dep ? 1 : 0, dst, from, bytes, cudaMemcpyDeviceToDevice),
-              cudaSuccess);
-    return n;
-  };
-  cudaGraphNode_t q = memset_node(ws, 0xab, kB, nullptr);
-  cudaGraphNode_t p1 = copy_node(b, a, kB, &q);
-  cudaGraphNode_t p2 = copy_node(c, b, kB, &p1);
-  cudaGraphNode_t f = memset_node(ws, 0, 4, &p2);  // F: to follow Q's fill instead of P2
-  cudaGraphNode_t r1 = copy_node(out, ws, 64, &f);   // R reads what F and P2 wrote
-  cudaGraphNode_t r2 = copy_node(out + 64, c, kB - 64, &r1);
-  cudaGraphNode_t s1 = memset_node(other, 0x5c, 16, &r2);  // outside the workspaces: stays
-  memset_node(ws + 8, 0x11, 4, &s1);                       // after a possible user (a fill): stays
-  graph_memsets_as_kernels(g);
-  const auto clear = [](cudaGraphNode_t n) {
-    cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
-    return cudaGraphNodeGetType(n, &t) == cudaSuccess && t == cudaGraphNodeTypeMemcpy;
-  };
-  hoist_workspace_fills(g, {{ws, kB}}, clear);
-  auto deps = [](cudaGraphNode_t n) {
-    size_t k = 0;
-    EXPECT_EQ(cudaGraphNodeGetDependencies(n, nullptr, nullptr, &k), cudaSuccess);
-    std::vector<cudaGraphNode_t> v(k);
-    EXPECT_EQ(cudaGraphNodeGetDependencies(n, v.data(), nullptr, &k), cudaSuccess);
-    return v;
-  };
-  // (the memset nodes' handles are gone: F's fill kernel is r1's kernel predecessor)
-  std::vector<cudaGraphNode_t> r1_deps = deps(r1), f_new;
-  ASSERT_EQ(r1_deps.size(), 2u);  // the fill and P2
-  for (cudaGraphNode_t x : r1_deps) {
-    cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
-    ASSERT_EQ(cudaGraphNodeGetType(x, &t), cudaSuccess);
-    if (t == cudaGraphNodeTypeKernel) f_new.push_back(x);
-    else EXPECT_EQ(x, p2);
-  }
-  ASSERT_EQ(f_new.size(), 1u);
-  const std::vector<cudaGraphNode_t> f_deps = deps(f_new[0]);
-  ASSERT_EQ(f_deps.size(), 1u);
-  cudaGraphNodeType qt = cudaGraphNodeTypeEmpty;
-  ASSERT_EQ(cudaGraphNodeGetType(f_deps[0], &qt), cudaSuccess);
-  EXPECT_EQ(qt, cudaGraphNodeTypeKernel);  // Q's fill kernel, not P2
-  EXPECT_EQ(deps(p1).size(), 1u);
-  size_t n = 0;  // the last two fills stayed where they were: each after one node, no new edges
-  ASSERT_EQ(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), cudaSuccess);
-  EXPECT_EQ(n, 8u);  // q-p1, p1-p2, q-F, F-r1, p2-r1, r1-r2, r2-s1, s1-last
-  cudaGraphExec_t ge = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
-  for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(ge, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<unsigned char> got(kB), got_ws(16);
-  ASSERT_EQ(cudaMemcpy(got.data(), out, kB, cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(got_ws.data(), ws, 16, cudaMemcpyDeviceToHost), cudaSuccess);
-  size_t bad = 0;
-  for (size_t i = 0; i < 64; ++i) bad += got[i] != (i < 4 ? 0 : 0xab);
-  for (size_t i = 64; i < kB; ++i) bad += got[i] != src[i - 64];
-  for (size_t i = 0; i < 16; ++i) bad += got_ws[i] != (i < 4 ? 0 : i >= 8 && i < 12 ? 0x11 : 0xab);
-  EXPECT_EQ(bad, 0u);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  for (char* p : {ws, a, b, c, out, other}) cudaFree(p);
-}
 
 // Stream priorities: the engine's main lane is the most urgent stream (UNET_STREAM_PRIORITY=0: the
 // default priority); a captured graph's kernel nodes keep their stream's priority, and a memset

@@ -1,6 +1,6 @@
 // Attention variant "flash": FlashAttention-2 (Dao, 2023) on mma.sync tensor-core tiles. The
 // [T, T] scores never leave the chip:
-//  * forward: one kernel per (b, head, 64 query rows). Each warp keeps 16 query rows of Q as
+//  * forward: one block per (b, head, 64 or 128 query rows). Each warp keeps 16 query rows of Q as
 //    mma fragments in registers; K and V stream through shared memory in blocks of keys (cp.async,
 //    double-buffered); S = Q K^T, an online softmax (running max and sum per row) and O += P V stay
 //    in registers. Writes out and lse (the natural log-sum-exp of the scaled logits).
@@ -268,12 +268,14 @@ template <int D, bool kSplit>
 constexpr int kMinBlocks = D == 32 && !kSplit ? 4 : 0;
 
 // ---- forward ---------------------------------------------------------------------------------
-// grid (ceil(T / 64), B * heads); 4 warps x 16 query rows. sl2 = log2(e) / sqrt(D).
-template <class T, int D, bool kSplit, int BC>
-__global__ void __launch_bounds__(kThr, kMinBlocks<D, kSplit>)
+// grid (ceil(T / (16 FW)), B * heads); FW warps x 16 query rows (Kernels::kFwdWarps).
+// sl2 = log2(e) / sqrt(D).
+template <class T, int D, bool kSplit, int BC, int FW = kWarps>
+__global__ void __launch_bounds__(FW * 32, kWarps * kMinBlocks<D, kSplit> / FW)
     flash_fwd_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, int T_, int C,
                      int heads, bool legacy, float sl2) {
   pdl_entry();
+  constexpr int kThr = FW * 32, kRowsPerBlock = FW * 16;
   using M = Tile<T, kSplit>;
   constexpr int KS = M::KS, LDK = D + M::kPad, LDV = D + M::kPadKN;
   extern __shared__ float4 smem_f4[];
@@ -705,6 +707,13 @@ struct Kernels {
   // fp32 mode (3xTF32, register-starved) at D = 128 runs its backward slower than "cublas"
   // (measured 2.02 ms vs 1.63 at T = 1024, B 8, C 512): left to it.
   static constexpr bool kBwd = !(kSplit && D == 128);
+  // The forward's warps a block (16 query rows each) where T fills them: 8 in tf32 at head width
+  // 32, where each block rounds every K and V tile it loads (round_tile) and 8 warps share that
+  // and the tiles' loads; 4 elsewhere. H200, 16x16 attention, C 192, 6 heads, batch 64 (seed64's),
+  // one launch: tf32 43.4 us at 4 warps, 39.9 at 8, 41.2 at 16; bf16 25.0 / 25.7 / 30.3. Sampling's
+  // forward (tf32, batch 64, same run, CUDA events of graph replays, three rounds) 6.455 / 6.458 /
+  // 6.455 -> 6.443 / 6.441 / 6.441 ms; the tf32 step 11.260 / 11.237 -> 11.226 / 11.233.
+  static constexpr int kFwdWarps = D == 32 && !kSplit && sizeof(T) == 4 ? 8 : kWarps;
   // Once per device (at plan time, before any graph capture; again harmlessly at the first launch).
   static void prepare() {
     static bool done[64] = {};
@@ -712,6 +721,8 @@ struct Kernels {
     CUDA_CHECK(cudaGetDevice(&dev));
     if (dev < 64 && done[dev]) return;
     allow_dynamic_smem(flash_fwd_kernel<T, D, kSplit, BN>, fwd_smem<T, D, kSplit>());
+    if constexpr (kFwdWarps != kWarps)
+      allow_dynamic_smem(flash_fwd_kernel<T, D, kSplit, BN, kFwdWarps>, fwd_smem<T, D, kSplit>());
     if constexpr (kBwd) {
       constexpr int BR = kBlockDkdv<T, D>;
       allow_dynamic_smem(flash_bwd_kernel<T, D, kSplit, BR, BN, S>, bwd_smem());
@@ -728,10 +739,17 @@ struct Kernels {
   }
   static void fwd(const AttentionFwd& o, CudaCtx& ctx, const Geo& g) {
     prepare();
-    const dim3 grid((g.T + kRowsPerBlock - 1) / kRowsPerBlock, g.B * g.heads);
-    flash_fwd_kernel<T, D, kSplit, BN><<<grid, kThr, fwd_smem<T, D, kSplit>(), ctx.stream>>>(
-        dptr<T>(o.qkv), dptr<T>(o.out), dptr<float>(o.lse), g.T, g.C, g.heads, o.legacy,
-        (float)(kLog2e / std::sqrt((double)D)));
+    auto go = [&](auto fw) {
+      constexpr int FW = decltype(fw)::value, rows = FW * 16;
+      const dim3 grid((g.T + rows - 1) / rows, g.B * g.heads);
+      flash_fwd_kernel<T, D, kSplit, BN, FW><<<grid, FW * 32, fwd_smem<T, D, kSplit>(), ctx.stream>>>(
+          dptr<T>(o.qkv), dptr<T>(o.out), dptr<float>(o.lse), g.T, g.C, g.heads, o.legacy,
+          (float)(kLog2e / std::sqrt((double)D)));
+    };
+    if (kFwdWarps != kWarps && g.T >= kFwdWarps * 16)
+      go(std::integral_constant<int, kFwdWarps>{});
+    else
+      go(std::integral_constant<int, kWarps>{});
     KERNEL_CHECK();
   }
   static void bwd(const AttentionBwd& o, CudaCtx& ctx, const Geo& g) {

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -81,20 +80,15 @@ cudaDataType cuda_type(DType t) {
 
 // Whether graph node n runs one of unet's own kernels: namespace unet, so their mangled names start
 // "_ZN4unet", and each begins with pdl_entry() (test_engine scans the sources for it).
-// The mangled name of the kernel node n runs, or null (not a kernel node, or one the runtime cannot
-// describe: cuDNN's, launched through the driver API).
-const char* kernel_name(cudaGraphNode_t n) {
+bool unet_kernel(cudaGraphNode_t n) {
   cudaGraphNodeType t;
-  if (cudaGraphNodeGetType(n, &t) != cudaSuccess || t != cudaGraphNodeTypeKernel) return (void)cudaGetLastError(), nullptr;
+  if (cudaGraphNodeGetType(n, &t) != cudaSuccess || t != cudaGraphNodeTypeKernel) return (void)cudaGetLastError(), false;
   cudaKernelNodeParams p = {};
   const char* name = nullptr;
-  if (cudaGraphKernelNodeGetParams(n, &p) != cudaSuccess || !p.func || cudaFuncGetName(&name, p.func) != cudaSuccess)
-    return (void)cudaGetLastError(), nullptr;
-  return name;
-}
-bool unet_kernel(cudaGraphNode_t n) {
-  const char* name = kernel_name(n);
-  return name && std::strncmp(name, "_ZN4unet", 8) == 0;
+  if (cudaGraphKernelNodeGetParams(n, &p) != cudaSuccess || !p.func || cudaFuncGetName(&name, p.func) != cudaSuccess ||
+      !name)
+    return (void)cudaGetLastError(), false;
+  return std::strncmp(name, "_ZN4unet", 8) == 0;
 }
 bool kernel_node(cudaGraphNode_t n) {
   cudaGraphNodeType t;
@@ -209,84 +203,6 @@ void graph_memsets_as_kernels(cudaGraph_t g) {
 }
 
 namespace {
-// The node's only predecessor, or null (none, several, or the query failed).
-cudaGraphNode_t only_predecessor(cudaGraphNode_t n) {
-  size_t np = 0;
-  if (cudaGraphNodeGetDependencies(n, nullptr, nullptr, &np) != cudaSuccess || np != 1)
-    return (void)cudaGetLastError(), nullptr;
-  cudaGraphNode_t p = nullptr;
-  CUDA_CHECK(cudaGraphNodeGetDependencies(n, &p, nullptr, &np));
-  return p;
-}
-}  // namespace
-
-// cuDNN's segment-K engines zero 4 bytes at the start of the lane's workspace before each of their
-// kernels: a fill kernel (above) between the kernel before and the convolution, on the critical
-// path. The fill needs only to follow the last node that may touch the workspace, so it moves up
-// the chain past the kernels that do not (clear_of_workspaces: GroupNorm statistics and apply,
-// the skip concatenation's, resampling: the passes before a convolution) and runs beside them;
-// the convolution then waits for both the fill and its old predecessor. A fill whose predecessor
-// is itself a possible user (a convolution, a join of lanes) stays where it is. Off by default
-// (UNET_HOIST_FILLS=1): built and tested on its own (test_engine's WorkspaceFillsMoveUpPastClearNodes,
-// H200), not yet measured in the model. What it is for, H200, seed64: 31 fills of 4 bytes at the
-// workspace's start in sampling's tf32 forward (0.097 ms of kernels, up to 14 us each with their
-// wait for an SM), 48 in the tf32 step, almost all right after 2-3 GroupNorm or resampling kernels.
-void hoist_workspace_fills(cudaGraph_t g, const std::vector<std::pair<const void*, size_t>>& workspaces,
-                           const std::function<bool(cudaGraphNode_t)>& clear_of_workspaces) {
-  size_t n = 0;
-  CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
-  for (cudaGraphNode_t f : nodes) {
-    if (!kernel_node(f)) continue;
-    cudaKernelNodeParams kp = {};
-    // (the runtime cannot describe kernels launched through the driver API, as cuDNN's are)
-    if (cudaGraphKernelNodeGetParams(f, &kp) != cudaSuccess) {
-      cudaGetLastError();
-      continue;
-    }
-    if (kp.func != reinterpret_cast<void*>(fill_kernel)) continue;
-    const char* dst = *static_cast<char**>(kp.kernelParams[0]);
-    const bool in_ws = std::any_of(workspaces.begin(), workspaces.end(), [&](const auto& w) {
-      return w.first && dst >= static_cast<const char*>(w.first) && dst < static_cast<const char*>(w.first) + w.second;
-    });
-    const cudaGraphNode_t pre = only_predecessor(f);
-    if (!in_ws || !pre) continue;
-    cudaGraphNode_t anchor = pre;  // the first node up the chain that may touch a workspace
-    while (clear_of_workspaces(anchor)) {
-      const cudaGraphNode_t up = only_predecessor(anchor);
-      if (!up) break;  // (a start or a join: the fill follows anchor, which is clear, so still safe)
-      anchor = up;
-    }
-    if (anchor == pre) continue;  // (pre may touch a workspace, or nothing lies above it)
-    size_t nd = 0;
-    CUDA_CHECK(cudaGraphNodeGetDependentNodes(f, nullptr, nullptr, &nd));
-    std::vector<cudaGraphNode_t> post(nd);
-    CUDA_CHECK(cudaGraphNodeGetDependentNodes(f, post.data(), nullptr, &nd));
-    CUDA_CHECK(cudaGraphRemoveDependencies(g, &pre, &f, nullptr, 1));
-    CUDA_CHECK(cudaGraphAddDependencies(g, &anchor, &f, nullptr, 1));
-    for (cudaGraphNode_t d : post) {  // (unless d already waits for pre)
-      size_t dn = 0;
-      CUDA_CHECK(cudaGraphNodeGetDependencies(d, nullptr, nullptr, &dn));
-      std::vector<cudaGraphNode_t> dd(dn);
-      CUDA_CHECK(cudaGraphNodeGetDependencies(d, dd.data(), nullptr, &dn));
-      if (std::find(dd.begin(), dd.end(), pre) == dd.end()) CUDA_CHECK(cudaGraphAddDependencies(g, &pre, &d, nullptr, 1));
-    }
-  }
-}
-
-namespace {
-// The unet kernels that touch no lane workspace (their ops use only their tensors, the lane's
-// reduction scratch and tickets), by their mangled names' identifiers: GroupNorm's statistics and
-// apply (kernels/groupnorm/fused.cu, vec.cu), the skip concatenation with statistics
-// (rowblock.cuh), upsampling and pooling (kernels/resample/resample.cu).
-bool clear_of_workspaces(cudaGraphNode_t n) {
-  const char* name = kernel_name(n);
-  if (!name || std::strncmp(name, "_ZN4unet", 8) != 0) return false;
-  for (const char* k : {"12apply_kernel", "15fwd_sums_kernel", "17stats_rows_kernel", "15block2x2_kernel"})
-    if (std::strstr(name, k)) return true;
-  return false;
-}
 
 // Where the block scheduler sends freed SMs first. A kernel fills every SM it can as soon as it is
 // issued, and its blocks keep being scheduled ahead of a later kernel's: with one priority, an
@@ -434,13 +350,7 @@ class CudaDevice final : public Device {
     ctx.capturing = false;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
-    if (env_graph_fill()) {
-      graph_memsets_as_kernels(g);
-      if (env_hoist_fills())
-        hoist_workspace_fills(g, {{ctx.ws, ctx.ws_bytes}, {ctx.other.ws, ctx.other.ws_bytes},
-                                  {ctx.branch_lane.ws, ctx.branch_lane.ws_bytes}},
-                              clear_of_workspaces);
-    }
+    if (env_graph_fill()) graph_memsets_as_kernels(g);
     if (env_pdl()) programmatic_edges(g);
     if (graph_) {
       CUDA_CHECK(cudaGraphExecDestroy(graph_));

@@ -15,11 +15,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <functional>
 #include <stdexcept>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "engine.h"
 
@@ -61,10 +58,6 @@ using bf16 = __nv_bfloat16;
 // Replaces every memset node of a captured graph (cuDNN memsets its workspace before some of its
 // kernels) by a kernel node doing the same, with the same edges (cuda_engine.cu says why).
 void graph_memsets_as_kernels(cudaGraph_t g);
-// Then moves each fill of a workspace (one of `workspaces`) up its chain past the nodes that
-// clear_of_workspaces says touch none, so that it runs beside them (cuda_engine.cu says why).
-void hoist_workspace_fills(cudaGraph_t g, const std::vector<std::pair<const void*, size_t>>& workspaces,
-                           const std::function<bool(cudaGraphNode_t)>& clear_of_workspaces);
 
 // The first statement of every unet kernel. In the CUDA graphs (programmatic_edges() in
 // cuda_engine.cu) an edge into a unet kernel lets it launch while its predecessor still runs
