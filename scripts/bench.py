@@ -71,7 +71,14 @@ def unet_profile(unet, precision, batch, pass_="step", preset="seed64"):
     return parse_profile(out)
 
 
+# What the runs reported about themselves (the cuDNN unet loaded), for the table's heading.
+FOUND = {}
+
+
 def parse_profile(out):
+    lib = re.search(r"^Convolution library: (.+)$", out, re.M)
+    if lib:
+        FOUND["cudnn"] = lib.group(1)
     m = re.search(r"CUDA-graph replays: kernel sum ([0-9.]+) ms/iter.*CUDA events ([0-9.]+) ms/iter", out)
     plain = re.search(r"without the profiler attached \(graph replays\): CUDA events ([0-9.]+) ms/iter", out)
     mem = re.search(r"Device memory held: ([0-9.]+) GB", out)
@@ -258,16 +265,20 @@ def main():
     import torch
     gpu = torch.cuda.get_device_name(0)
     train, samp = [], []
-    head = f"seed64, 64x64, on {gpu}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+    base = (f"seed64, 64x64, on {gpu}, torch {torch.__version__} (its cuDNN {torch.backends.cudnn.version()}), "
+            f"{time.strftime('%Y-%m-%d')}")
+
+    def head():
+        return base + (f"; unet's convolution library: {FOUND['cudnn']}" if "cudnn" in FOUND else "")
 
     def save():  # after every row: a run stopped by a time limit keeps what it measured
         if a.out:
             os.makedirs(a.out, exist_ok=True)
-            open(os.path.join(a.out, "bench.md"), "w").write(render(head, a.batch, a.sample_n, train, samp) + "\n")
+            open(os.path.join(a.out, "bench.md"), "w").write(render(head(), a.batch, a.sample_n, train, samp) + "\n")
 
     def stopped(signum, frame):
         print(f"\nstopped (signal {signum}); the rows measured so far:\n", flush=True)
-        print(render(head, a.batch, a.sample_n, train, samp), flush=True)
+        print(render(head(), a.batch, a.sample_n, train, samp), flush=True)
         sys.exit(1)
 
     signal.signal(signal.SIGTERM, stopped)
@@ -304,7 +315,7 @@ def main():
             save()
             print(f"torch sample {mode}: {wall:.2f} ms/step, kernel sum {ks:.2f}", flush=True)
 
-    table = render(head, a.batch, a.sample_n, train, samp)
+    table = render(head(), a.batch, a.sample_n, train, samp)
     print()
     print(table)
     save()

@@ -15,8 +15,7 @@ cd "$DIR"
 [ -f bin.tar.xz ] && tar -xJf bin.tar.xz
 OUT=${OUT:-/tmp/gpu-attention}
 mkdir -p "$OUT"
-libs=$(python3 -c "import nvidia.cudnn, os; print(':'.join(os.path.join(p, 'lib') for p in nvidia.cudnn.__path__))" 2>/dev/null)
-[ -n "$libs" ] && export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$DIR/gpu_libs.sh"
 export UNET_CUDNN_CACHE=/tmp/cudnn-plans.txt
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 date -u

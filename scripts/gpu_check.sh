@@ -32,6 +32,10 @@
 #   pdl     programmatic dependent launch (UNET_PDL=1): the sampler's graph-vs-eager test, e2e bitwise
 #           resume with graphs (bf16), and the step's CUDA-event time with and without it (same run;
 #           read CUDA events and the plain timing, not kernel sums: waiting blocks count as running)
+#   cudnn   the system's cuDNN (what scripts/gpu_libs.sh takes) against PyTorch's package: which one
+#           each run loaded, test_conv's cuDNN tests, test_model_golden and e2e bitwise resume (bf16,
+#           graphs) under the system's, and the step (tf32, bf16) and sampling's forward (tf32) with
+#           each (own plan caches, same run)
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
 #   demo    make demo's pipeline on the GPU with more steps
 #   classdemo  issue 13 end to end (scripts/classifier_demo.sh, needs Fashion-MNIST: FASHION_MNIST_DIR):
@@ -144,6 +148,26 @@ PY
       done
       rm -f "$OUT/cfg64.h5" ;;
     bench) timeout 590 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
+    cudnn)
+      pt=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(nvidia.cudnn.__path__[0], 'lib'))" 2>/dev/null)
+      echo "loaded: $("$U" profile --layer conv3x3 --iters 1 --warmup 0 2>&1 | grep 'Convolution library')"
+      echo "PyTorch's: $(LD_LIBRARY_PATH=$pt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$U" profile --layer conv3x3 --iters 1 \
+        --warmup 0 2>&1 | grep 'Convolution library')"
+      (cd "$BUILD" && ./bin/test_conv --gtest_filter='ConvVariants.Cudnn*:ConvVariants.SmallOddShapes:ConvVariants.Fused*:CudnnLibrary.*' 2>&1 | tail -n 3)
+      (cd "$BUILD" && ./bin/test_model_golden 2>&1 | tail -n 3)
+      e2e_bf16 cudnn
+      c0=${UNET_CUDNN_CACHE:-}
+      for r in 0 1 2; do for lib in system torch; do
+        if [ $lib = torch ]; then L=$pt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; else L=${LD_LIBRARY_PATH:-}; fi
+        export UNET_CUDNN_CACHE="$OUT/plans-$lib.txt"
+        for job in "step tf32 32 step" "step bf16 32 step" "sampling tf32 64 forward"; do
+          set -- $job
+          t=$(LD_LIBRARY_PATH=$L "$U" profile --layer model --batch-size $3 --precision $2 --pass $4 \
+            --iters $([ $r = 0 ] && echo 3 || echo 50) 2>&1 | grep -E 'without the profiler' | sed 's/.*: //')
+          [ $r = 0 ] || echo "$lib cuDNN, $1 $2: $t"
+        done
+      done; done
+      export UNET_CUDNN_CACHE=$c0 ;;
     pdl)
       (cd "$BUILD" && ./bin/test_sampler --gtest_filter='*CudaGraph*' 2>&1 | tail -n 3)
       e2e_bf16 pdl UNET_PDL=1

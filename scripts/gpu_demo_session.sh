@@ -13,8 +13,7 @@ OUT=${OUT:-/tmp/demo-out}
 W=/tmp/tdm
 mkdir -p "$OUT"
 export FASHION_MNIST_DIR=$C UNET_CUDNN_CACHE=/tmp/cudnn-plans.txt
-libs=$(python3 -c "import nvidia.cudnn, os; print(':'.join(os.path.join(p, 'lib') for p in nvidia.cudnn.__path__))" 2>/dev/null)
-[ -n "$libs" ] && export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source scripts/gpu_libs.sh
 if [ -z "${CMP_ONLY:-}" ]; then
   PRECISION=${PRECISION:-bf16} STEPS=${STEPS:-16000} WORK=$W OUT="$OUT/fashion32.h5" \
     bash scripts/train_demo_model.sh build/bin/unet > "$OUT/run.log" 2>&1

@@ -9,9 +9,7 @@ if [ -f build/bin.tar.xz ]; then
   mkdir -p build && tar -C build -xJf build/bin.tar.xz || exit 2
 fi
 export UNET_SOURCE_DIR=$(pwd) UNET_BINARY=$(pwd)/build/bin/unet NCCL_NVLS_ENABLE=0
-# cuDNN and NCCL come with PyTorch's Python packages on the GPU machine.
-libs=$(python3 -c "import nvidia.cudnn, nvidia.nccl, os; print(':'.join(os.path.join(p, 'lib') for m in (nvidia.cudnn, nvidia.nccl) for p in m.__path__))" 2>/dev/null)
-[ -n "$libs" ] && export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source scripts/gpu_libs.sh  # cuDNN (the system's, else PyTorch's) and NCCL (PyTorch's)
 export UNET_CUDNN_CACHE=${UNET_CUDNN_CACHE:-$(pwd)/build/cudnn-plans.txt}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT/logs"

@@ -2,7 +2,7 @@
 the GPU machine): the CUDA events without the profiler are preferred over the profiled ones, the
 profiled ones are the fallback, a missing graph line is an error, and the tables rendered from a
 partial run (what a run stopped by a time limit saves) have only the measured rows, with "-" where
-the torch.compile tf32 baseline is missing."""
+the torch.compile tf32 baseline is missing; the cuDNN unet reports loading is kept for the heading."""
 
 import sys
 
@@ -24,6 +24,10 @@ ks, ev, mem = bench.parse_profile(PROFILED + PLAIN)
 check(ks == 11.47 and ev == 8.985 and mem == 1.79, f"the plain CUDA events are taken: {(ks, ev, mem)}")
 ks, ev, mem = bench.parse_profile(PROFILED)
 check(ks == 11.47 and ev == 9.17, f"without a plain timing, the profiled events: {(ks, ev, mem)}")
+check("cudnn" not in bench.FOUND, f"no library line, nothing found: {bench.FOUND}")
+LIB = "cuDNN 9.14.0 (/usr/lib/x86_64-linux-gnu/libcudnn.so.9)"
+bench.parse_profile("GPU: NVIDIA H200 | precision tf32\nConvolution library: " + LIB + "\n" + PROFILED)
+check(bench.FOUND.get("cudnn") == LIB, f"the cuDNN unet loaded is kept for the heading: {bench.FOUND}")
 try:
     bench.parse_profile("Device memory held: 1.79 GB\n")
     check(False, "a profile without its graph line is refused")

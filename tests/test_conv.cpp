@@ -12,7 +12,9 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 
+#include <dlfcn.h>
 #include <sys/stat.h>
 
 #include "ops_common.h"
@@ -919,3 +921,26 @@ TEST(ConvCpuVariants, DefaultAndForcedReference) {
 }
 
 }  // namespace
+
+// The cuDNN the CUDA engine loads, as unet profile reports it: its version and file, checked against
+// that file's own cudnnGetVersion (opened again here). Without cuDNN on this machine: the reason.
+TEST(CudnnLibrary, NamesVersionAndFile) {
+  const std::string s = cudnn_library();
+  if (s.empty()) GTEST_SKIP() << "built without CUDA";
+  if (s.rfind("no cuDNN (", 0) == 0) {
+    EXPECT_EQ(s.back(), ')') << s;
+    GTEST_SKIP() << s;
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(s, m, std::regex(R"(cuDNN (\d+)\.(\d+)\.(\d+) \((/.+)\))"))) << s;
+  EXPECT_EQ(std::stoi(m[1]), 9);
+  const std::string path = m[4];
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  auto version = reinterpret_cast<size_t (*)()>(dlsym(h, "cudnnGetVersion"));
+  ASSERT_NE(version, nullptr);
+  EXPECT_EQ(version(), (size_t)(std::stoi(m[1]) * 10000 + std::stoi(m[2]) * 100 + std::stoi(m[3]))) << s;
+  dlclose(h);
+}

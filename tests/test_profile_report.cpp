@@ -745,6 +745,31 @@ TEST(ProfileReport, TableCsvJsonAgree) {
               100.0 * ms / j["timing"]["kernel_sum_ms_per_iter"].get<double>(), 1e-9);
 }
 
+// The cuDNN a run loaded (unet profile sets it from cudnn_library()): a line of the table, an info
+// row of the CSV and a JSON key when known; nothing where it is not (a build without CUDA).
+TEST(ProfileReport, NamesTheConvolutionLibrary) {
+  RangeTracker tracker;
+  std::vector<Activity> acts;
+  Report r = sample_report(&acts, tracker);
+  const std::string lib = "cuDNN 9.14.0 (/usr/lib/x86_64-linux-gnu/libcudnn.so.9, \"quoted\")";
+  r.cudnn = lib;
+  EXPECT_NE(format_table(r).find("Convolution library: " + lib + "\n"), std::string::npos) << format_table(r);
+  EXPECT_EQ(json::parse(format_json(r))["cudnn"], lib);
+  auto rows = parse_csv(format_csv(r));
+  ASSERT_GT(rows.size(), 1u);
+  const auto& head = rows[0];
+  auto col = [&](const char* n) { return (size_t)(std::find(head.begin(), head.end(), n) - head.begin()); };
+  int found = 0;
+  for (auto& row : rows)
+    if (row[col("section")] == "info" && row[col("name")] == "cudnn")
+      found += row[col("value")] == lib ? 1 : 100;
+  EXPECT_EQ(found, 1);
+  r.cudnn.clear();
+  EXPECT_EQ(format_table(r).find("Convolution library"), std::string::npos);
+  EXPECT_FALSE(json::parse(format_json(r)).contains("cudnn"));
+  for (auto& row : parse_csv(format_csv(r))) EXPECT_NE(row[col("name")], "cudnn");
+}
+
 // Graph mode: the kernel table, kernel sum and events are the replays'; the layer table, FLOPs
 // and Step (%) stay the eager pass's, whose timing is kept as `eager`.
 TEST(ProfileReport, GraphReplaysReplaceKernelTablesKeepLayers) {

@@ -684,6 +684,22 @@ void execute(CudaCtx& ctx, const Plan& p, const void* x, const void* w, const vo
   check(lib().cudnnBackendExecute(st.handle, p.plan.d, it->second.d), "execute");
 }
 
+}  // namespace
+
+std::string cudnn_library() {
+  const Lib& l = lib();
+  if (!l.ok) return "no cuDNN (" + l.why + ")";
+  const size_t v = l.version;  // cuDNN 9: major * 10000 + minor * 100 + patch
+  std::string s = "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+                  std::to_string(v % 100);
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(l.cudnnGetVersion), &info) && info.dli_fname)
+    s += " (" + std::string(info.dli_fname) + ")";
+  return s;
+}
+
+namespace {
+
 bool available() {
   const Lib& l = lib();
   if (!l.ok)

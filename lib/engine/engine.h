@@ -50,5 +50,9 @@ bool cuda_available();
 // data-parallel run picks its own before anything else touches CUDA). UserError when it fails.
 int cuda_device_count();
 void cuda_set_device(int index);
+// The cuDNN the CUDA engine's convolutions load (loading it if nothing has yet): "cuDNN 9.14.0
+// (/path/libcudnn.so.9)", or "no cuDNN (why)"; empty in a build without CUDA. unet profile prints
+// it: which cuDNN a process found decides its convolutions' speed (docs/speed-log.md, 2026-11-29).
+std::string cudnn_library();
 
 }  // namespace unet

@@ -638,6 +638,7 @@ std::string format_table(const Report& r, int name_width) {
   os << "GPU: " << r.gpu << " | precision " << r.precision << " | peak " << fmt(r.peaks.tflops, 1)
      << " TFLOP/s (" << r.peaks.what << "), " << fmt(r.peaks.gbps, 0) << " GB/s DRAM | peaks from "
      << r.peaks.source << "\n";
+  if (!r.cudnn.empty()) os << "Convolution library: " << r.cudnn << "\n";
   if (r.memory_bytes)
     os << "Device memory held: " << fmt(r.memory_bytes / 1e9, 2)
        << " GB (planned buffers, weights, workspaces)\n";
@@ -753,6 +754,7 @@ std::string format_csv(const Report& r) {
     row({{"section", "info"}, {"name", k}, {"value", v}});
   };
   info("gpu", r.gpu);
+  if (!r.cudnn.empty()) info("cudnn", r.cudnn);
   info("target", r.target);
   info("pass", r.pass);
   info("precision", r.precision);
@@ -833,6 +835,7 @@ std::string format_csv(const Report& r) {
 std::string format_json(const Report& r) {
   ojson j;
   j["gpu"] = r.gpu;
+  if (!r.cudnn.empty()) j["cudnn"] = r.cudnn;
   j["target"] = r.target;
   j["pass"] = r.pass;
   j["precision"] = r.precision;

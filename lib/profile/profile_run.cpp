@@ -422,6 +422,7 @@ std::string run_profile(const ProfileRequest& a) {
 
   prof::Report rep;
   rep.gpu = gp->device().name;
+  rep.cudnn = cudnn_library();
   rep.target = w->describe;
   rep.precision = precision_name(prec);
   rep.pass = pass;
