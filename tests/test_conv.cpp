@@ -8,6 +8,8 @@
 //    tiny32 shape, bitwise independent of the thread count; the default choice and the forced
 //    reference (conv=ref).
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -15,6 +17,7 @@
 #include <regex>
 
 #include <dlfcn.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "ops_common.h"
@@ -929,6 +932,9 @@ TEST(CudnnLibrary, NamesVersionAndFile) {
   if (s.empty()) GTEST_SKIP() << "built without CUDA";
   if (s.rfind("no cuDNN (", 0) == 0) {
     EXPECT_EQ(s.back(), ')') << s;
+    if (const char* e = std::getenv("UNET_CUDNN"); e && *e) {  // the reason names the file asked for
+      EXPECT_NE(s.find(std::string("UNET_CUDNN=") + e + ": "), std::string::npos) << s;
+    }
     GTEST_SKIP() << s;
   }
   std::smatch m;
@@ -943,4 +949,23 @@ TEST(CudnnLibrary, NamesVersionAndFile) {
   ASSERT_NE(version, nullptr);
   EXPECT_EQ(version(), (size_t)(std::stoi(m[1]) * 10000 + std::stoi(m[2]) * 100 + std::stoi(m[3]))) << s;
   dlclose(h);
+}
+
+// UNET_CUDNN naming a file that is not cuDNN: that file's loader error, not another cuDNN found on
+// the usual paths (this binary again, in a child process, as the library is loaded once per process).
+TEST(CudnnLibrary, AnExplicitChoiceIsNotReplaced) {
+  if (cudnn_library().empty()) GTEST_SKIP() << "built without CUDA";
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  ASSERT_GT(n, 0);
+  const std::string cmd = "UNET_CUDNN=/bin/sh '" + std::string(self, (size_t)n) +
+                          "' --gtest_filter=CudnnLibrary.NamesVersionAndFile 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t k; (k = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, k);
+  EXPECT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("no cuDNN (UNET_CUDNN=/bin/sh: "), std::string::npos) << out;
+  EXPECT_NE(out.find("[  SKIPPED ] 1 test"), std::string::npos) << out;
 }

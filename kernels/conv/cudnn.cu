@@ -70,16 +70,24 @@ struct Lib {
 const Lib& lib() {
   static Lib l = [] {
     Lib r;
+    // UNET_CUDNN names the library, and then only it is tried: a process never runs another
+    // cuDNN than the one asked for (the two on the GPU machines differ by 1% in speed).
     std::vector<std::string> names;
-    if (const char* e = std::getenv("UNET_CUDNN")) names.push_back(e);
-    names.push_back("libcudnn.so.9");
-    for (const char* dir : {"/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu"})
-      names.push_back(std::string(dir) + "/libcudnn.so.9");
+    const char* e = std::getenv("UNET_CUDNN");
+    if (e && *e) {
+      names.push_back(e);
+    } else {
+      names.push_back("libcudnn.so.9");
+      for (const char* dir : {"/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu"})
+        names.push_back(std::string(dir) + "/libcudnn.so.9");
+    }
     void* h = nullptr;
     for (const auto& n : names)
       if ((h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
     if (!h) {
-      r.why = "libcudnn.so.9 not found (set UNET_CUDNN or LD_LIBRARY_PATH)";
+      const char* err = dlerror();
+      r.why = e && *e ? "UNET_CUDNN=" + std::string(e) + ": " + (err ? err : "cannot be loaded")
+                      : "libcudnn.so.9 not found (set UNET_CUDNN or LD_LIBRARY_PATH)";
       return r;
     }
 #define UNET_CUDNN_SYM(name)                                    \

@@ -51,7 +51,7 @@ struct Nccl {
 
 std::vector<std::string> candidates() {
   std::vector<std::string> c;
-  if (const char* p = std::getenv("UNET_NCCL_LIBRARY")) c.push_back(p);
+  if (const char* p = std::getenv("UNET_NCCL_LIBRARY"); p && *p) return {p};  // that one only
   c.push_back("libnccl.so.2");  // LD_LIBRARY_PATH, the binary's run path, ldconfig
   for (const char* d : {"/usr/local/cuda/lib", "/usr/local/cuda/lib64",
                         "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"})
@@ -93,6 +93,12 @@ Nccl& nccl() {
         n.path = c;
         break;
       }
+    const char* asked = std::getenv("UNET_NCCL_LIBRARY");
+    if (!n.lib && asked && *asked) {
+      const char* err = dlerror();
+      n.error = "UNET_NCCL_LIBRARY=" + std::string(asked) + ": " + (err ? err : "cannot be loaded");
+      return;
+    }
     if (!n.lib) {
       const std::string py = from_python();
       if (!py.empty() && (n.lib = dlopen(py.c_str(), RTLD_NOW | RTLD_LOCAL))) n.path = py;
