@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the attention kernels (flash vs cublas), on binaries built here and carried
-# as DIR/bin.tar.xz (bash scripts/gpu_pack.sh build unet test_attention; copy it and this script
-# into a carried folder):
+# as DIR/bin.tar.xz (bash scripts/gpu_pack.sh build unet test_attention; copy it, this script and
+# gpu_libs.sh into a carried folder):
 #   bash DIR/gpu_attention.sh [parts...]   parts: test bench memcheck racecheck profile model (default: all)
 #   test      test_attention: every CUDA attention variant vs the CPU reference (UNET_TEST_VERBOSE)
 #   bench     the speed table (UNET_ATTN_BENCH=1, AttentionBench.*)
@@ -15,7 +15,9 @@ cd "$DIR"
 [ -f bin.tar.xz ] && tar -xJf bin.tar.xz
 OUT=${OUT:-/tmp/gpu-attention}
 mkdir -p "$OUT"
-source "$DIR/gpu_libs.sh"
+# cuDNN and NCCL as scripts/gpu_libs.sh picks them (copy it beside this script); without it, the
+# libraries unet finds by itself
+[ -f "$DIR/gpu_libs.sh" ] && source "$DIR/gpu_libs.sh"
 export UNET_CUDNN_CACHE=/tmp/cudnn-plans.txt
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 date -u
