@@ -130,13 +130,14 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_cpu_comm();
   // The libraries named explicitly: a file that is not there is refused here (the loaders then
   // take what they name and nothing else, so a mistyped path never loads another library).
-  for (const char* var : {"UNET_CUDNN", "UNET_NCCL_LIBRARY"}) {
+  const std::pair<const char*, const char*> libs[] = {
+      {"UNET_CUDNN", "cuDNN library to load, e.g. /usr/lib/x86_64-linux-gnu/libcudnn.so.9"},
+      {"UNET_NCCL_LIBRARY", "NCCL library to load, e.g. .../nvidia/nccl/lib/libnccl.so.2"}};
+  for (const auto& [var, what] : libs) {
     const char* v = value(var);
     struct stat ls;
     if (v && *v && (stat(v, &ls) != 0 || !S_ISREG(ls.st_mode)))
-      throw UserError(std::string(var) + "=" + v + ": not a file (it names the " +
-                      (var[5] == 'C' ? "cuDNN library to load, e.g. /usr/lib/x86_64-linux-gnu/libcudnn.so.9)"
-                                     : "NCCL library to load, e.g. .../nvidia/nccl/lib/libnccl.so.2)"));
+      throw UserError(std::string(var) + "=" + v + ": not a file (it names the " + what + ")");
   }
   const std::string cache = cudnn_cache_path();
   if (cache.empty()) return;

@@ -149,7 +149,8 @@ PY
       rm -f "$OUT/cfg64.h5" ;;
     bench) timeout 590 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
     cudnn)
-      pt=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(nvidia.cudnn.__path__[0], 'lib'))" 2>/dev/null)
+      # PyTorch's cuDNN (and NCCL) first on the path, as scripts/gpu_libs.sh puts them when asked
+      pt=$(LD_LIBRARY_PATH= UNET_GPU_CUDNN=torch bash -c 'source scripts/gpu_libs.sh; echo "$LD_LIBRARY_PATH"')
       echo "loaded: $("$U" profile --layer conv3x3 --iters 1 --warmup 0 2>&1 | grep 'Convolution library')"
       echo "PyTorch's: $(LD_LIBRARY_PATH=$pt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$U" profile --layer conv3x3 --iters 1 \
         --warmup 0 2>&1 | grep 'Convolution library')"

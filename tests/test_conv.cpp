@@ -929,7 +929,6 @@ TEST(ConvCpuVariants, DefaultAndForcedReference) {
 // that file's own cudnnGetVersion (opened again here). Without cuDNN on this machine: the reason.
 TEST(CudnnLibrary, NamesVersionAndFile) {
   const std::string s = cudnn_library();
-  if (s.empty()) GTEST_SKIP() << "built without CUDA";
   if (s.rfind("no cuDNN (", 0) == 0) {
     EXPECT_EQ(s.back(), ')') << s;
     if (const char* e = std::getenv("UNET_CUDNN"); e && *e) {  // the reason names the file asked for
@@ -954,7 +953,7 @@ TEST(CudnnLibrary, NamesVersionAndFile) {
 // UNET_CUDNN naming a file that is not cuDNN: that file's loader error, not another cuDNN found on
 // the usual paths (this binary again, in a child process, as the library is loaded once per process).
 TEST(CudnnLibrary, AnExplicitChoiceIsNotReplaced) {
-  if (cudnn_library().empty()) GTEST_SKIP() << "built without CUDA";
+  if (cudnn_library().find("built without CUDA") != std::string::npos) GTEST_SKIP() << cudnn_library();
   char self[4096] = {};
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   ASSERT_GT(n, 0);

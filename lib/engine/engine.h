@@ -51,7 +51,7 @@ bool cuda_available();
 int cuda_device_count();
 void cuda_set_device(int index);
 // The cuDNN the CUDA engine's convolutions load (loading it if nothing has yet): "cuDNN 9.14.0
-// (/path/libcudnn.so.9)", or "no cuDNN (why)"; empty in a build without CUDA. unet profile prints
+// (/path/libcudnn.so.9)", or "no cuDNN (why)" (a build without CUDA too). unet profile prints
 // it: which cuDNN a process found decides its convolutions' speed (docs/speed-log.md, 2026-11-29).
 std::string cudnn_library();
 

@@ -159,7 +159,7 @@ struct PassTiming {
 
 struct Report {
   std::string gpu, target, precision, pass;
-  std::string cudnn;  // the cuDNN loaded (cudnn_library()); empty: not reported
+  std::string cudnn;  // the cuDNN loaded, or why none (cudnn_library()); empty: not reported
   int iters = 0, warmup = 0;
   // Where kernels/memops/kernel_ns/events_ms come from: "eager" (one launch per kernel, the
   // layer table's pass too) or "graph" (replays of one captured iteration; the layer table then
