@@ -96,6 +96,13 @@ bool env_stream_priority() {
                     "the default) or 0 (one priority for all)");
 }
 
+bool env_cudnn_knobs() {
+  return switch_var(
+      "UNET_CUDNN_KNOBS", true,
+      "must be 1 (in tf32, cuDNN's tile and cluster shapes searched around its heuristics' choice; "
+      "the default) or 0 (its listed configurations only)");
+}
+
 std::string env_cpu_comm() {
   const char* v = value("UNET_CPU_COMM");
   if (!v) return "";
@@ -127,6 +134,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_fuse_norm();
   env_lanes();
   env_skip_branch(false);
+  env_cudnn_knobs();
   env_cpu_comm();
   // The libraries named explicitly: a file that is not there is refused here (the loaders then
   // take what they name and nothing else, so a mistyped path never loads another library).

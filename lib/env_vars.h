@@ -19,6 +19,9 @@
 //                      stream beside the main lane's chain (blocks.h); unset = in bf16 only
 //   UNET_STREAM_PRIORITY 1 (default) or 0: CUDA stream priorities, main lane > side lane >
 //                      optimizer (kept per kernel node in CUDA graphs)
+//   UNET_CUDNN_KNOBS   1 (default) or 0: when a tf32 shape is planned, cuDNN engine configurations
+//                      beyond the ones its heuristics list (tile and cluster shapes of the fastest
+//                      engines) are timed too (kernels/conv/cudnn.cu)
 //   UNET_CPU_COMM      tcp or mpi (CPU ranks' gradient reduction); unset = by launcher
 //   UNET_CUDNN_CACHE   the cuDNN plan cache file (default $XDG_CACHE_HOME or ~/.cache
 //                      /unet/cudnn-plans.txt): a regular file (or none yet), never an input
@@ -48,6 +51,8 @@ bool env_lanes();
 bool env_skip_branch(bool dflt);
 // UNET_STREAM_PRIORITY: false for "0"; true when unset, empty or "1".
 bool env_stream_priority();
+// UNET_CUDNN_KNOBS: false for "0"; true when unset, empty or "1".
+bool env_cudnn_knobs();
 // UNET_CPU_COMM: "tcp", "mpi", or "" when unset.
 std::string env_cpu_comm();
 // Where the cuDNN plan cache lives: UNET_CUDNN_CACHE, else $XDG_CACHE_HOME/unet/cudnn-plans.txt,

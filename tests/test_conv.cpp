@@ -615,6 +615,112 @@ TEST(ConvVariants, CudnnEpiFusesBiasAndResidual) {
   EXPECT_EQ(checked, 18);
 }
 
+// cuDNN's knob search (kernels/conv/cudnn.cu, tune_knobs): seed64's 32x32 convolution (forward,
+// data and filter gradient) planned with an empty cache, so its engines' other tile and cluster
+// shapes are timed (tf32; bf16 keeps the listed configs), then by new engines from the cache file:
+// the same bits. Entries whose knobs the engine refuses run the config as listed (still within
+// tolerance), and with UNET_CUDNN_KNOBS=0 the listed configs alone are timed, under their own
+// cache prefix. Every entry reads "index" or "index:type=value,...".
+TEST(ConvVariants, CudnnKnobChoiceRestoredFromTheCache) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = test::temp_dir("cudnn-knobs");
+  const std::string cache = dir + "/plans.txt";
+  const test::ScopedEnv cache_env("UNET_CUDNN_CACHE", cache.c_str());
+  auto read_lines = [&] {
+    std::ifstream f(cache);
+    std::vector<std::string> v;
+    for (std::string l; std::getline(f, l);) v.push_back(l);
+    return v;
+  };
+  const int B = 8, H = 32, C = 128;
+  for (Precision p : {Precision::TF32, Precision::BF16}) {
+    SCOPED_TRACE(precision_name(p));
+    Engine& cpu = cpu_engine(p == Precision::BF16 ? Precision::BF16 : Precision::FP32);
+    Alloc ca = [&](DType t, std::initializer_list<int64_t> d) { return cpu.alloc(t, d); };
+    const DType act = p == Precision::BF16 ? DType::BF16 : DType::F32;
+    ConvFwd cf = fwd_op(ca, act, B, H, C, C, 3, 1, false, false);
+    ConvBwdData cd{ca(act, {B, H, H, C}), ca(act, {C, 3, 3, C}), ca(act, {B, H, H, C}), 1};
+    ConvBwdFilter cw{ca(act, {B, H, H, C}),
+                     ca(act, {B, H, H, C}),
+                     ca(DType::F32, {C, 3, 3, C}),
+                     ca(DType::F32, {C}),
+                     Tensor{},
+                     1};
+    // the CPU reference once; each round loads the same inputs
+    std::vector<std::vector<std::vector<uint8_t>>> ins;
+    std::vector<std::vector<std::pair<std::string, std::vector<float>>>> want;
+    auto reference = [&](auto& op, uint64_t seed) {
+      randomize(cpu, op, seed);
+      ins.push_back(inputs_of(cpu, op));
+      load_inputs(cpu, op, ins.back());
+      cpu.base_ops().run_variant(op, "ref");
+      want.push_back(outputs_of(cpu, op));
+    };
+    reference(cf, test_seed() + 1);
+    reference(cd, test_seed() + 2);
+    reference(cw, test_seed() + 3);
+    std::vector<std::vector<float>> bits[4];  // per round, every output of the three ops
+    int knobbed = 0;                          // entries whose search chose other knobs
+    for (int round = 0; round < 4; ++round) {
+      SCOPED_TRACE("round " + std::to_string(round));
+      if (round == 2) {  // every searched entry's knobs replaced by a tile index no engine has
+        const std::vector<std::string> lines = read_lines();
+        std::ofstream f(cache, std::ios::trunc);
+        for (const std::string& l : lines) {
+          const size_t bar = l.rfind('|'), colon = l.find(':', bar);
+          if (l.find("|c64k|") == std::string::npos) {
+            f << l << "\n";
+            continue;
+          }
+          if (colon != std::string::npos && l.find(":2=4096") == std::string::npos) ++knobbed;
+          f << l.substr(0, colon) << ":2=4096\n";
+        }
+      }
+      std::unique_ptr<test::ScopedEnv> off;
+      if (round == 3) off = std::make_unique<test::ScopedEnv>("UNET_CUDNN_KNOBS", "0");
+      std::unique_ptr<Engine> g = make_cuda_engine(p);
+      ASSERT_TRUE(g);
+      Alloc ga = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
+      const ConvFwd gf = fwd_op(ga, act, B, H, C, C, 3, 1, false, false);
+      const ConvBwdData gd{ga(act, {B, H, H, C}), ga(act, {C, 3, 3, C}), ga(act, {B, H, H, C}), 1};
+      const ConvBwdFilter gw{ga(act, {B, H, H, C}),
+                             ga(act, {B, H, H, C}),
+                             ga(DType::F32, {C, 3, 3, C}),
+                             ga(DType::F32, {C}),
+                             Tensor{},
+                             1};
+      auto run = [&](const auto& op, size_t k) {
+        load_inputs(*g, op, ins[k]);
+        g->base_ops().run_variant(op, "cudnn");
+        g->device().sync();
+        const auto got = outputs_of(*g, op);
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double e = rel_l2(got[i].second, want[k][i].second);
+          EXPECT_LE(e, Tol{}.for_precision(p)) << got[i].first << " of " << describe(op);
+          bits[round].push_back(got[i].second);
+        }
+      };
+      run(gf, 0);
+      run(gd, 1);
+      run(gw, 2);
+    }
+    EXPECT_TRUE(bits[0] == bits[1]) << "the choice restored from the cache gives other bits";
+    const std::regex entry(R"(.*\|-?[0-9]+(:[0-9]+=-?[0-9]+(,[0-9]+=-?[0-9]+)*)?)");
+    int listed_only = 0;
+    for (const std::string& l : read_lines()) {
+      EXPECT_TRUE(std::regex_match(l, entry)) << l;
+      if (l.find("|c64|") != std::string::npos) {
+        EXPECT_EQ(l.find(':', l.rfind('|')), std::string::npos) << "knobs with UNET_CUDNN_KNOBS=0: " << l;
+        ++listed_only;
+      }
+    }
+    EXPECT_GE(listed_only, 3);
+    std::printf("[cudnn knobs] %s: %d of the searched entries so far chose other knobs\n", precision_name(p),
+                knobbed);
+  }
+  for (const std::string& l : read_lines()) std::printf("  %s\n", l.c_str());
+}
+
 // ConvFwd's optional GroupNorm statistics of y (mean, rstd [B, G]): every variant against the CPU
 // engine's, with and without the epilogue terms ("cudnn_fused" computes them in its epilogue's
 // pass, the other variants and an epilogue-free cudnn_fused by a statistics pass after), with

@@ -12,7 +12,7 @@ line on stderr naming the file or flag, and leaves every pre-existing file as it
   8. stale temporaries, the NaN stop message, --max-pixels
 and, for the features that came after: the objective's and data-parallel flags (--microbatch,
 --gpus, --dist-timeout, --schedule-sampler), the environment (UNET_KERNELS, UNET_BUCKET_MB,
-UNET_STREAM_DATA, UNET_CPU_COMM, UNET_LANES, UNET_PDL, UNET_GRAPH_FILL, UNET_STREAM_PRIORITY, UNET_CONV_STATS, UNET_SKIP_BRANCH, UNET_CUDNN_CACHE, UNET_CUDNN, UNET_NCCL_LIBRARY, torchrun/Open MPI/Slurm variables), `unet eval`
+UNET_STREAM_DATA, UNET_CPU_COMM, UNET_LANES, UNET_PDL, UNET_GRAPH_FILL, UNET_STREAM_PRIORITY, UNET_CONV_STATS, UNET_SKIP_BRANCH, UNET_CUDNN_KNOBS, UNET_CUDNN_CACHE, UNET_CUDNN, UNET_NCCL_LIBRARY, torchrun/Open MPI/Slurm variables), `unet eval`
 (-n, datasets of another size or without labels, --csv onto inputs), `unet profile` without a GPU,
 damaged streamed datasets, `unet train-classifier` and `unet sample --classifier`, names longer than
 the filesystem allows (or without room for an output's temporary suffix) and links to nothing. Refused cases must
@@ -62,7 +62,8 @@ def limits(fsize=None, vmem=None):
 SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
          "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "UNET_KERNELS", "UNET_BUCKET_MB", "UNET_STREAM_DATA",
          "UNET_CPU_COMM", "UNET_CUDNN_CACHE", "UNET_LANES", "UNET_PDL", "UNET_CONV_STATS", "UNET_GRAPH_FILL",
-         "UNET_STREAM_PRIORITY", "UNET_SKIP_BRANCH", "UNET_FUSE_NORM", "UNET_CUDNN", "UNET_NCCL_LIBRARY")
+         "UNET_STREAM_PRIORITY", "UNET_SKIP_BRANCH", "UNET_FUSE_NORM", "UNET_CUDNN_KNOBS", "UNET_CUDNN",
+         "UNET_NCCL_LIBRARY")
 BASE_ENV = {k: v for k, v in os.environ.items() if k not in SCRUB}
 
 
@@ -519,7 +520,7 @@ def environment():
                    ("UNET_STREAM_DATA", "2"), ("UNET_CPU_COMM", "nccl"), ("UNET_LANES", "yes"),
                    ("UNET_LANES", "2"), ("UNET_PDL", "on"), ("UNET_CONV_STATS", "true"),
                    ("UNET_GRAPH_FILL", "yes"), ("UNET_STREAM_PRIORITY", "high"), ("UNET_SKIP_BRANCH", "yes"),
-                   ("UNET_SKIP_BRANCH", "2")]:
+                   ("UNET_SKIP_BRANCH", "2"), ("UNET_CUDNN_KNOBS", "off")]:
         refused(base, [var, v], f"{var}={v}", env={var: v}, quiet=True)
     # The libraries named explicitly: a path that is not a file is refused before any work (the
     # loaders would otherwise not find it; they take nothing else in its place).

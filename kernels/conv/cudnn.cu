@@ -165,6 +165,7 @@ struct State {
   cudaStream_t stream = nullptr;  // the handle's
   std::map<std::string, std::shared_ptr<Plan>> plans;  // nullptr: cuDNN cannot run this op
   std::map<std::string, int> file_cache;               // key -> candidate index
+  std::map<std::string, std::string> file_knobs;       // key -> its knobs, where they differ
   bool file_loaded = false;
   struct Epi {                    // variant cudnn_epi's choice for a fused shape
     bool decided = false, wins = false;
@@ -389,7 +390,14 @@ void read_cache(State& st, const std::string& prefix) {
   while (std::getline(f, line)) {
     const size_t bar = line.rfind('|');
     if (bar == std::string::npos || line.compare(0, prefix.size(), prefix) != 0) continue;
-    st.file_cache[line.substr(prefix.size(), bar - prefix.size())] = std::atoi(line.c_str() + bar + 1);
+    // "index" or "index:knobs" (a listed config's engine with other knob values)
+    const std::string key = line.substr(prefix.size(), bar - prefix.size());
+    st.file_cache[key] = std::atoi(line.c_str() + bar + 1);
+    const size_t colon = line.find(':', bar);
+    if (colon != std::string::npos)
+      st.file_knobs[key] = line.substr(colon + 1);
+    else
+      st.file_knobs.erase(key);
   }
 }
 void load_cache(State& st, const std::string& prefix) {
@@ -433,7 +441,7 @@ struct CacheLock {
   CacheLock& operator=(const CacheLock&) = delete;
 };
 
-void store_cache(const std::string& prefix, const std::string& key, int idx) {
+void store_cache(const std::string& prefix, const std::string& key, const std::string& idx) {
   const std::string p = cache_path();
   if (p.empty()) return;
   make_cache_dir(p);
@@ -528,6 +536,23 @@ std::vector<Cand> candidates(State& st, const Heur& h, const Shape& s, Precision
   return cands;
 }
 
+// Pseudo-random values in [-1, 1) for candidates' timing and comparison (constant data could
+// flatter a kernel in timing, and would hide a wrong one in a comparison).
+__global__ void scratch_random_kernel(void* p, size_t n, int is_bf16, unsigned seed) {
+  pdl_entry();
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    const float v = (float)(h >> 8) * (2.f / 16777216.f) - 1.f;
+    if (is_bf16)
+      static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
+    else
+      static_cast<float*>(p)[i] = v;
+  }
+}
+
 // Device buffers for timing candidates at plan time (allocation is allowed there), filled with
 // non-zero data (timings on zeros can flatter a kernel).
 struct Scratch {
@@ -539,6 +564,12 @@ struct Scratch {
       CUDA_CHECK(cudaMemsetAsync(q, fill, bytes, stream));
     }
     p.push_back(q);
+    return q;
+  }
+  void* random(size_t n, DType t, unsigned seed, cudaStream_t stream) {
+    void* q = add(n * dtype_size(t), 0, stream);
+    if (n) scratch_random_kernel<<<256, 256, 0, stream>>>(q, n, t == DType::BF16, seed);
+    CUDA_CHECK(cudaGetLastError());
     return q;
   }
   ~Scratch() {
@@ -586,19 +617,32 @@ struct ConvBuffers {
   void *x, *w, *y;
 };
 ConvBuffers conv_buffers(Scratch& sc, const Shape& s, cudaStream_t stream) {
-  const size_t es = dtype_size(s.t);
-  return {sc.add((size_t)s.B * s.H * s.W * s.Ci * es, 0x3c, stream),
-          sc.add((size_t)s.Co * s.k * s.k * s.Ci * es, 0x3a, stream),
-          sc.add((size_t)s.B * s.Ho * s.Wo * s.Co * es, 0x3b, stream)};
+  return {sc.random((size_t)s.B * s.H * s.W * s.Ci, s.t, 1, stream),
+          sc.random((size_t)s.Co * s.k * s.k * s.Ci, s.t, 2, stream),
+          sc.random((size_t)s.B * s.Ho * s.Wo * s.Co, s.t, 3, stream)};
+}
+// The buffer an op of this kind writes, and its element count.
+std::pair<void*, size_t> conv_output(const ConvBuffers& b, const Shape& s) {
+  switch (s.kind) {
+    case Fwd:
+      return {b.y, (size_t)(s.B * s.Ho * s.Wo * s.Co)};
+    case Data:
+      return {b.x, (size_t)(s.B * s.H * s.W * s.Ci)};
+    default:
+      return {b.w, (size_t)(s.Co * s.k * s.k * s.Ci)};
+  }
 }
 
 // The fastest candidate on the variant pack's buffers, and its milliseconds (1e30 when none ran).
-std::pair<size_t, float> fastest(State& st, cudaStream_t stream, const std::vector<Cand>& cands, const Desc& vp) {
+// times: each candidate's milliseconds (negative where it failed), when given.
+std::pair<size_t, float> fastest(State& st, cudaStream_t stream, const std::vector<Cand>& cands,
+                                 const Desc& vp, std::vector<float>* times = nullptr) {
   std::pair<size_t, float> best{0, 1e30f};
   for (size_t i = 0; i < cands.size(); ++i) {
     const float ms = time_ms(stream, [&] {
       return lib().cudnnBackendExecute(st.handle, cands[i].plan.d, vp.d) == CUDNN_STATUS_SUCCESS;
     });
+    if (times) times->push_back(ms);
     if (ms >= 0 && ms < best.second) best = {i, ms};
   }
   return best;
@@ -615,9 +659,256 @@ std::shared_ptr<Plan> adopt(Cand& c, std::vector<Desc>&& graph, Heur& h) {
   return p;
 }
 
+// ---- engine knobs: configurations beyond the ones the heuristics list ----
+// An engine config's knob choices as (knob type, value), sorted by type.
+using Knobs = std::vector<std::pair<int64_t, int64_t>>;
+
+Desc engine_of(const Desc& cfg) {
+  Desc eng(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  int64_t n = 0;
+  check(lib().cudnnBackendGetAttribute(cfg.d, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                       &n, &eng.d),
+        "engine of a config");
+  return eng;
+}
+
+// Up to one descriptor per knob type of an attribute holding an array of them (cuDNN 9.14 does
+// not answer a count query for these: ask for as many as there are knob types).
+std::vector<Desc> knob_descs(const Desc& of, cudnnBackendAttributeName_t a, cudnnBackendDescriptorType_t t) {
+  std::vector<Desc> ds;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int i = 0; i < (int)CUDNN_KNOB_TYPE_COUNTS; ++i) ds.emplace_back(t), raw.push_back(ds.back().d);
+  int64_t got = 0;
+  check(lib().cudnnBackendGetAttribute(of.d, a, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)raw.size(), &got,
+                                       raw.data()),
+        "knobs");
+  ds.resize((size_t)std::clamp<int64_t>(got, 0, (int64_t)ds.size()));
+  return ds;
+}
+
+Knobs knob_choices(const Desc& cfg) {
+  Knobs k;
+  for (const Desc& d :
+       knob_descs(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)) {
+    cudnnBackendKnobType_t t;
+    int64_t n = 0, v = 0;
+    check(lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &n,
+                                         &t),
+          "knob type");
+    check(lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &n, &v),
+          "knob value");
+    k.push_back({(int64_t)t, v});
+  }
+  std::sort(k.begin(), k.end());
+  return k;
+}
+
+// The values an engine offers for knob type `type` (empty when it has no such knob).
+std::vector<int64_t> knob_values(const Desc& eng, int64_t type) {
+  std::vector<int64_t> v;
+  for (const Desc& d : knob_descs(eng, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR)) {
+    cudnnBackendKnobType_t t;
+    int64_t n = 0, lo = 0, hi = -1, stride = 1;
+    check(lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &n, &t),
+          "knob");
+    if ((int64_t)t != type) continue;
+    check(
+        lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &lo),
+        "knob");
+    check(
+        lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &hi),
+        "knob");
+    check(lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &n, &stride),
+          "knob");
+    for (int64_t x = lo; x <= hi && v.size() < 64; x += std::max<int64_t>(1, stride)) v.push_back(x);
+  }
+  return v;
+}
+
+std::string knob_text(const Knobs& k) {
+  std::string s;
+  for (auto [t, v] : k) s += (s.empty() ? "" : ",") + std::to_string(t) + "=" + std::to_string(v);
+  return s;
+}
+Knobs parse_knobs(const std::string& s) {
+  Knobs k;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos) k.push_back({std::atoll(item.c_str()), std::atoll(item.c_str() + eq + 1)});
+  }
+  return k;
+}
+
+// A finalized plan of `eng` with `knobs` (what it references appended to keep), or an empty Desc
+// when cuDNN refuses the combination.
+Desc knob_plan(State& st, const Desc& eng, const Knobs& knobs, std::vector<Desc>& keep) {
+  try {
+    std::vector<Desc> own;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (auto [t, v] : knobs) {
+      Desc k(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+      const cudnnBackendKnobType_t kt = (cudnnBackendKnobType_t)t;
+      k.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &kt);
+      k.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &v);
+      if (k.finalize() != CUDNN_STATUS_SUCCESS) return Desc();
+      raw.push_back(k.d);
+      own.push_back(std::move(k));
+    }
+    Desc cfg(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    cfg.set_desc(CUDNN_ATTR_ENGINECFG_ENGINE, eng);
+    if (!raw.empty())
+      cfg.set(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)raw.size(),
+              raw.data());
+    if (cfg.finalize() != CUDNN_STATUS_SUCCESS) return Desc();
+    Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
+    plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &st.handle);
+    if (plan.finalize() != CUDNN_STATUS_SUCCESS) return Desc();
+    for (auto& k : own) keep.push_back(std::move(k));
+    keep.push_back(std::move(cfg));
+    return plan;
+  } catch (const std::runtime_error&) {  // a value the engine does not take
+    return Desc();
+  }
+}
+
+// sum((a - b)^2) and sum(b^2) in acc[0], acc[1] (f32 or bf16 data).
+__global__ void scratch_diff_kernel(const void* a, const void* b, size_t n, int is_bf16, double* acc) {
+  pdl_entry();
+  double d = 0, r = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const float x =
+        is_bf16 ? __bfloat162float(static_cast<const bf16*>(a)[i]) : static_cast<const float*>(a)[i];
+    const float y =
+        is_bf16 ? __bfloat162float(static_cast<const bf16*>(b)[i]) : static_cast<const float*>(b)[i];
+    d += (double)(x - y) * (x - y);
+    r += (double)y * y;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    d += __shfl_xor_sync(0xffffffffu, d, o);
+    r += __shfl_xor_sync(0xffffffffu, r, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(acc, d);
+    atomicAdd(acc + 1, r);
+  }
+}
+
+// The knobs searched: the tile shape and the thread-block cluster's shape (powers of two). On
+// seed64's 3x3 shapes (H200, cuDNN 9.14, tf32, each convolution alone) the heuristics' list held
+// one or two tilings of the fastest engine, and another tile or cluster ran up to 22% faster
+// (forwards at batch 64: 1.059 -> 0.987 ms summed; data gradients at batch 32: 0.192 -> 0.178 ms).
+// In the model (same run, CUDA events of graph replays): tf32 step 11.14 -> 11.03 ms, sampling's
+// forward at batch 64 6.35 -> 6.21 ms.
+constexpr int64_t kSearched[] = {CUDNN_KNOB_TYPE_TILE_SIZE, CUDNN_KNOB_TYPE_TILE_CGA_M,
+                                 CUDNN_KNOB_TYPE_TILE_CGA_N};
+
+// The listed config's knobs with each searched knob set to each value the engine offers
+// (their product; the config itself left out).
+std::vector<Knobs> knob_variants(const Desc& cfg, const Desc& eng) {
+  const Knobs base = knob_choices(cfg);
+  std::vector<Knobs> out{base};
+  for (int64_t t : kSearched) {
+    std::vector<int64_t> vals;
+    for (int64_t v : knob_values(eng, t))
+      if (t == CUDNN_KNOB_TYPE_TILE_SIZE || (v > 0 && (v & (v - 1)) == 0)) vals.push_back(v);
+    if (vals.empty()) continue;
+    std::vector<Knobs> next;
+    for (const Knobs& k : out)
+      for (int64_t v : vals) {
+        Knobs w = k;
+        auto it = std::find_if(w.begin(), w.end(), [&](const auto& p) { return p.first == t; });
+        if (it != w.end())
+          it->second = v;
+        else
+          w.push_back({t, v});
+        std::sort(w.begin(), w.end());
+        next.push_back(std::move(w));
+      }
+    out.swap(next);
+  }
+  out.erase(std::remove(out.begin(), out.end(), base), out.end());
+  return out;
+}
+
+// tf32 only: in bf16 the configs it chose (fewer, on the H200) ran no faster in the model (step
+// 7.009 -> 7.016 ms, sampling's forward 3.913 -> 3.920), while tf32 gained (above); fp32 not measured.
+bool search_knobs(const CudaCtx& ctx) { return ctx.prec == Precision::TF32 && env_cudnn_knobs(); }
+
+// A knob variant that beats the listed candidate `pick` (pick_ms): the engines whose fastest
+// listed config is within 20% of pick's are searched, every variant timed once on the scratch
+// buffers, the fastest re-timed beside pick and kept when it is 3% faster and writes the same
+// output as pick within the precision's tolerance. Returns (index of the listed config it varies,
+// its knobs), or an empty Knobs.
+std::pair<size_t, Knobs> tune_knobs(State& st, cudaStream_t stream, const Shape& s, Precision prec,
+                                    const std::vector<Cand>& cands, const Heur& h,
+                                    const std::vector<float>& ms, size_t pick, const Desc& vp,
+                                    const ConvBuffers& b, int64_t wsmax, Scratch& sc) {
+  const float pick_ms = ms[pick];
+  // The fastest listed config of each engine (by global index).
+  std::map<int64_t, size_t> per_engine;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (ms[i] < 0 || ms[i] > 1.2f * pick_ms) continue;
+    const Desc eng = engine_of(h.cfgs[cands[i].cfg]);
+    int64_t g = -1, n = 0;
+    lib().cudnnBackendGetAttribute(eng.d, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &g);
+    auto it = per_engine.find(g);
+    if (it == per_engine.end() || ms[i] < ms[it->second]) per_engine[g] = i;
+  }
+  struct Var {
+    float ms;
+    size_t base;
+    Knobs knobs;
+  };
+  std::vector<Var> timed;
+  for (auto [g, i] : per_engine) {
+    const Desc eng = engine_of(h.cfgs[cands[i].cfg]);
+    for (const Knobs& k : knob_variants(h.cfgs[cands[i].cfg], eng)) {
+      std::vector<Desc> keep;
+      const Desc plan = knob_plan(st, eng, k, keep);
+      if (!plan.d || workspace_of(plan) > wsmax) continue;
+      const float t = time_ms(
+          stream, [&] { return lib().cudnnBackendExecute(st.handle, plan.d, vp.d) == CUDNN_STATUS_SUCCESS; });
+      if (t >= 0) timed.push_back({t, i, k});
+    }
+  }
+  std::sort(timed.begin(), timed.end(), [](const Var& a, const Var& b) { return a.ms < b.ms; });
+  if (timed.empty() || timed[0].ms > 0.97f * pick_ms) return {0, {}};
+  // Re-timed beside pick (the fastest of two rounds each), then compared with pick's output.
+  const auto [out, n] = conv_output(b, s);
+  const size_t bytes = n * dtype_size(s.t);
+  void* ref = sc.add(bytes, 0, stream);
+  double* acc = static_cast<double*>(sc.add(2 * sizeof(double), 0, stream));
+  auto run_pick = [&] {
+    return lib().cudnnBackendExecute(st.handle, cands[pick].plan.d, vp.d) == CUDNN_STATUS_SUCCESS;
+  };
+  const float pick_again = std::min(time_ms(stream, run_pick), time_ms(stream, run_pick));
+  CUDA_CHECK(cudaMemcpyAsync(ref, out, bytes, cudaMemcpyDeviceToDevice, stream));
+  const double tol = prec == Precision::FP32 ? 1e-5 : prec == Precision::TF32 ? 1e-3 : 2e-2;
+  for (size_t v = 0; v < timed.size() && v < 3; ++v) {
+    const Var& var = timed[v];
+    const Desc eng = engine_of(h.cfgs[cands[var.base].cfg]);
+    std::vector<Desc> keep;
+    const Desc plan = knob_plan(st, eng, var.knobs, keep);
+    auto run = [&] { return lib().cudnnBackendExecute(st.handle, plan.d, vp.d) == CUDNN_STATUS_SUCCESS; };
+    const float t = std::min(time_ms(stream, run), time_ms(stream, run));
+    if (t < 0 || t > 0.97f * pick_again) continue;
+    CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(double), stream));
+    scratch_diff_kernel<<<256, 256, 0, stream>>>(out, ref, n, s.t == DType::BF16, acc);
+    double h_acc[2] = {0, 0};
+    CUDA_CHECK(cudaMemcpyAsync(h_acc, acc, sizeof h_acc, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (h_acc[0] <= tol * tol * h_acc[1]) return {var.base, var.knobs};  // NaN compares false
+  }
+  return {0, {}};
+}
+
 std::string cache_prefix(const CudaCtx& ctx) {
-  // "c64": choices among up to 64 candidates (entries of the 8-candidate days are not reused)
-  return ctx.device_name + "|" + std::to_string(lib().version) + "|c64|";
+  // "c64": choices among up to 64 candidates (entries of the 8-candidate days are not reused);
+  // "c64k": and among their engines' other tile and cluster shapes (tf32, UNET_CUDNN_KNOBS)
+  return ctx.device_name + "|" + std::to_string(lib().version) + (search_knobs(ctx) ? "|c64k|" : "|c64|");
 }
 
 // Builds (and on a cache miss times) the plan of an op shape; nullptr when cuDNN cannot run it.
@@ -643,23 +934,44 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
         auto c = st.file_cache.find(key);
         return c != st.file_cache.end() && c->second >= 0 && (size_t)c->second < cands.size() ? c->second : -1;
       };
+      const bool search = search_knobs(ctx);
       std::unique_ptr<CacheLock> lock;
-      if (cached_pick() < 0 && cands.size() > 1) {  // another rank may be timing it now
+      if (cached_pick() < 0 && (cands.size() > 1 || search)) {  // another rank may be timing it now
         lock = std::make_unique<CacheLock>(cache_path());
         read_cache(st, prefix);
       }
+      Knobs knobs;
       if (cached_pick() >= 0) {
         pick = (size_t)cached_pick();
-      } else if (cands.size() > 1) {
+        auto k = st.file_knobs.find(key);
+        if (k != st.file_knobs.end()) knobs = parse_knobs(k->second);
+      } else if (cands.size() > 1 || search) {
         int64_t wsmax = 0;
         for (auto& c : cands) wsmax = std::max(wsmax, c.ws);
         Scratch sc;
         const ConvBuffers b = conv_buffers(sc, s, ctx.stream);
         const Desc vp = variant_pack({{1, b.x}, {2, b.w}, {3, b.y}}, sc.add((size_t)wsmax, 0, ctx.stream));
-        pick = fastest(st, ctx.stream, cands, vp).first;
-        store_cache(prefix, key, (int)pick);
+        std::vector<float> ms;
+        pick = fastest(st, ctx.stream, cands, vp, &ms).first;
+        if (search && ms[pick] >= 0) {
+          auto [base, k] = tune_knobs(st, ctx.stream, s, ctx.prec, cands, h, ms, pick, vp, b, wsmax, sc);
+          if (!k.empty()) pick = base, knobs = std::move(k);
+        }
+        store_cache(prefix, key, std::to_string(pick) + (knobs.empty() ? "" : ":" + knob_text(knobs)));
       }
-      best = adopt(cands[pick], std::move(g), h);
+      if (!knobs.empty()) {  // the listed config's engine with other knobs (refused: the config as listed)
+        std::vector<Desc> keep;
+        Desc eng = engine_of(h.cfgs[cands[pick].cfg]);
+        Desc plan = knob_plan(st, eng, knobs, keep);
+        if (plan.d) {
+          best = adopt(cands[pick], std::move(g), h);
+          best->ws = workspace_of(plan);
+          best->plan = std::move(plan);
+          for (auto& d : keep) best->keep.push_back(std::move(d));
+          best->keep.push_back(std::move(eng));
+        }
+      }
+      if (!best) best = adopt(cands[pick], std::move(g), h);
     }
   } catch (const std::runtime_error&) {
     cudaGetLastError();
@@ -1107,7 +1419,7 @@ State::Epi& epi_choice(CudaCtx& ctx, const Shape& s, bool need_plan) {
       e.decided = true;
       e.wins = fused_ms < (plain_ms < 0 ? 1e30f : plain_ms);
       e.idx = (int)pick;
-      store_cache(prefix, key, e.wins ? e.idx : -1 - e.idx);
+      store_cache(prefix, key, std::to_string(e.wins ? e.idx : -1 - e.idx));
     }
     Cand& c = cands[(size_t)e.idx];
     save_plan(c.plan, path);
