@@ -5,7 +5,9 @@
 // space (its Cartesian product where small, else one knob at a time) timed, and the fastest
 // re-timed against the heuristics' fastest, with the outputs compared.
 //   nvcc -O2 -arch=sm_90 -std=c++17 scripts/cudnn_knob_probe.cu -o knob_probe -lcudnn
-//   ./knob_probe tf32|bf16 fwd|dgrad|wgrad BATCH [H Ci Co ...]
+//   BUDGET=25 ./knob_probe tf32|bf16 fwd|dgrad|wgrad BATCH [H Ci Co ...]   (BUDGET: seconds a shape)
+// Findings (H200, cuDNN 9.14, 2026-11-29) and what kernels/conv/cudnn.cu (tune_knobs) took from
+// them: docs/speed-log.md.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -14,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>

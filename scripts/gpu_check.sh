@@ -36,6 +36,10 @@
 #           each run loaded, test_conv's cuDNN tests, test_model_golden and e2e bitwise resume (bf16,
 #           graphs) under the system's, and the step (tf32, bf16) and sampling's forward (tf32) with
 #           each (own plan caches, same run)
+#   knobs   cuDNN's tile and cluster shapes searched in tf32 (UNET_CUDNN_KNOBS, default 1): the
+#           planning time with an empty cache, test_conv's knob and seed64 tests, test_model_golden,
+#           e2e bitwise resume (graphs), and the tf32 step and sampling's forward with it off and on
+#           (same run, one cache file: the two settings keep their entries under their own prefixes)
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
 #   demo    make demo's pipeline on the GPU with more steps
 #   classdemo  issue 13 end to end (scripts/classifier_demo.sh, needs Fashion-MNIST: FASHION_MNIST_DIR):
@@ -169,6 +173,23 @@ PY
         done
       done; done
       export UNET_CUDNN_CACHE=$c0 ;;
+    knobs)
+      s0=$EPOCHREALTIME
+      "$U" profile --layer model --batch-size 32 --precision tf32 --iters 3 --warmup 1 --no-plain-timing > /dev/null 2>&1
+      echo "planning the tf32 step: $(python3 -c "print(round($EPOCHREALTIME - $s0, 1))") s (an empty cache unless UNET_CUDNN_CACHE held it)"
+      (cd "$BUILD" && ./bin/test_conv --gtest_filter='ConvVariants.CudnnKnob*:ConvVariants.EverySeed64ShapeAtBatch32' 2>&1 |
+        grep -E '^\[cudnn knobs|OK \]|FAILED|PASSED')
+      (cd "$BUILD" && ./bin/test_model_golden 2>&1 | tail -n 1)
+      UNET_TEST_DEVICE=cuda UNET_TEST_DROPOUT=0 timeout 300 python3 tests/test_train_e2e.py > "$OUT/e2e_knobs.txt" 2>&1
+      grep -E "FAIL|failed|bitwise|^OK|Ran " "$OUT/e2e_knobs.txt"
+      for r in 0 1 2; do for k in 0 1; do
+        for job in "step 32 step" "sampling 64 forward"; do
+          set -- $job
+          t=$(UNET_CUDNN_KNOBS=$k "$U" profile --layer model --batch-size $2 --precision tf32 --pass $3 \
+            --iters $([ $r = 0 ] && echo 3 || echo 50) 2>&1 | grep -E 'without the profiler' | sed 's/.*: //')
+          [ $r = 0 ] || echo "UNET_CUDNN_KNOBS=$k, $1 tf32: $t"
+        done
+      done; done ;;
     pdl)
       (cd "$BUILD" && ./bin/test_sampler --gtest_filter='*CudaGraph*' 2>&1 | tail -n 3)
       e2e_bf16 pdl UNET_PDL=1
