@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include "cudnn_probe.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,59 +21,6 @@
 #include <vector>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    auto s_ = (x);                                                                     \
-    if (s_ != CUDNN_STATUS_SUCCESS) {                                                  \
-      std::fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #x, cudnnGetErrorString(s_)); \
-      throw 1;                                                                         \
-    }                                                                                  \
-  } while (0)
-
-struct D {
-  cudnnBackendDescriptor_t d = nullptr;
-  explicit D(cudnnBackendDescriptorType_t t) { CK(cudnnBackendCreateDescriptor(t, &d)); }
-  D(D&& o) noexcept : d(o.d) { o.d = nullptr; }
-  ~D() {
-    if (d) cudnnBackendDestroyDescriptor(d);
-  }
-  template <class T>
-  void set(cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n, const T* v) {
-    CK(cudnnBackendSetAttribute(d, a, t, n, v));
-  }
-  void setd(cudnnBackendAttributeName_t a, const D& o) { set(a, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o.d); }
-};
-
-std::vector<D> keep;
-int64_t next_uid = 1;
-
-// logical NCHW dims with NHWC strides
-cudnnBackendDescriptor_t tensor(cudnnDataType_t ty, int64_t n, int64_t c, int64_t h, int64_t w, bool virt,
-                                int64_t* uid_out = nullptr) {
-  D d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const int64_t dims[4] = {n, c, h, w}, strides[4] = {h * w * c, 1, w * c, c}, align = 16;
-  int64_t uid = next_uid++;
-  d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ty);
-  d.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
-  d.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides);
-  d.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-  d.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-  bool v = virt;
-  d.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &v);
-  CK(cudnnBackendFinalize(d.d));
-  if (uid_out) *uid_out = uid;
-  keep.push_back(std::move(d));
-  return keep.back().d;
-}
-
-// Finalizes op (which references sub) and keeps both alive; returns op.
-cudnnBackendDescriptor_t keep_op(D sub, D op) {
-  CK(cudnnBackendFinalize(op.d));
-  keep.push_back(std::move(sub));
-  keep.push_back(std::move(op));
-  return keep.back().d;
-}
 
 cudnnBackendDescriptor_t pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
                                    cudnnBackendDescriptor_t y) {
@@ -104,18 +53,7 @@ cudnnBackendDescriptor_t reduction(cudnnBackendDescriptor_t x, cudnnBackendDescr
 }
 
 cudnnBackendDescriptor_t conv_op(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y) {
-  D conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-  const int64_t nd = 2, pad[2] = {1, 1}, dil[2] = {1, 1}, str[2] = {1, 1};
-  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  conv.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &nd);
-  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
-  conv.set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
-  conv.set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
-  conv.set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
-  conv.set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
-  conv.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str);
-  CK(cudnnBackendFinalize(conv.d));
+  D conv = conv3x3();
   D op(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
   const float alpha = 1.f, beta = 0.f;
   op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
@@ -229,17 +167,8 @@ double run_graph(const char* name, std::vector<cudnnBackendDescriptor_t> ops, co
   double best = -1;
   int ncfg_total = 0, nfinal = 0;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    D heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    heur.setd(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g);
-    heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    if (cudnnBackendFinalize(heur.d) != CUDNN_STATUS_SUCCESS) continue;
-    int64_t n = 0;
-    cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr);
-    std::vector<D> cfgs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < n; ++i) cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR), raw.push_back(cfgs.back().d);
-    int64_t got = 0;
-    cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, raw.data());
+    std::vector<D> cfgs = heuristic_configs(g, mode);
+    const int64_t got = (int64_t)cfgs.size();
     ncfg_total += (int)got;
     for (int64_t i = 0; i < got && i < 24; ++i) {
       // engine notes

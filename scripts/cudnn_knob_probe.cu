@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include "cudnn_probe.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,97 +24,38 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    auto s_ = (x);                                                                                \
-    if (s_ != CUDNN_STATUS_SUCCESS) {                                                             \
-      std::fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #x, cudnnGetErrorString(s_)); \
-      std::exit(3);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-struct D {
-  cudnnBackendDescriptor_t d = nullptr;
-  D() = default;
-  explicit D(cudnnBackendDescriptorType_t t) { CK(cudnnBackendCreateDescriptor(t, &d)); }
-  D(D&& o) noexcept : d(o.d) { o.d = nullptr; }
-  D& operator=(D&& o) noexcept {
-    std::swap(d, o.d);
-    return *this;
-  }
-  ~D() {
-    if (d) cudnnBackendDestroyDescriptor(d);
-  }
-  template <class T>
-  void set(cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n, const T* v) {
-    CK(cudnnBackendSetAttribute(d, a, t, n, v));
-  }
-};
-
 cudnnHandle_t H;
 cudaStream_t S;
-std::vector<D> keep;
-int64_t uid_next = 1;
-
-cudnnBackendDescriptor_t tensor(cudnnDataType_t ty, int64_t n, int64_t c, int64_t h, int64_t w) {
-  D d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const int64_t dims[4] = {n, c, h, w}, strides[4] = {h * w * c, 1, w * c, c}, align = 16;
-  const int64_t uid = uid_next++;
-  d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ty);
-  d.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
-  d.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides);
-  d.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-  d.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-  CK(cudnnBackendFinalize(d.d));
-  keep.push_back(std::move(d));
-  return keep.back().d;
-}
 
 // The operation graph of one convolution: x (uid 1), w (2), y (3); op 0 fwd, 1 dgrad, 2 wgrad.
 D conv_graph(cudnnDataType_t T, int op, int B, int Hh, int Ci, int Co) {
   auto x = tensor(T, B, Ci, Hh, Hh);
   auto w = tensor(T, Co, Ci, 3, 3);
   auto y = tensor(T, B, Co, Hh, Hh);
-  D conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-  const int64_t nd = 2, pad[2] = {1, 1}, dil[2] = {1, 1}, str[2] = {1, 1};
-  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
-  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  conv.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &nd);
-  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
-  conv.set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
-  conv.set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
-  conv.set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
-  conv.set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
-  conv.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str);
-  CK(cudnnBackendFinalize(conv.d));
+  D conv = conv3x3();
   const cudnnBackendDescriptorType_t kinds[3] = {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
                                                  CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
                                                  CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR};
+  // the op's x, w, y, convolution, alpha and beta attributes
+  const cudnnBackendAttributeName_t at[3][6] = {
+      {CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+      {CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+      {CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA}};
   D o(kinds[op]);
   const float alpha = 1.f, beta = 0.f;
   const cudnnBackendAttributeType_t t = CUDNN_TYPE_BACKEND_DESCRIPTOR;
-  if (op == 0) {
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, t, 1, &x);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, t, 1, &w);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, t, 1, &y);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, t, 1, &conv.d);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  } else if (op == 1) {
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, t, 1, &x);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, t, 1, &w);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, t, 1, &y);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, t, 1, &conv.d);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  } else {
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, t, 1, &x);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, t, 1, &w);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, t, 1, &y);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, t, 1, &conv.d);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-    o.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-  }
+  o.set(at[op][0], t, 1, &x);
+  o.set(at[op][1], t, 1, &w);
+  o.set(at[op][2], t, 1, &y);
+  o.set(at[op][3], t, 1, &conv.d);
+  o.set(at[op][4], CUDNN_TYPE_FLOAT, 1, &alpha);
+  o.set(at[op][5], CUDNN_TYPE_FLOAT, 1, &beta);
   CK(cudnnBackendFinalize(o.d));
   keep.push_back(std::move(conv));
   keep.push_back(std::move(o));
@@ -299,8 +242,7 @@ std::vector<float> output(int op, size_t bytes[3], bool bf16) {
   return v;
 }
 
-int main(int argc, char** argv) {
-  setvbuf(stdout, nullptr, _IONBF, 0);
+int probe(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr, "usage: knob_probe tf32|bf16 fwd|dgrad|wgrad BATCH [H Ci Co ...]\n");
     return 2;
@@ -329,20 +271,10 @@ int main(int argc, char** argv) {
       fill<<<1024, 256, 0, S>>>((unsigned*)bufs[i], bytes[i] / 4, 7919u * (i + 1), bf16);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    uid_next = 1;  // x, w, y are uids 1, 2, 3 in every graph
+    next_uid = 1;  // x, w, y are uids 1, 2, 3 in every graph
     D g = conv_graph(T, op, B, Hh, Ci, Co);
-    D heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g.d);
-    heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    CK(cudnnBackendFinalize(heur.d));
-    int64_t n = 0;
-    cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr);
-    std::vector<D> cfgs;
-    std::vector<cudnnBackendDescriptor_t> raw;
-    for (int64_t i = 0; i < n; ++i) cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR), raw.push_back(cfgs.back().d);
-    int64_t got = 0;
-    cudnnBackendGetAttribute(heur.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, raw.data());
+    std::vector<D> cfgs = heuristic_configs(g, CUDNN_HEUR_MODE_A);
+    const int64_t got = (int64_t)cfgs.size();
     // The heuristics' configs (unet's candidates) and their engines.
     std::map<int64_t, Engine> engines;
     struct Res {
@@ -484,4 +416,13 @@ int main(int argc, char** argv) {
   }
   std::printf("sum over shapes: heuristics' fastest %.4f ms, with knobs %.4f ms\n", sum_heur, sum_best);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IONBF, 0);
+  try {
+    return probe(argc, argv);
+  } catch (...) {  // a cuDNN call failed (CK printed it)
+    return 3;
+  }
 }
