@@ -954,18 +954,29 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
         std::vector<float> ms;
         pick = fastest(st, ctx.stream, cands, vp, &ms).first;
         if (search && ms[pick] >= 0) {
-          auto [base, k] = tune_knobs(st, ctx.stream, s, ctx.prec, cands, h, ms, pick, vp, b, wsmax, sc);
-          if (!k.empty()) pick = base, knobs = std::move(k);
+          try {  // a failure here leaves the listed configs, not the shape without cuDNN
+            auto [base, k] = tune_knobs(st, ctx.stream, s, ctx.prec, cands, h, ms, pick, vp, b, wsmax, sc);
+            if (!k.empty()) pick = base, knobs = std::move(k);
+          } catch (const std::runtime_error&) {
+            cudaGetLastError();
+          }
         }
         store_cache(prefix, key, std::to_string(pick) + (knobs.empty() ? "" : ":" + knob_text(knobs)));
       }
       if (!knobs.empty()) {  // the listed config's engine with other knobs (refused: the config as listed)
         std::vector<Desc> keep;
-        Desc eng = engine_of(h.cfgs[cands[pick].cfg]);
-        Desc plan = knob_plan(st, eng, knobs, keep);
+        Desc eng, plan;
+        int64_t ws = 0;
+        try {
+          eng = engine_of(h.cfgs[cands[pick].cfg]);
+          plan = knob_plan(st, eng, knobs, keep);
+          if (plan.d) ws = workspace_of(plan);
+        } catch (const std::runtime_error&) {
+          plan = Desc();  // the config as listed
+        }
         if (plan.d) {
           best = adopt(cands[pick], std::move(g), h);
-          best->ws = workspace_of(plan);
+          best->ws = ws;
           best->plan = std::move(plan);
           for (auto& d : keep) best->keep.push_back(std::move(d));
           best->keep.push_back(std::move(eng));
