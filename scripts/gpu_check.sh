@@ -40,6 +40,11 @@
 #           planning time with an empty cache, test_conv's knob and seed64 tests, test_model_golden,
 #           e2e bitwise resume (graphs), and the tf32 step and sampling's forward with it off and on
 #           (same run, one cache file: the two settings keep their entries under their own prefixes)
+#   hostloop  whether `unet sample`'s host loop (the step noise is drawn on the host, 786k normals a
+#           step at batch 64) limits the bf16 sampling wall time: the CPUs this process may use, and
+#           the steady-state ms per step of seed64 DDPM at batch 64 in bf16 and tf32 with 1, 4 and
+#           all OpenMP threads, beside the forward's CUDA events (2026-11-29's bench: bf16 wall
+#           4.35 ms against 3.93 of events)
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
 #   demo    make demo's pipeline on the GPU with more steps
 #   classdemo  issue 13 end to end (scripts/classifier_demo.sh, needs Fashion-MNIST: FASHION_MNIST_DIR):
@@ -190,6 +195,21 @@ PY
           [ $r = 0 ] || echo "UNET_CUDNN_KNOBS=$k, $1 tf32: $t"
         done
       done; done ;;
+    hostloop)
+      echo "nproc $(nproc), cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none)," \
+        "OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+      "$U" init -o "$OUT/hl.h5" > /dev/null
+      for prec in bf16 tf32; do
+        echo "$prec forward: $("$U" profile --layer model --batch-size 64 --precision $prec --pass forward \
+          --iters 50 2>&1 | grep -E 'without the profiler' | sed 's/.*: //')"
+        for th in 1 4 $(nproc); do
+          for r in 1 2; do
+            echo "$prec, OMP_NUM_THREADS=$th: $(OMP_NUM_THREADS=$th "$U" sample "$OUT/hl.h5" -n 64 --batch-size 64 \
+              --sampler ddpm --steps 60 --precision $prec -o "$OUT/hl.png" 2>&1 | grep -oE '[0-9.]+ ms per step from the third on')"
+          done
+        done
+      done
+      rm -f "$OUT/hl.h5" "$OUT/hl.png" ;;
     pdl)
       (cd "$BUILD" && ./bin/test_sampler --gtest_filter='*CudaGraph*' 2>&1 | tail -n 3)
       e2e_bf16 pdl UNET_PDL=1
