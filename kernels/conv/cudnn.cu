@@ -703,26 +703,23 @@ Knobs knob_choices(const Desc& cfg) {
   return k;
 }
 
-// The values an engine offers for knob type `type` (empty when it has no such knob).
-std::vector<int64_t> knob_values(const Desc& eng, int64_t type) {
-  std::vector<int64_t> v;
+// The values an engine offers for each of its knobs, by knob type.
+std::map<int64_t, std::vector<int64_t>> knob_ranges(const Desc& eng) {
+  std::map<int64_t, std::vector<int64_t>> r;
   for (const Desc& d : knob_descs(eng, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR)) {
     cudnnBackendKnobType_t t;
     int64_t n = 0, lo = 0, hi = -1, stride = 1;
-    check(lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &n, &t),
-          "knob");
-    if ((int64_t)t != type) continue;
-    check(
-        lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &lo),
-        "knob");
-    check(
-        lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &hi),
-        "knob");
-    check(lib().cudnnBackendGetAttribute(d.d, CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &n, &stride),
-          "knob");
+    auto get = [&](cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t ty, void* v) {
+      check(lib().cudnnBackendGetAttribute(d.d, a, ty, 1, &n, v), "knob");
+    };
+    get(CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, &t);
+    get(CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, &lo);
+    get(CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, &hi);
+    get(CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, &stride);
+    std::vector<int64_t>& v = r[(int64_t)t];
     for (int64_t x = lo; x <= hi && v.size() < 64; x += std::max<int64_t>(1, stride)) v.push_back(x);
   }
-  return v;
+  return r;
 }
 
 std::string knob_text(const Knobs& k) {
@@ -809,10 +806,13 @@ constexpr int64_t kSearched[] = {CUDNN_KNOB_TYPE_TILE_SIZE, CUDNN_KNOB_TYPE_TILE
 // (their product; the config itself left out).
 std::vector<Knobs> knob_variants(const Desc& cfg, const Desc& eng) {
   const Knobs base = knob_choices(cfg);
+  const auto ranges = knob_ranges(eng);
   std::vector<Knobs> out{base};
   for (int64_t t : kSearched) {
+    const auto range = ranges.find(t);
+    if (range == ranges.end()) continue;
     std::vector<int64_t> vals;
-    for (int64_t v : knob_values(eng, t))
+    for (int64_t v : range->second)
       if (t == CUDNN_KNOB_TYPE_TILE_SIZE || (v > 0 && (v & (v - 1)) == 0)) vals.push_back(v);
     if (vals.empty()) continue;
     std::vector<Knobs> next;
@@ -842,10 +842,14 @@ bool search_knobs(const CudaCtx& ctx) { return ctx.prec == Precision::TF32 && en
 // buffers, the fastest re-timed beside pick and kept when it is 3% faster and writes the same
 // output as pick within the precision's tolerance. Returns (index of the listed config it varies,
 // its knobs), or an empty Knobs.
-std::pair<size_t, Knobs> tune_knobs(State& st, cudaStream_t stream, const Shape& s, Precision prec,
+std::pair<size_t, Knobs> tune_knobs(State& st, const CudaCtx& ctx, const Shape& s,
                                     const std::vector<Cand>& cands, const Heur& h,
                                     const std::vector<float>& ms, size_t pick, const Desc& vp,
                                     const ConvBuffers& b, int64_t wsmax, Scratch& sc) {
+  const cudaStream_t stream = ctx.stream;
+  auto runs = [&](const Desc& plan) {
+    return [&] { return lib().cudnnBackendExecute(st.handle, plan.d, vp.d) == CUDNN_STATUS_SUCCESS; };
+  };
   const float pick_ms = ms[pick];
   // The fastest listed config of each engine (by global index).
   std::map<int64_t, size_t> per_engine;
@@ -861,46 +865,41 @@ std::pair<size_t, Knobs> tune_knobs(State& st, cudaStream_t stream, const Shape&
     float ms;
     size_t base;
     Knobs knobs;
+    Desc plan;
+    std::vector<Desc> keep;
   };
   std::vector<Var> timed;
+  std::vector<Desc> engines;  // alive as long as the variants' plans
   for (auto [g, i] : per_engine) {
-    const Desc eng = engine_of(h.cfgs[cands[i].cfg]);
-    for (const Knobs& k : knob_variants(h.cfgs[cands[i].cfg], eng)) {
-      std::vector<Desc> keep;
-      const Desc plan = knob_plan(st, eng, k, keep);
-      if (!plan.d || workspace_of(plan) > wsmax) continue;
-      const float t = time_ms(
-          stream, [&] { return lib().cudnnBackendExecute(st.handle, plan.d, vp.d) == CUDNN_STATUS_SUCCESS; });
-      if (t >= 0) timed.push_back({t, i, k});
+    engines.push_back(engine_of(h.cfgs[cands[i].cfg]));
+    for (const Knobs& k : knob_variants(h.cfgs[cands[i].cfg], engines.back())) {
+      Var v{0, i, k, Desc(), {}};
+      v.plan = knob_plan(st, engines.back(), k, v.keep);
+      if (!v.plan.d || workspace_of(v.plan) > wsmax) continue;
+      v.ms = time_ms(stream, runs(v.plan));
+      if (v.ms >= 0) timed.push_back(std::move(v));
     }
   }
-  std::sort(timed.begin(), timed.end(), [](const Var& a, const Var& b) { return a.ms < b.ms; });
+  std::sort(timed.begin(), timed.end(), [](const Var& x, const Var& y) { return x.ms < y.ms; });
   if (timed.empty() || timed[0].ms > 0.97f * pick_ms) return {0, {}};
   // Re-timed beside pick (the fastest of two rounds each), then compared with pick's output.
   const auto [out, n] = conv_output(b, s);
   const size_t bytes = n * dtype_size(s.t);
   void* ref = sc.add(bytes, 0, stream);
   double* acc = static_cast<double*>(sc.add(2 * sizeof(double), 0, stream));
-  auto run_pick = [&] {
-    return lib().cudnnBackendExecute(st.handle, cands[pick].plan.d, vp.d) == CUDNN_STATUS_SUCCESS;
-  };
-  const float pick_again = std::min(time_ms(stream, run_pick), time_ms(stream, run_pick));
+  const float pick_again =
+      std::min(time_ms(stream, runs(cands[pick].plan)), time_ms(stream, runs(cands[pick].plan)));
   CUDA_CHECK(cudaMemcpyAsync(ref, out, bytes, cudaMemcpyDeviceToDevice, stream));
-  const double tol = prec == Precision::FP32 ? 1e-5 : prec == Precision::TF32 ? 1e-3 : 2e-2;
+  const double tol = ctx.prec == Precision::FP32 ? 1e-5 : ctx.prec == Precision::TF32 ? 1e-3 : 2e-2;
   for (size_t v = 0; v < timed.size() && v < 3; ++v) {
-    const Var& var = timed[v];
-    const Desc eng = engine_of(h.cfgs[cands[var.base].cfg]);
-    std::vector<Desc> keep;
-    const Desc plan = knob_plan(st, eng, var.knobs, keep);
-    auto run = [&] { return lib().cudnnBackendExecute(st.handle, plan.d, vp.d) == CUDNN_STATUS_SUCCESS; };
-    const float t = std::min(time_ms(stream, run), time_ms(stream, run));
+    const float t = std::min(time_ms(stream, runs(timed[v].plan)), time_ms(stream, runs(timed[v].plan)));
     if (t < 0 || t > 0.97f * pick_again) continue;
     CUDA_CHECK(cudaMemsetAsync(acc, 0, 2 * sizeof(double), stream));
     scratch_diff_kernel<<<256, 256, 0, stream>>>(out, ref, n, s.t == DType::BF16, acc);
     double h_acc[2] = {0, 0};
     CUDA_CHECK(cudaMemcpyAsync(h_acc, acc, sizeof h_acc, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (h_acc[0] <= tol * tol * h_acc[1]) return {var.base, var.knobs};  // NaN compares false
+    if (h_acc[0] <= tol * tol * h_acc[1]) return {timed[v].base, timed[v].knobs};  // NaN compares false
   }
   return {0, {}};
 }
@@ -955,7 +954,7 @@ std::shared_ptr<Plan> plan_for(CudaCtx& ctx, const Shape& s) {
         pick = fastest(st, ctx.stream, cands, vp, &ms).first;
         if (search && ms[pick] >= 0) {
           try {  // a failure here leaves the listed configs, not the shape without cuDNN
-            auto [base, k] = tune_knobs(st, ctx.stream, s, ctx.prec, cands, h, ms, pick, vp, b, wsmax, sc);
+            auto [base, k] = tune_knobs(st, ctx, s, cands, h, ms, pick, vp, b, wsmax, sc);
             if (!k.empty()) pick = base, knobs = std::move(k);
           } catch (const std::runtime_error&) {
             cudaGetLastError();

@@ -49,9 +49,9 @@ struct Nccl {
   ncclResult_t (*Broadcast)(const void*, void*, size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
 };
 
+// Where to look when UNET_NCCL_LIBRARY names no library.
 std::vector<std::string> candidates() {
   std::vector<std::string> c;
-  if (const char* p = std::getenv("UNET_NCCL_LIBRARY"); p && *p) return {p};  // that one only
   c.push_back("libnccl.so.2");  // LD_LIBRARY_PATH, the binary's run path, ldconfig
   for (const char* d : {"/usr/local/cuda/lib", "/usr/local/cuda/lib64",
                         "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"})
@@ -88,17 +88,23 @@ Nccl& nccl() {
   static Nccl n;
   static std::once_flag once;
   std::call_once(once, [] {
-    for (const std::string& c : candidates())
-      if ((n.lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL))) {
-        n.path = c;
-        break;
-      }
+    // A library named by UNET_NCCL_LIBRARY is the only one tried: one that does not load is
+    // reported with the loader's error, never replaced by another found elsewhere.
     const char* asked = std::getenv("UNET_NCCL_LIBRARY");
-    if (!n.lib && asked && *asked) {
-      const char* err = dlerror();
-      n.error = "UNET_NCCL_LIBRARY=" + std::string(asked) + ": " + (err ? err : "cannot be loaded");
-      return;
+    if (asked && *asked) {
+      if (!(n.lib = dlopen(asked, RTLD_NOW | RTLD_LOCAL))) {
+        const char* err = dlerror();
+        n.error = "UNET_NCCL_LIBRARY=" + std::string(asked) + ": " + (err ? err : "cannot be loaded");
+        return;
+      }
+      n.path = asked;
     }
+    if (!n.lib)
+      for (const std::string& c : candidates())
+        if ((n.lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL))) {
+          n.path = c;
+          break;
+        }
     if (!n.lib) {
       const std::string py = from_python();
       if (!py.empty() && (n.lib = dlopen(py.c_str(), RTLD_NOW | RTLD_LOCAL))) n.path = py;
