@@ -40,11 +40,10 @@
 #           planning time with an empty cache, test_conv's knob and seed64 tests, test_model_golden,
 #           e2e bitwise resume (graphs), and the tf32 step and sampling's forward with it off and on
 #           (same run, one cache file: the two settings keep their entries under their own prefixes)
-#   hostloop  whether `unet sample`'s host loop (the step noise is drawn on the host, 786k normals a
-#           step at batch 64) limits the bf16 sampling wall time: the CPUs this process may use, and
-#           the steady-state ms per step of seed64 DDPM at batch 64 in bf16 and tf32 with 1, 4 and
-#           all OpenMP threads, beside the forward's CUDA events (2026-11-29's bench: bf16 wall
-#           4.35 ms against 3.93 of events)
+#   hostloop  whether `unet sample`'s host loop limits the sampling wall time: the CPUs this process
+#           may use, and the steady-state ms per step of seed64 DDPM at batch 64 in bf16 and tf32 with
+#           1, 4 and all OpenMP threads, beside the forward's CUDA events (the step noise was drawn on
+#           the host until 2026-11-29 and limited bf16 below ~16 threads; it is drawn on the GPU now)
 #   imagenet64  train/sample OpenAI's ImageNet-64 configuration (learned sigma, classes, dropout)
 #   demo    make demo's pipeline on the GPU with more steps
 #   classdemo  issue 13 end to end (scripts/classifier_demo.sh, needs Fashion-MNIST: FASHION_MNIST_DIR):

@@ -495,40 +495,6 @@ TEST(CudaGraphs, KernelNodesKeepLanePriority) {
   cudaFree(buf);
 }
 
-// upload_after: each copy waits for the readers of the previous contents (the fence after them)
-// and the reader after wait_uploads() sees the new contents. 40 rounds through one buffer, each
-// read by a copy into its own slot; every slot must hold its round's values.
-TEST(CudaGraphs, UploadAfterOrdersWithReaders) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  std::string why;
-  auto eng = make_cuda_engine(Precision::FP32, &why);
-  ASSERT_NE(eng, nullptr) << why;
-  Device& dev = eng->device();
-  constexpr int kRounds = 40;
-  constexpr int64_t kN = 1 << 20;  // 4 MB a round, so copies and readers take a while
-  const Tensor z = eng->alloc(DType::F32, {kN}), out = eng->alloc(DType::F32, {kRounds, kN});
-  float* host[2] = {static_cast<float*>(dev.alloc_host(kN * 4)), static_cast<float*>(dev.alloc_host(kN * 4))};
-  uint64_t host_free[2] = {0, 0}, z_free = 0;
-  test::poison(*eng, out);  // NaN: a slot no copy wrote fails
-  const float base = (float)(test::test_seed() % 1000);
-  for (int r = 0; r < kRounds; ++r) {
-    float* h = host[r % 2];
-    dev.fence_wait(host_free[r % 2]);
-    for (int64_t i = 0; i < kN; ++i) h[i] = base + (float)(r * 7 + i % 5);
-    dev.upload_after(z.data, h, kN * 4, z_free);
-    dev.wait_uploads();
-    host_free[r % 2] = dev.fence();
-    eng->ops().run(Copy{z, out.flat((size_t)r * kN, kN)});
-    z_free = dev.fence();
-  }
-  std::vector<float> got((size_t)kRounds * kN);
-  eng->download(got.data(), out);
-  size_t bad = 0;
-  for (int r = 0; r < kRounds; ++r)
-    for (int64_t i = 0; i < kN; ++i) bad += got[(size_t)r * kN + i] != base + (float)(r * 7 + i % 5);
-  EXPECT_EQ(bad, 0u);
-}
-
 // Ops::aside(true) forks the optimizer's stream after both lanes: a copy issued there between
 // joins sees what the side lane wrote before it (the early optimizer updates read the filter
 // gradients that way). Each round the side lane overwrites 64 MB four times, then the aside stream

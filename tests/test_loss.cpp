@@ -1,10 +1,11 @@
 // loss and diffusion families: the MSE and its gradient (lib/ops/loss.h), the classifier's
-// cross-entropy with top-k hits and its log sums (CrossEntropy, ClassifierStats), q_sample and the
-// samplers' arithmetic (lib/ops/diffusion_ops.h); CPU in lib/ops/*.cpp, CUDA in kernels/loss/
+// cross-entropy with top-k hits and its log sums (CrossEntropy, ClassifierStats), q_sample, the
+// samplers' arithmetic and their noise (lib/ops/diffusion_ops.h, NormalFill); CPU in lib/ops/*.cpp, CUDA in kernels/loss/
 // and kernels/diffusion/.
 #include <algorithm>
 
 #include "ops_common.h"
+#include "rng.h"
 
 using namespace opt;
 using namespace unet;
@@ -163,6 +164,69 @@ TEST(DiffusionOps, QSampleAxpbypczClampLearnedRange) {
     const double f = (v[i] + 1) / 2, lv = f * -3.0 + (1 - f) * -7.0;
     ASSERT_NEAR(fo[i], std::exp(0.5 * lv) * zz[i], 1e-6) << i;
   }
+}
+
+// The samplers' noise: element i is rng.h's normal(seed, stream, index0 + i), drawn one value at a
+// time here (the op draws pairs, split across threads): exact on the CPU for even and odd starts,
+// a size over the reference's thread chunks, and N(0, 1) in its moments.
+TEST(DiffusionOps, NormalFillIsTheCounterDraws) {
+  const uint64_t seed = unet::test::test_seed();
+  Dev d;
+  for (uint64_t index0 : {uint64_t{0}, uint64_t{7}, uint64_t{3} * 12288 * 64 + 1})
+    for (int64_t n : {int64_t{1}, int64_t{6}, int64_t{200003}}) {
+      Tensor Z = d.poisoned({n});
+      d.run(unet::NormalFill{Z, seed, (uint64_t)unet::Stream::SampleStep, index0});
+      const F z = d.get(Z);
+      size_t bad = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = unet::normal(seed, unet::Stream::SampleStep, index0 + i);
+        bad += std::memcmp(&z[i], &want, 4) != 0;
+      }
+      EXPECT_EQ(bad, 0u) << "index0 " << index0 << " n " << n;
+      if (n > 1000) {
+        double m = 0, v = 0;
+        for (float x : z) m += x, v += (double)x * x;
+        m /= n, v = v / n - m * m;
+        EXPECT_LT(std::fabs(m), 0.01) << "mean";
+        EXPECT_LT(std::fabs(v - 1), 0.02) << "variance";
+      }
+    }
+  // Another stream or seed: other values.
+  Tensor A = d.poisoned({64}), B = d.poisoned({64});
+  d.run(unet::NormalFill{A, seed, (uint64_t)unet::Stream::SampleStep, 0});
+  d.run(unet::NormalFill{B, seed, (uint64_t)unet::Stream::SampleInit, 0});
+  EXPECT_NE(d.get(A), d.get(B));
+}
+
+// CUDA draws the CPU's values: the transform runs in double on both, so a float can differ only
+// where CUDA's log/sin/cos and the host libm's round a double differently across a float's
+// rounding boundary (about one value in 10^8): at most one float ulp, and rarely. Both kernel paths
+// (pairs as vectors at an even start and a 16-byte aligned output, one value at a time otherwise),
+// a tail that is not a multiple of 4, one sampling step's size.
+TEST(DiffusionOps, NormalFillCudaDrawsTheCpuValues) {
+  if (!have_gpu()) GTEST_SKIP() << no_gpu_reason();
+  const uint64_t seed = unet::test::test_seed();
+  unet::Engine& cpu = cpu_engine();
+  unet::Engine* gpu = gpu_engine(unet::Precision::FP32);
+  ASSERT_NE(gpu, nullptr);
+  const int64_t step = 64LL * 64 * 64 * 3;  // 64 images at seed64's size
+  for (uint64_t index0 : {uint64_t{0}, uint64_t{3}, uint64_t{5} * step})
+    for (int64_t n : {int64_t{5}, step + 2}) {
+      const Tensor c = cpu.alloc(DType::F32, {n}), g = gpu->alloc(DType::F32, {n});
+      poison(cpu, c);
+      poison(*gpu, g);
+      cpu.ops().run(unet::NormalFill{c, seed, (uint64_t)unet::Stream::SampleStep, index0});
+      gpu->ops().run(unet::NormalFill{g, seed, (uint64_t)unet::Stream::SampleStep, index0});
+      const F want = to_host(cpu, c), got = to_host(*gpu, g);
+      size_t differ = 0, far = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (got[i] == want[i]) continue;
+        ++differ;
+        far += !(std::fabs(got[i] - want[i]) <= std::fabs(want[i]) * 1.2e-7f);  // NaN counts as far
+      }
+      EXPECT_EQ(far, 0u) << "index0 " << index0 << " n " << n;
+      EXPECT_LE(differ, 2u) << "index0 " << index0 << " n " << n;
+    }
 }
 
 TEST(LossVariants, AllOps) {

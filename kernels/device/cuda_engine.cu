@@ -280,32 +280,12 @@ class CudaDevice final : public Device {
     // are truly asynchronous and the caller fences before reusing them.
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.stream));
   }
-  void upload_after(void* dst, const void* src, size_t bytes, uint64_t after) override {
-    if (!bytes) return;
-    if (ctx.capturing) return upload(dst, src, bytes);
-    if (!copy_stream_) {
-      CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-      CUDA_CHECK(cudaEventCreateWithFlags(&copy_ev_, cudaEventDisableTiming));
-    }
-    // (a slot re-recorded by a later fence only makes the copy wait longer)
-    if (after != 0 && after <= fence_id_) CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, fences_[after % kFences], 0));
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_));
-    CUDA_CHECK(cudaEventRecord(copy_ev_, copy_stream_));
-    copy_pending_ = true;
-  }
-  void wait_uploads() override {
-    if (!copy_pending_) return;
-    CUDA_CHECK(cudaStreamWaitEvent(ctx.stream, copy_ev_, 0));
-    copy_pending_ = false;
-  }
   void download(void* dst, const void* src, size_t bytes) override {
-    wait_uploads();
     ctx.join_all();
     if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx.stream));
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   }
   void sync() override {
-    wait_uploads();
     ctx.join_all();
     CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   }
@@ -322,7 +302,6 @@ class CudaDevice final : public Device {
   }
 
   uint64_t fence() override {
-    wait_uploads();
     ctx.join_all();
     ++fence_id_;
     CUDA_CHECK(cudaEventRecord(fences_[fence_id_ % kFences], ctx.stream));
@@ -338,7 +317,6 @@ class CudaDevice final : public Device {
   bool capturing() const override { return ctx.capturing; }
   void* native_stream() override { return ctx.stream; }
   void graph_begin() override {
-    wait_uploads();
     ctx.join_all();
     ctx.alloc_workspaces();  // nothing may allocate inside the capture
     // Thread-local mode: other threads (the data loader) may use the CUDA API meanwhile.
@@ -393,8 +371,6 @@ class CudaDevice final : public Device {
     if (ctx.stream) cudaStreamSynchronize(ctx.stream);
     destroy_cudnn(ctx);
     if (graph_) cudaGraphExecDestroy(graph_), graph_ = nullptr;
-    if (copy_stream_) cudaStreamSynchronize(copy_stream_), cudaStreamDestroy(copy_stream_), copy_stream_ = nullptr;
-    if (copy_ev_) cudaEventDestroy(copy_ev_), copy_ev_ = nullptr;
     for (auto& e : fences_)
       if (e) cudaEventDestroy(e), e = nullptr;
     for (void* p : blocks_) cudaFree(p);
@@ -410,9 +386,6 @@ class CudaDevice final : public Device {
   cudaEvent_t fences_[kFences] = {};
   uint64_t fence_id_ = 0;
   cudaGraphExec_t graph_ = nullptr;
-  cudaStream_t copy_stream_ = nullptr;  // upload_after's
-  cudaEvent_t copy_ev_ = nullptr;
-  bool copy_pending_ = false;
 };
 
 class CudaEngineOps final : public CudaOps {

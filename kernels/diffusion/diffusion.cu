@@ -1,5 +1,6 @@
-// Diffusion variant "cuda": q_sample and the samplers' elementwise arithmetic (f32).
+// Diffusion variant "cuda": q_sample, the samplers' elementwise arithmetic (f32) and their noise.
 #include "cuda_engine.cuh"
+#include "rng.h"
 
 namespace unet {
 
@@ -79,6 +80,22 @@ struct LearnedRangeF {
   __device__ void scalar(size_t i) const { y[i] = one(v[i], z[i]); }
 };
 
+// z[i] = normal(seed, s, index0 + i). vec4 (index0 even): elements 4j..4j+3 are the two Box-Muller
+// pairs of hashes index0/2 + 2j and + 2j + 1, each hash computed once as normal_fill() does.
+struct NormalF {
+  float* z;
+  uint64_t seed, index0;
+  Stream s;
+  __device__ void vec4(size_t j) const {
+    double a0, a1, b0, b1;
+    const uint64_t p = (index0 >> 1) + 2 * j;
+    box_muller_pair(rng_bits(seed, s, p), &a0, &a1);
+    box_muller_pair(rng_bits(seed, s, p + 1), &b0, &b1);
+    st4(z, j, make_float4((float)a0, (float)a1, (float)b0, (float)b1));
+  }
+  __device__ void scalar(size_t i) const { z[i] = normal(seed, s, index0 + i); }
+};
+
 void qsample(const QSample& o, CudaCtx& ctx) {
   const size_t n = o.x0.numel(), n_per = o.x0.per_sample();
   const int B = (int)o.x0.dim[0];
@@ -100,6 +117,11 @@ void lrn(const LearnedRangeNoise& o, CudaCtx& ctx) {
              o.y.numel(), aligned16(o.v.data) && aligned16(o.z.data) && aligned16(o.y.data), ctx.stream);
 }
 
+void normal_noise(const NormalFill& o, CudaCtx& ctx) {
+  launch_map(NormalF{dptr<float>(o.z), o.seed, o.index0, (Stream)o.stream}, o.z.numel(),
+             aligned16(o.z.data) && o.index0 % 2 == 0, ctx.stream);
+}
+
 }  // namespace
 
 void register_diffusion_cuda(CudaOps& ops) {
@@ -107,6 +129,7 @@ void register_diffusion_cuda(CudaOps& ops) {
   ops.variants<Axpbypcz>().push_back({"cuda", nullptr, axpby, nullptr});
   ops.variants<Clamp>().push_back({"cuda", nullptr, clamp, nullptr});
   ops.variants<LearnedRangeNoise>().push_back({"cuda", nullptr, lrn, nullptr});
+  ops.variants<NormalFill>().push_back({"cuda", nullptr, normal_noise, nullptr});
 }
 
 }  // namespace unet

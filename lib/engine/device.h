@@ -36,14 +36,6 @@ class Device {
   // device has passed it. CPU: work is synchronous, both are no-ops.
   virtual uint64_t fence() { return 0; }
   virtual void fence_wait(uint64_t id) { (void)id; }
-  // An upload that waits only for the work up to fence `after` (0: none) and runs beside what was
-  // enqueued since (CUDA: on a copy stream), so it hides behind that work; the next wait_uploads()
-  // makes later work wait for it (as do download, sync and fence). CPU: a plain upload.
-  virtual void upload_after(void* dst, const void* host_src, size_t bytes, uint64_t after) {
-    (void)after;
-    upload(dst, host_src, bytes);
-  }
-  virtual void wait_uploads() {}
 
   // CUDA graphs: work issued between graph_begin() and graph_end() is recorded (not run) and
   // replayed by graph_launch(). Nothing inside may synchronise the host or allocate.

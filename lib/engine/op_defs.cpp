@@ -501,6 +501,8 @@ void LearnedRangeNoise::check() const {
       "f32 of one size");
 }
 double LearnedRangeNoise::flops() const { return 8.0 * y.numel(); }
+void NormalFill::check() const { req(*this, f32(z) && z.defined(), "f32 output"); }
+double NormalFill::flops() const { return 0; }
 
 // ---- optimizer ----
 void SumSquares::check() const { req(*this, f32(x) && f32(out) && out.numel() >= 1, "f32; out [1]"); }

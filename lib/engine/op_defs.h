@@ -590,6 +590,19 @@ struct LearnedRangeNoise {
   }
 };
 
+// Gaussian noise drawn where it is used: z[i] = normal(seed, stream, index0 + i) (lib/rng.h), so the
+// samplers' noise needs no host draw and upload; the same values on every device up to libm's last
+// bit (the transform is computed in double and rounded once).
+struct NormalFill {
+  UNET_OP("normal_fill", "diffusion")
+  Tensor z;
+  uint64_t seed = 0, stream = 0, index0 = 0;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.out("z", s.z), v.param("seed", s.seed), v.param("stream", s.stream), v.param("index0", s.index0);
+  }
+};
+
 // ---------------------------------------------------------------- optimizer (flat f32 arenas)
 struct SumSquares {  // out[0] = sum x^2 (fixed order)
   UNET_OP("sum_squares", "optimizer")
@@ -662,7 +675,7 @@ struct AdamW {
           X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd) X(AttentionBwd) \
               X(PoolTokensFwd) X(PoolTokensBwd) X(PoolSelectFwd) X(PoolSelectBwd) X(DropoutFwd)             \
                   X(DropoutBwd) X(MseLoss) X(DiffusionLoss) X(LossStats) X(CrossEntropy) X(ClassifierStats) \
-                      X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(SumSquares) X(ClipScale)       \
+                      X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(NormalFill) X(SumSquares) X(ClipScale)       \
                           X(AdamWSchedule) X(AdamW)
 
 // ---- generic views of an op, from fields() ----

@@ -1,7 +1,10 @@
 // CPU engine, diffusion family (q_sample, sampler arithmetic): reference variants.
 #include "diffusion_ops.h"
 
+#include <algorithm>
+
 #include "cpu_engine.h"
+#include "rng.h"
 
 namespace unet {
 namespace {
@@ -20,6 +23,19 @@ void lrn(const LearnedRangeNoise& o) {
   ref::learned_range_noise<float>(o.v.f32(), o.z.f32(), o.y.f32(), o.min_log, o.max_log, o.y.numel());
 }
 
+// In chunks across threads: every value is a pure function of its index, so the split does not
+// change them.
+void normal_noise(const NormalFill& o) {
+  const size_t n = o.z.numel(), chunk = 65536;
+  const int64_t chunks = (int64_t)((n + chunk - 1) / chunk);
+  float* z = o.z.f32();
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t at = (size_t)c * chunk;
+    normal_fill(o.seed, (Stream)o.stream, o.index0 + at, std::min(chunk, n - at), z + at);
+  }
+}
+
 }  // namespace
 
 void register_diffusion_cpu(CpuOps& ops) {
@@ -27,6 +43,7 @@ void register_diffusion_cpu(CpuOps& ops) {
   ops.variants<Axpbypcz>().push_back(cpu_ref<Axpbypcz, axpby>());
   ops.variants<Clamp>().push_back(cpu_ref<Clamp, clamp>());
   ops.variants<LearnedRangeNoise>().push_back(cpu_ref<LearnedRangeNoise, lrn>());
+  ops.variants<NormalFill>().push_back(cpu_ref<NormalFill, normal_noise>());
 }
 
 }  // namespace unet

@@ -82,15 +82,12 @@ class Sampler {
   SamplerNet net_;
   int bmax_;
   Tensor x_, out_, eps_, var_, x0_, z_, noise_, t_, y_, grad_, vgrad_;
-  // Host staging (pinned on CUDA, so uploads run asynchronously): the step noise in two buffers
-  // (the host draws step k+1's while step k's upload may still be in flight) and the timesteps;
-  // fences say when a buffer may be written again.
-  float* hz_[2] = {nullptr, nullptr};
+  // Host staging (pinned on CUDA, so uploads run asynchronously) of the timesteps; the fence says
+  // when it may be written again.
   float* ht_ = nullptr;
-  uint64_t zfence_[2] = {0, 0}, tfence_ = 0, zfree_ = 0;
-  int zbuf_ = 0;
-  // Draws step noise into the next staging buffer and uploads it to z.
-  void upload_noise(uint64_t seed, int t_orig, int64_t first, int B, size_t numel, const Tensor& z);
+  uint64_t tfence_ = 0;
+  // Draws step t_orig's noise for the batch starting at sample `first` into z (on the device).
+  void step_noise(uint64_t seed, int t_orig, int64_t first, const Tensor& z);
   std::vector<int32_t> hy_;
 };
 
