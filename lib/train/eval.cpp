@@ -65,7 +65,7 @@ EvalResult evaluate(Engine& eng, Model& model, const std::string& dataset_path, 
   res.vb.assign(T, 0.0), res.x0_mse.assign(T, 0.0), res.mse.assign(T, 0.0);
   res.total_per_image.reserve(n);
   std::vector<uint8_t> u8(Bmax * numel);
-  std::vector<float> hx0(Bmax * numel), hz(Bmax * numel), ht(Bmax), hcoef(2 * Bmax),
+  std::vector<float> hx0(Bmax * numel), ht(Bmax), hcoef(2 * Bmax),
       hl((size_t)Bmax * kLossCoefRows), hterms((size_t)T * Bmax * kLossTerms);
   std::vector<int32_t> hy(Bmax);
   const double ab_last = diff.alphas_cumprod[T - 1];
@@ -87,19 +87,15 @@ EvalResult evaluate(Engine& eng, Model& model, const std::string& dataset_path, 
       eng.upload(Y, hy.data());
     }
     for (int t = T - 1; t >= 0; --t) {
-      const uint64_t key = rng_key(opt.seed, Stream::EvalNoise, (uint64_t)t);
-      const bool big = (size_t)B * numel > 32768;
-#pragma omp parallel for schedule(static) if (big)
-      for (int i = 0; i < B; ++i)
-        normal_fill(key, Stream::EvalNoise, (uint64_t)(first + i) * numel, numel,
-                    hz.data() + (size_t)i * numel);
+      // noise[i, j] = normal(key(t), EvalNoise, (first + i) * numel + j), drawn on the device
+      ops.run(NormalFill{Z, rng_key(opt.seed, Stream::EvalNoise, (uint64_t)t), (uint64_t)Stream::EvalNoise,
+                         (uint64_t)first * numel});
       for (int i = 0; i < B; ++i) {
         ht[i] = obj.model_time(t);
         hcoef[i] = (float)diff.sqrt_alphas_cumprod[t];
         hcoef[B + i] = (float)diff.sqrt_one_minus_alphas_cumprod[t];
         loss_coef_row(diff, obj, t, 1.0, B, numel, hl.data() + (size_t)i * kLossCoefRows);
       }
-      eng.upload(Z, hz.data());
       eng.upload(TT, ht.data());
       eng.upload(coef.flat(0, 2 * B), hcoef.data());
       eng.upload(lcoef.batch(B), hl.data());
