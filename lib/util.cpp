@@ -1,5 +1,6 @@
 #include "util.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -453,6 +454,26 @@ void Progress::finish() {
     fprintf(stderr, "\n");
     fflush(stderr);
   }
+}
+
+LoadedLibrary load_library(const char* var, const std::vector<std::string>& search) {
+  LoadedLibrary l;
+  const char* asked = std::getenv(var);
+  if (asked && *asked) {
+    if ((l.handle = dlopen(asked, RTLD_NOW | RTLD_LOCAL))) {
+      l.path = asked;
+    } else {
+      const char* err = dlerror();
+      l.error = std::string(var) + "=" + asked + ": " + (err ? err : "cannot be loaded");
+    }
+    return l;
+  }
+  for (const std::string& name : search)
+    if ((l.handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL))) {
+      l.path = name;
+      break;
+    }
+  return l;
 }
 
 }  // namespace unet

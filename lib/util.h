@@ -131,4 +131,14 @@ class Progress {
 
 double now_seconds();  // monotonic clock
 
+// A shared library loaded at run time (cuDNN, NCCL). When the environment variable `var` names one,
+// only it is tried: one that does not load is reported (error: "VAR=path: the loader's message"),
+// never replaced by another found elsewhere, since which build runs decides speed and numerics.
+// Else the first of `search` that loads; handle nullptr and error empty when none does.
+struct LoadedLibrary {
+  void* handle = nullptr;
+  std::string path, error;
+};
+LoadedLibrary load_library(const char* var, const std::vector<std::string>& search);
+
 }  // namespace unet

@@ -15,6 +15,7 @@
 #include <iterator>
 #include <map>
 #include <regex>
+#include <tuple>
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -638,14 +639,14 @@ TEST(ConvVariants, CudnnKnobChoiceRestoredFromTheCache) {
     Engine& cpu = cpu_engine(p == Precision::BF16 ? Precision::BF16 : Precision::FP32);
     Alloc ca = [&](DType t, std::initializer_list<int64_t> d) { return cpu.alloc(t, d); };
     const DType act = p == Precision::BF16 ? DType::BF16 : DType::F32;
-    ConvFwd cf = fwd_op(ca, act, B, H, C, C, 3, 1, false, false);
-    ConvBwdData cd{ca(act, {B, H, H, C}), ca(act, {C, 3, 3, C}), ca(act, {B, H, H, C}), 1};
-    ConvBwdFilter cw{ca(act, {B, H, H, C}),
-                     ca(act, {B, H, H, C}),
-                     ca(DType::F32, {C, 3, 3, C}),
-                     ca(DType::F32, {C}),
-                     Tensor{},
-                     1};
+    // seed64's 32x32 convolution: forward, data and filter gradient, on one engine's memory
+    auto conv_ops = [&](const Alloc& A) {
+      return std::tuple{fwd_op(A, act, B, H, C, C, 3, 1, false, false),
+                        ConvBwdData{A(act, {B, H, H, C}), A(act, {C, 3, 3, C}), A(act, {B, H, H, C}), 1},
+                        ConvBwdFilter{A(act, {B, H, H, C}), A(act, {B, H, H, C}), A(DType::F32, {C, 3, 3, C}),
+                                      A(DType::F32, {C}), Tensor{}, 1}};
+    };
+    auto [cf, cd, cw] = conv_ops(ca);
     // the CPU reference once; each round loads the same inputs
     std::vector<std::vector<std::vector<uint8_t>>> ins;
     std::vector<std::vector<std::pair<std::string, std::vector<float>>>> want;
@@ -681,14 +682,7 @@ TEST(ConvVariants, CudnnKnobChoiceRestoredFromTheCache) {
       std::unique_ptr<Engine> g = make_cuda_engine(p);
       ASSERT_TRUE(g);
       Alloc ga = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
-      const ConvFwd gf = fwd_op(ga, act, B, H, C, C, 3, 1, false, false);
-      const ConvBwdData gd{ga(act, {B, H, H, C}), ga(act, {C, 3, 3, C}), ga(act, {B, H, H, C}), 1};
-      const ConvBwdFilter gw{ga(act, {B, H, H, C}),
-                             ga(act, {B, H, H, C}),
-                             ga(DType::F32, {C, 3, 3, C}),
-                             ga(DType::F32, {C}),
-                             Tensor{},
-                             1};
+      const auto [gf, gd, gw] = conv_ops(ga);
       auto run = [&](const auto& op, size_t k) {
         load_inputs(*g, op, ins[k]);
         g->base_ops().run_variant(op, "cudnn");

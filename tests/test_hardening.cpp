@@ -187,6 +187,36 @@ TEST(Memory, ChecksAndFormats) {
   EXPECT_EQ(e.rfind("sampling needs 2.0 PB of memory, ", 0), 0u) << e;
 }
 
+// load_library (cuDNN's and NCCL's loader): unset, the first of the search list that loads; a
+// library the variable names is the only one tried, and one that does not load is reported with
+// the loader's message, not replaced by the search list's.
+TEST(Libraries, ANamedLibraryIsTheOnlyOneTried) {
+  const char* var = "UNET_TEST_LIBRARY";
+  {
+    const test::ScopedEnv unset(var, nullptr);
+    const LoadedLibrary l = load_library(var, {"libunet-no-such-library.so", "libm.so.6"});
+    EXPECT_NE(l.handle, nullptr);
+    EXPECT_EQ(l.path, "libm.so.6");
+    EXPECT_EQ(l.error, "");
+    const LoadedLibrary none = load_library(var, {"libunet-no-such-library.so"});
+    EXPECT_EQ(none.handle, nullptr);
+    EXPECT_EQ(none.error, "");
+  }
+  {
+    const test::ScopedEnv named(var, "/bin/sh");  // a file, not a shared library
+    const LoadedLibrary l = load_library(var, {"libm.so.6"});
+    EXPECT_EQ(l.handle, nullptr);
+    EXPECT_EQ(l.path, "");
+    EXPECT_EQ(l.error.rfind("UNET_TEST_LIBRARY=/bin/sh: ", 0), 0u) << l.error;
+  }
+  {
+    const test::ScopedEnv named(var, "libm.so.6");
+    const LoadedLibrary l = load_library(var, {"libunet-no-such-library.so"});
+    EXPECT_NE(l.handle, nullptr);
+    EXPECT_EQ(l.path, "libm.so.6");
+  }
+}
+
 TEST(ModelBounds, AbsurdSizesAreOutOfRangeNotOverflows) {
   auto err = [](auto set, bool attr = false) {
     ModelConfig c = preset("tiny32");

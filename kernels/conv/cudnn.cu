@@ -42,6 +42,7 @@
 #include "env_vars.h"
 #include "reduce.cuh"
 #include "rowblock.cuh"
+#include "util.h"
 
 namespace unet {
 
@@ -70,24 +71,15 @@ struct Lib {
 const Lib& lib() {
   static Lib l = [] {
     Lib r;
-    // UNET_CUDNN names the library, and then only it is tried: a process never runs another
-    // cuDNN than the one asked for (the two on the GPU machines differ by 1% in speed).
-    std::vector<std::string> names;
-    const char* e = std::getenv("UNET_CUDNN");
-    if (e && *e) {
-      names.push_back(e);
-    } else {
-      names.push_back("libcudnn.so.9");
-      for (const char* dir : {"/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu"})
-        names.push_back(std::string(dir) + "/libcudnn.so.9");
-    }
-    void* h = nullptr;
-    for (const auto& n : names)
-      if ((h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+    // UNET_CUDNN names the library, and then only it is tried (the two cuDNNs on the GPU
+    // machines differ by 1% in speed).
+    std::vector<std::string> names{"libcudnn.so.9"};
+    for (const char* dir : {"/usr/local/cuda/lib64", "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu"})
+      names.push_back(std::string(dir) + "/libcudnn.so.9");
+    const LoadedLibrary found = load_library("UNET_CUDNN", names);
+    void* h = found.handle;
     if (!h) {
-      const char* err = dlerror();
-      r.why = e && *e ? "UNET_CUDNN=" + std::string(e) + ": " + (err ? err : "cannot be loaded")
-                      : "libcudnn.so.9 not found (set UNET_CUDNN or LD_LIBRARY_PATH)";
+      r.why = !found.error.empty() ? found.error : "libcudnn.so.9 not found (set UNET_CUDNN or LD_LIBRARY_PATH)";
       return r;
     }
 #define UNET_CUDNN_SYM(name)                                    \

@@ -88,23 +88,12 @@ Nccl& nccl() {
   static Nccl n;
   static std::once_flag once;
   std::call_once(once, [] {
-    // A library named by UNET_NCCL_LIBRARY is the only one tried: one that does not load is
-    // reported with the loader's error, never replaced by another found elsewhere.
-    const char* asked = std::getenv("UNET_NCCL_LIBRARY");
-    if (asked && *asked) {
-      if (!(n.lib = dlopen(asked, RTLD_NOW | RTLD_LOCAL))) {
-        const char* err = dlerror();
-        n.error = "UNET_NCCL_LIBRARY=" + std::string(asked) + ": " + (err ? err : "cannot be loaded");
-        return;
-      }
-      n.path = asked;
+    const LoadedLibrary found = load_library("UNET_NCCL_LIBRARY", candidates());
+    if (!found.error.empty()) {  // the library it names did not load: no other is tried
+      n.error = found.error;
+      return;
     }
-    if (!n.lib)
-      for (const std::string& c : candidates())
-        if ((n.lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL))) {
-          n.path = c;
-          break;
-        }
+    n.lib = found.handle, n.path = found.path;
     if (!n.lib) {
       const std::string py = from_python();
       if (!py.empty() && (n.lib = dlopen(py.c_str(), RTLD_NOW | RTLD_LOCAL))) n.path = py;
