@@ -208,20 +208,35 @@ __device__ __forceinline__ void st2(bf16* p, float a, float b) {
 }
 
 // acc (16 x 8 ND) += A Y: A from accumulator tiles a (16 x 8 NK: P or dS), Y [8 NK][LD] in shared
-// memory.
+// memory; the MT form below with one tile.
+template <class M, int LD, int MT, int NK, int ND, class T>
+__device__ __forceinline__ void add_product(float (&acc)[MT][ND][4], const float (&a)[MT][NK][4], const T* Y,
+                                            int lane);
 template <class M, int LD, int NK, int ND, class T>
 __device__ __forceinline__ void add_product(float (&acc)[ND][4], const float (&a)[NK][4], const T* Y,
                                             int lane) {
+  add_product<M, LD>(reinterpret_cast<float(&)[1][ND][4]>(acc), reinterpret_cast<const float(&)[1][NK][4]>(a),
+                     Y, lane);
+}
+
+// acc[m] += A[m] Y for the warp's MT row tiles m, each fragment of Y loaded once for all of them.
+template <class M, int LD, int MT, int NK, int ND, class T>
+__device__ __forceinline__ void add_product(float (&acc)[MT][ND][4], const float (&a)[MT][NK][4], const T* Y,
+                                            int lane) {
 #pragma unroll
   for (int kk = 0; kk < NK * 8 / M::KS; ++kk) {
-    uint32_t pa[4];
-    M::a_from_acc(pa, a, kk);
+    uint32_t pa[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) M::a_from_acc(pa[m], a[m], kk);
 #pragma unroll
     for (int n = 0; n < ND; n += 2) {
       uint32_t bb[2][2];
       M::load_b_kn2(bb, Y + kk * M::KS * LD + n * 8, LD, lane);
-      M::mma(acc[n], pa, bb[0]);
-      M::mma(acc[n + 1], pa, bb[1]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        M::mma(acc[m][n], pa[m], bb[0]);
+        M::mma(acc[m][n + 1], pa[m], bb[1]);
+      }
     }
   }
 }
@@ -266,16 +281,23 @@ constexpr int kWarps = 4, kThr = kWarps * 32, kRowsPerBlock = kWarps * 16;
 // more.
 template <int D, bool kSplit>
 constexpr int kMinBlocks = D == 32 && !kSplit ? 4 : 0;
+// MT: the forward's row tiles of 16 a warp (Kernels::kMT). At 2 each shared-memory fragment of K
+// and V feeds two mma's, halving the shared-memory reads per product; 3 blocks an SM (ptxas: 162
+// registers, no spills).
+template <int D, bool kSplit, int MT>
+constexpr int kMinBlocksMT = MT == 1              ? kMinBlocks<D, kSplit>
+                             : D == 32 && !kSplit ? 3
+                                                  : 0;
 
 // ---- forward ---------------------------------------------------------------------------------
-// grid (ceil(T / (16 FW)), B * heads); FW warps x 16 query rows (Kernels::kFwdWarps).
+// grid (ceil(T / (16 FW MT)), B * heads); FW warps x MT x 16 query rows (Kernels::kMT).
 // sl2 = log2(e) / sqrt(D).
-template <class T, int D, bool kSplit, int BC, int FW = kWarps>
-__global__ void __launch_bounds__(FW * 32, kWarps * kMinBlocks<D, kSplit> / FW)
+template <class T, int D, bool kSplit, int BC, int FW = kWarps, int MT = 1>
+__global__ void __launch_bounds__(FW * 32, kWarps* kMinBlocksMT<D, kSplit, MT> / FW)
     flash_fwd_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, int T_, int C,
                      int heads, bool legacy, float sl2) {
   pdl_entry();
-  constexpr int kThr = FW * 32, kRowsPerBlock = FW * 16;
+  constexpr int kThr = FW * 32, kRowsPerBlock = FW * 16 * MT;
   using M = Tile<T, kSplit>;
   constexpr int KS = M::KS, LDK = D + M::kPad, LDV = D + M::kPadKN;
   extern __shared__ float4 smem_f4[];
@@ -286,7 +308,7 @@ __global__ void __launch_bounds__(FW * 32, kWarps * kMinBlocks<D, kSplit> / FW)
   const size_t ld = 3 * (size_t)C;
   const Heads off = heads_at(h, C, D, legacy);
   const T* base = qkv + (size_t)b * T_ * ld;
-  const int rw = blockIdx.x * kRowsPerBlock + warp * 16;  // this warp's first query row
+  const int rw = blockIdx.x * kRowsPerBlock + warp * 16 * MT;  // this warp's first query row
 
   auto load_kv = [&](int j, int st) {
     cp_tile<BC, D, LDK, kThr>(sK + st * BC * LDK, base + off.k, ld, j * BC, T_, tid);
@@ -295,18 +317,24 @@ __global__ void __launch_bounds__(FW * 32, kWarps * kMinBlocks<D, kSplit> / FW)
   };
   load_kv(0, 0);  // in flight while Q is read
 
-  uint32_t qa[D / KS][4];
-  {
-    const T* r0 = rw + g < T_ ? base + (size_t)(rw + g) * ld + off.q : nullptr;
-    const T* r1 = rw + g + 8 < T_ ? base + (size_t)(rw + g + 8) * ld + off.q : nullptr;
+  uint32_t qa[MT][D / KS][4];
 #pragma unroll
-    for (int ks = 0; ks < D / KS; ++ks) M::load_a_gmem(qa[ks], r0, r1, ks * KS, lane);
+  for (int m = 0; m < MT; ++m) {
+    const int r = rw + 16 * m + g;
+    const T* r0 = r < T_ ? base + (size_t)r * ld + off.q : nullptr;
+    const T* r1 = r + 8 < T_ ? base + (size_t)(r + 8) * ld + off.q : nullptr;
+#pragma unroll
+    for (int ks = 0; ks < D / KS; ++ks) M::load_a_gmem(qa[m][ks], r0, r1, ks * KS, lane);
   }
 
-  float o[D / 8][4];
+  float o[MT][D / 8][4];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};  // rows g, g + 8 (lane partial sums)
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.f;
+  float mrow[MT][2], lrow[MT][2];  // rows g, g + 8 of each tile (lrow: lane partial sums)
+#pragma unroll
+  for (int m = 0; m < MT; ++m) mrow[m][0] = mrow[m][1] = -INFINITY, lrow[m][0] = lrow[m][1] = 0.f;
 
   const int nkb = (T_ + BC - 1) / BC;
   for (int j = 0; j < nkb; ++j) {
@@ -319,68 +347,77 @@ __global__ void __launch_bounds__(FW * 32, kWarps * kMinBlocks<D, kSplit> / FW)
     const T* K = sK + st * BC * LDK;
     const T* V = sV + st * BC * LDV;
 
-    float s[BC / 8][4];
+    float s[MT][BC / 8][4];
 #pragma unroll
-    for (int n = 0; n < BC / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < BC / 8; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < D / KS; ++ks)
 #pragma unroll
       for (int n = 0; n < BC / 8; n += 2) {
         uint32_t bb[2][2];
         M::load_b_nk2(bb, K + n * 8 * LDK + ks * KS, LDK, lane);
-        M::mma(s[n], qa[ks], bb[0]);
-        M::mma(s[n + 1], qa[ks], bb[1]);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          M::mma(s[m][n], qa[m][ks], bb[0]);
+          M::mma(s[m][n + 1], qa[m][ks], bb[1]);
+        }
       }
 
-    // Online softmax. This lane holds columns n*8 + 2*t4 + e of rows g (r = 0) and g + 8 (r = 1);
-    // the four lanes of a quad hold a whole row.
+    // Online softmax. This lane holds columns n*8 + 2*t4 + e of rows g (r = 0) and g + 8 (r = 1)
+    // of each tile; the four lanes of a quad hold a whole row.
     const int kvalid = T_ - j * BC;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = mrow[r];
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
+      for (int r = 0; r < 2; ++r) {
+        float mx = mrow[m][r];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float x = n * 8 + 2 * t4 + e < kvalid ? s[n][2 * r + e] * sl2 : -INFINITY;
-          s[n][2 * r + e] = x;
-          mx = fmaxf(mx, x);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float alpha = exp2f(mrow[r] - mx);  // 0 on the first block (mrow = -inf; mx is finite)
-      mrow[r] = mx;
-      float sum = 0.f;
+        for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
-      for (int n = 0; n < BC / 8; ++n)
+          for (int e = 0; e < 2; ++e) {
+            const float x = n * 8 + 2 * t4 + e < kvalid ? s[m][n][2 * r + e] * sl2 : -INFINITY;
+            s[m][n][2 * r + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float alpha = exp2f(mrow[m][r] - mx);  // 0 on the first block (mrow = -inf; mx is finite)
+        mrow[m][r] = mx;
+        float sum = 0.f;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = exp2f(s[n][2 * r + e] - mx);
-          s[n][2 * r + e] = p;
-          sum += p;
-        }
-      lrow[r] = lrow[r] * alpha + sum;
+        for (int n = 0; n < BC / 8; ++n)
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) o[n][2 * r] *= alpha, o[n][2 * r + 1] *= alpha;
-    }
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2f(s[m][n][2 * r + e] - mx);
+            s[m][n][2 * r + e] = p;
+            sum += p;
+          }
+        lrow[m][r] = lrow[m][r] * alpha + sum;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) o[m][n][2 * r] *= alpha, o[m][n][2 * r + 1] *= alpha;
+      }
 
     add_product<M, LDV>(o, s, V, lane);  // O += P V
     __syncthreads();                     // the stage is refilled by the next iteration's prefetch
   }
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = lrow[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = rw + g + 8 * r;
-    if (row >= T_) continue;
-    const float inv = 1.f / l;
-    T* po = out + ((size_t)b * T_ + row) * C + h * D + 2 * t4;
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) st2(po + n * 8, o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    if (t4 == 0) lse[(size_t)bh * T_ + row] = (mrow[r] + log2f(l)) * kLn2;
-  }
+    for (int r = 0; r < 2; ++r) {
+      float l = lrow[m][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = rw + 16 * m + g + 8 * r;
+      if (row >= T_) continue;
+      const float inv = 1.f / l;
+      T* po = out + ((size_t)b * T_ + row) * C + h * D + 2 * t4;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) st2(po + n * 8, o[m][n][2 * r] * inv, o[m][n][2 * r + 1] * inv);
+      if (t4 == 0) lse[(size_t)bh * T_ + row] = (mrow[m][r] + log2f(l)) * kLn2;
+    }
 }
 
 // ---- backward --------------------------------------------------------------------------------
@@ -632,9 +669,10 @@ __device__ __forceinline__ void bwd_dq(const T* __restrict__ qkv, const T* __res
 // ---- host side -------------------------------------------------------------------------------
 
 // Key block of the forward and dQ kernels, query block of the dK/dV kernel: 64, or 32 where the
-// accumulators of 64 would not fit registers (D = 128: f32 everywhere, bf16 in dK/dV).
-template <class T, int D>
-constexpr int kBlockN = (D == 128 && sizeof(T) == 4) ? 32 : 64;
+// accumulators of 64 would not fit registers (D = 128: f32 everywhere, bf16 in dK/dV; the forward
+// at MT = 2).
+template <class T, int D, int MT = 1>
+constexpr int kBlockN = (D == 128 && sizeof(T) == 4) || MT == 2 ? 32 : 64;
 template <class T, int D>
 constexpr int kBlockDkdv = D == 128 ? 32 : 64;
 // Pipeline stages of the backward kernels' streamed tiles: 2 for bf16; 1 for f32, whose tiles are
@@ -644,10 +682,10 @@ constexpr int kBlockDkdv = D == 128 ? 32 : 64;
 template <class T, int D>
 constexpr int kStagesBwd = sizeof(T) == 4 ? 1 : 2;
 
-template <class T, int D, bool kSplit>
+template <class T, int D, bool kSplit, int MT = 1>
 constexpr size_t fwd_smem() {
   using M = Tile<T, kSplit>;
-  return (size_t)2 * kBlockN<T, D> * (2 * D + M::kPad + M::kPadKN) * sizeof(T);
+  return (size_t)2 * kBlockN<T, D, MT> * (2 * D + M::kPad + M::kPadKN) * sizeof(T);
 }
 template <class T, int D, bool kSplit, int S>
 constexpr size_t dkdv_smem() {
@@ -707,13 +745,17 @@ struct Kernels {
   // fp32 mode (3xTF32, register-starved) at D = 128 runs its backward slower than "cublas"
   // (measured 2.02 ms vs 1.63 at T = 1024, B 8, C 512): left to it.
   static constexpr bool kBwd = !(kSplit && D == 128);
-  // The forward's warps a block (16 query rows each) where T fills them: 8 in tf32 at head width
-  // 32, where each block rounds every K and V tile it loads (round_tile) and 8 warps share that
-  // and the tiles' loads; 4 elsewhere. H200, 16x16 attention, C 192, 6 heads, batch 64 (seed64's),
-  // one launch: tf32 43.4 us at 4 warps, 39.9 at 8, 41.2 at 16; bf16 25.0 / 25.7 / 30.3. Sampling's
-  // forward (tf32, batch 64, same run, CUDA events of graph replays, three rounds) 6.455 / 6.458 /
-  // 6.455 -> 6.443 / 6.441 / 6.441 ms; the tf32 step 11.260 / 11.237 -> 11.226 / 11.233.
-  static constexpr int kFwdWarps = D == 32 && !kSplit && sizeof(T) == 4 ? 8 : kWarps;
+  // The forward's row tiles of 16 a warp (4 warps a block) where T fills a block (T >= 128): 2 in
+  // tf32 at head width 32, where the kernel reads its K and V fragments from shared memory twice
+  // as often as it issues mma's with one tile; 1 elsewhere. Before it, 8 warps of one tile (each
+  // block rounds every K and V tile it loads, and 8 warps shared that: 43.4 -> 39.9 us against 4
+  // warps, H200, the 16x16 level at batch 64). H200, seed64's 16x16 attention (C 192, 6 heads),
+  // one launch, same run: batch 32 21.1 -> 19.4 us, batch 64 39.9 -> 36.7; sampling's forward
+  // (tf32, batch 64, CUDA events of graph replays, two rounds) 6.232 / 6.229 -> 6.213 / 6.212 ms;
+  // the tf32 step unchanged (10.959 / 10.959 -> 10.968 / 10.973). The backward with 2 tiles a warp
+  // (query / key blocks of 32 to fit registers) measured no faster (70.1 vs 70.4 us at batch 32,
+  // 133.0 vs 137.3 at 64; with two pipeline stages 69.3 / 134.4), so it keeps one.
+  static constexpr int kMT = D == 32 && !kSplit && sizeof(T) == 4 ? 2 : 1;
   // Once per device (at plan time, before any graph capture; again harmlessly at the first launch).
   static void prepare() {
     static bool done[64] = {};
@@ -721,8 +763,9 @@ struct Kernels {
     CUDA_CHECK(cudaGetDevice(&dev));
     if (dev < 64 && done[dev]) return;
     allow_dynamic_smem(flash_fwd_kernel<T, D, kSplit, BN>, fwd_smem<T, D, kSplit>());
-    if constexpr (kFwdWarps != kWarps)
-      allow_dynamic_smem(flash_fwd_kernel<T, D, kSplit, BN, kFwdWarps>, fwd_smem<T, D, kSplit>());
+    if constexpr (kMT != 1)
+      allow_dynamic_smem(flash_fwd_kernel<T, D, kSplit, kBlockN<T, D, kMT>, kWarps, kMT>,
+                         fwd_smem<T, D, kSplit, kMT>());
     if constexpr (kBwd) {
       constexpr int BR = kBlockDkdv<T, D>;
       allow_dynamic_smem(flash_bwd_kernel<T, D, kSplit, BR, BN, S>, bwd_smem());
@@ -734,22 +777,23 @@ struct Kernels {
   }
   static bool fits(bool bwd) {
     if (bwd && !kBwd) return false;
-    const size_t m = bwd ? bwd_smem() : fwd_smem<T, D, kSplit>();
+    const size_t m = bwd ? bwd_smem() : std::max(fwd_smem<T, D, kSplit>(), fwd_smem<T, D, kSplit, kMT>());
     return m <= (size_t)smem_optin();
   }
   static void fwd(const AttentionFwd& o, CudaCtx& ctx, const Geo& g) {
     prepare();
-    auto go = [&](auto fw) {
-      constexpr int FW = decltype(fw)::value, rows = FW * 16;
+    auto go = [&](auto mt) {
+      constexpr int MT = decltype(mt)::value, rows = kWarps * 16 * MT;
       const dim3 grid((g.T + rows - 1) / rows, g.B * g.heads);
-      flash_fwd_kernel<T, D, kSplit, BN, FW><<<grid, FW * 32, fwd_smem<T, D, kSplit>(), ctx.stream>>>(
-          dptr<T>(o.qkv), dptr<T>(o.out), dptr<float>(o.lse), g.T, g.C, g.heads, o.legacy,
-          (float)(kLog2e / std::sqrt((double)D)));
+      flash_fwd_kernel<T, D, kSplit, kBlockN<T, D, MT>, kWarps, MT>
+          <<<grid, kThr, fwd_smem<T, D, kSplit, MT>(), ctx.stream>>>(
+              dptr<T>(o.qkv), dptr<T>(o.out), dptr<float>(o.lse), g.T, g.C, g.heads, o.legacy,
+              (float)(kLog2e / std::sqrt((double)D)));
     };
-    if (kFwdWarps != kWarps && g.T >= kFwdWarps * 16)
-      go(std::integral_constant<int, kFwdWarps>{});
+    if (kMT != 1 && g.T >= kWarps * 16 * kMT)
+      go(std::integral_constant<int, kMT>{});
     else
-      go(std::integral_constant<int, kWarps>{});
+      go(std::integral_constant<int, 1>{});
     KERNEL_CHECK();
   }
   static void bwd(const AttentionBwd& o, CudaCtx& ctx, const Geo& g) {
