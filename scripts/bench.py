@@ -21,11 +21,15 @@ events without the profiler attached (`unet profile`'s last line). Run on the GP
 
     python3 scripts/bench.py --unet build/bin/unet [--out DIR] [--skip-compile]
 
-DIR/bench.md is rewritten after every row, and a run stopped by SIGTERM or Ctrl-C prints the rows
-it measured, so a time limit (the whole run takes ~10 minutes) loses only the row in progress.
+DIR/bench.md and DIR/bench.json are rewritten after every row, and a run stopped by SIGTERM or
+Ctrl-C prints the rows it measured, so a time limit loses only the row in progress. The whole run
+takes ~12 minutes (torch.compile's compilations most of it); where one call of the machine is
+shorter, run it again with the same DIR and --resume: it keeps the rows DIR/bench.json holds
+(measured on the same GPU model) and measures the rest, into one table.
 """
 import argparse
 import csv
+import json
 import os
 import re
 import signal
@@ -95,6 +99,32 @@ def unet_train_wall(unet, data, precision, steps, batch, workdir):
          "--log-every", str(steps // 3), "--save-every", "0", "--precision", precision, "-o", rundir])
     rows = list(csv.DictReader(open(os.path.join(rundir, "metrics.csv"))))
     return float(rows[-1]["ms_per_step"])  # last window: warm (the first includes start-up)
+
+
+def load_rows(out, gpu):
+    """(train, samp, heading) an earlier run saved in out/bench.json on this GPU model, for
+    --resume; ([], [], None) when there is none. Another GPU's rows are refused (SystemExit)."""
+    path = os.path.join(out, "bench.json")
+    if not os.path.exists(path):
+        return [], [], None
+    try:
+        j = json.load(open(path))
+        train, samp = [tuple(r) for r in j["train"]], [tuple(r) for r in j["samp"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{path}: not a bench.py result ({e})")
+    if j.get("gpu") != gpu:
+        raise SystemExit(f"{path}: measured on {j.get('gpu')}, this GPU is {gpu}; give another --out")
+    FOUND.update(j.get("found") or {})
+    return train, samp, j.get("base")
+
+
+def save_rows(out, gpu, base, train, samp):
+    """out/bench.json: the rows so far (what --resume reads), written whole or not at all."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "bench.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"gpu": gpu, "base": base, "found": FOUND, "train": train, "samp": samp}, f)
+    os.replace(path + ".tmp", path)
 
 
 def unet_sample_wall(unet, ckpt, precision, n, steps=(2, 60)):
@@ -261,19 +291,29 @@ def main():
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--skip-fp32", action="store_true", help="leave out unet fp32 and torch eager fp32 (slow)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows --out's bench.json holds (an earlier, stopped run on this GPU) and "
+                         "measure only the others")
     a = ap.parse_args()
+    if a.resume and not a.out:
+        ap.error("--resume needs --out (the folder of the earlier run's bench.json)")
     import torch
     gpu = torch.cuda.get_device_name(0)
-    train, samp = [], []
-    base = (f"seed64, 64x64, on {gpu}, torch {torch.__version__} (its cuDNN {torch.backends.cudnn.version()}), "
-            f"{time.strftime('%Y-%m-%d')}")
+    train, samp, base = load_rows(a.out, gpu) if a.resume else ([], [], None)
+    if train or samp:
+        print(f"resuming: {len(train) + len(samp)} rows from {os.path.join(a.out, 'bench.json')}: "
+              + ", ".join(n for n, *_ in train) + " | " + ", ".join(n for n, *_ in samp), flush=True)
+    base = base or (f"seed64, 64x64, on {gpu}, torch {torch.__version__} (its cuDNN "
+                    f"{torch.backends.cudnn.version()}), {time.strftime('%Y-%m-%d')}")
+    have_train = lambda name: any(r[0] == name for r in train)  # noqa: E731
+    have_samp = lambda name: any(r[0] == name for r in samp)  # noqa: E731
 
     def head():
         return base + (f"; unet's convolution library: {FOUND['cudnn']}" if "cudnn" in FOUND else "")
 
     def save():  # after every row: a run stopped by a time limit keeps what it measured
         if a.out:
-            os.makedirs(a.out, exist_ok=True)
+            save_rows(a.out, gpu, base, train, samp)
             open(os.path.join(a.out, "bench.md"), "w").write(render(head(), a.batch, a.sample_n, train, samp) + "\n")
 
     def stopped(signum, frame):
@@ -287,6 +327,8 @@ def main():
         data = os.path.join(tmp, "bench.h5")
         make_dataset(data)
         for prec in (() if a.skip_fp32 else ("fp32",)) + ("tf32", "bf16"):
+            if have_train(f"unet {prec}"):
+                continue
             ks, ev, mem = unet_profile(a.unet, prec, a.batch)
             wall = unet_train_wall(a.unet, data, prec, a.steps, a.batch, tmp)
             train.append((f"unet {prec}", wall, ks, ev, mem))
@@ -294,7 +336,13 @@ def main():
             print(f"unet {prec}: train wall {wall:.2f} ms/step, kernel sum {ks:.2f}, events {ev:.2f}, "
                   f"memory {mem:.2f} GB", flush=True)
         ckpt = os.path.join(tmp, "run-tf32", "latest.h5")
+        if not os.path.exists(ckpt) and not (have_samp("unet tf32") and have_samp("unet bf16")):
+            # the tf32 training row came from an earlier run: fresh weights
+            ckpt = os.path.join(tmp, "init.h5")  # (the sampling loop's time does not depend on them)
+            run([a.unet, "init", "--preset", "seed64", "-o", ckpt])
         for prec in ("tf32", "bf16"):
+            if have_samp(f"unet {prec}"):
+                continue
             wall = unet_sample_wall(a.unet, ckpt, prec, a.sample_n)
             ks, ev, _ = unet_profile(a.unet, prec, a.sample_n, "forward")
             samp.append((f"unet {prec}", wall, ev))  # its GPU time: lanes overlap kernels (see train)
@@ -305,11 +353,15 @@ def main():
         modes = [m for m in TORCH_TRAIN if not (a.skip_compile and m.startswith("compile"))
                  and not (a.skip_fp32 and m.endswith("fp32"))]
         for mode in modes:
+            if have_train(f"torch {mode}"):
+                continue
             wall, ks, mem = bench_torch_train(mode, a.batch)
             train.append((f"torch {mode}", wall, ks, float("nan"), mem))
             save()
             print(f"torch {mode}: {wall:.2f} ms/step (events), kernel sum {ks:.2f}, peak {mem:.2f} GB", flush=True)
         for mode in ("eager tf32", "eager bf16") + (() if a.skip_compile else ("compile tf32", "compile bf16")):
+            if have_samp(f"torch {mode}"):
+                continue
             wall, ks, _ = bench_torch_sample(mode, a.sample_n)
             samp.append((f"torch {mode}", wall, ks))
             save()

@@ -13,7 +13,9 @@
 #           cuda (W = 1 / W = 0 vs conditional / null-class sampling, W = 4 vs PyTorch two-pass guidance,
 #           class dropout vs the RNG contract, bitwise resume; fp32 and tf32), and seed64 sampling
 #           with --guidance-scale at batch 64 (activations planned for 128)
-#   bench   scripts/bench.py: unet fp32/tf32 vs PyTorch eager/compile, seed64 batch 32
+#   bench   scripts/bench.py: unet fp32/tf32 vs PyTorch eager/compile, seed64 batch 32; the whole run
+#           takes ~12 minutes, so with BENCH_DIR (a folder carried from call to call) each call keeps
+#           the rows an earlier call saved there (--resume) and measures the rest
 #   convstats  GroupNorm statistics from the conv (or skip concatenation) in front (UNET_CONV_STATS=1):
 #           test_conv's and test_concat's statistics tests, test_model_golden and e2e bitwise resume (bf16, graphs) with it on, and the step
 #           with it off and on, with and without UNET_PDL (same run)
@@ -155,7 +157,10 @@ PY
         time "$U" sample "$OUT/cfg64.h5" -n 64 --sampler ddim --steps 50 --class 1 $gs -o "" > /dev/null 2>&1
       done
       rm -f "$OUT/cfg64.h5" ;;
-    bench) timeout 590 python3 scripts/bench.py --unet "$U" --out "$OUT" 2>&1 | tee "$OUT/bench.txt" | tail -12 ;;
+    bench)
+      timeout 580 python3 scripts/bench.py --unet "$U" --out "${BENCH_DIR:-$OUT}" ${BENCH_DIR:+--resume} 2>&1 |
+        tee "$OUT/bench.txt" | tail -12
+      if [ -n "${BENCH_DIR:-}" ]; then cp "$BENCH_DIR"/bench.md "$BENCH_DIR"/bench.json "$OUT"/ 2>/dev/null || true; fi ;;
     cudnn)
       # PyTorch's cuDNN (and NCCL) first on the path, as scripts/gpu_libs.sh puts them when asked
       pt=$(LD_LIBRARY_PATH= UNET_GPU_CUDNN=torch bash -c 'source scripts/gpu_libs.sh; echo "$LD_LIBRARY_PATH"')
