@@ -290,14 +290,14 @@ constexpr int kMinBlocksMT = MT == 1              ? kMinBlocks<D, kSplit>
                                                   : 0;
 
 // ---- forward ---------------------------------------------------------------------------------
-// grid (ceil(T / (16 FW MT)), B * heads); FW warps x MT x 16 query rows (Kernels::kMT).
+// grid (ceil(T / (64 MT)), B * heads); 4 warps x MT x 16 query rows (Kernels::kMT).
 // sl2 = log2(e) / sqrt(D).
-template <class T, int D, bool kSplit, int BC, int FW = kWarps, int MT = 1>
-__global__ void __launch_bounds__(FW * 32, kWarps* kMinBlocksMT<D, kSplit, MT> / FW)
+template <class T, int D, bool kSplit, int BC, int MT = 1>
+__global__ void __launch_bounds__(kThr, kMinBlocksMT<D, kSplit, MT>)
     flash_fwd_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, int T_, int C,
                      int heads, bool legacy, float sl2) {
   pdl_entry();
-  constexpr int kThr = FW * 32, kRowsPerBlock = FW * 16 * MT;
+  constexpr int kRows = kRowsPerBlock * MT;
   using M = Tile<T, kSplit>;
   constexpr int KS = M::KS, LDK = D + M::kPad, LDV = D + M::kPadKN;
   extern __shared__ float4 smem_f4[];
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(FW * 32, kWarps* kMinBlocksMT<D, kSplit, MT> /
   const size_t ld = 3 * (size_t)C;
   const Heads off = heads_at(h, C, D, legacy);
   const T* base = qkv + (size_t)b * T_ * ld;
-  const int rw = blockIdx.x * kRowsPerBlock + warp * 16 * MT;  // this warp's first query row
+  const int rw = blockIdx.x * kRows + warp * 16 * MT;  // this warp's first query row
 
   auto load_kv = [&](int j, int st) {
     cp_tile<BC, D, LDK, kThr>(sK + st * BC * LDK, base + off.k, ld, j * BC, T_, tid);
@@ -764,7 +764,7 @@ struct Kernels {
     if (dev < 64 && done[dev]) return;
     allow_dynamic_smem(flash_fwd_kernel<T, D, kSplit, BN>, fwd_smem<T, D, kSplit>());
     if constexpr (kMT != 1)
-      allow_dynamic_smem(flash_fwd_kernel<T, D, kSplit, kBlockN<T, D, kMT>, kWarps, kMT>,
+      allow_dynamic_smem(flash_fwd_kernel<T, D, kSplit, kBlockN<T, D, kMT>, kMT>,
                          fwd_smem<T, D, kSplit, kMT>());
     if constexpr (kBwd) {
       constexpr int BR = kBlockDkdv<T, D>;
@@ -785,7 +785,7 @@ struct Kernels {
     auto go = [&](auto mt) {
       constexpr int MT = decltype(mt)::value, rows = kWarps * 16 * MT;
       const dim3 grid((g.T + rows - 1) / rows, g.B * g.heads);
-      flash_fwd_kernel<T, D, kSplit, kBlockN<T, D, MT>, kWarps, MT>
+      flash_fwd_kernel<T, D, kSplit, kBlockN<T, D, MT>, MT>
           <<<grid, kThr, fwd_smem<T, D, kSplit, MT>(), ctx.stream>>>(
               dptr<T>(o.qkv), dptr<T>(o.out), dptr<float>(o.lse), g.T, g.C, g.heads, o.legacy,
               (float)(kLog2e / std::sqrt((double)D)));
