@@ -305,8 +305,12 @@ def main():
               + ", ".join(n for n, *_ in train) + " | " + ", ".join(n for n, *_ in samp), flush=True)
     base = base or (f"seed64, 64x64, on {gpu}, torch {torch.__version__} (its cuDNN "
                     f"{torch.backends.cudnn.version()}), {time.strftime('%Y-%m-%d')}")
-    have_train = lambda name: any(r[0] == name for r in train)  # noqa: E731
-    have_samp = lambda name: any(r[0] == name for r in samp)  # noqa: E731
+
+    def have_train(name):  # measured by an earlier run (--resume)
+        return any(r[0] == name for r in train)
+
+    def have_samp(name):
+        return any(r[0] == name for r in samp)
 
     def head():
         return base + (f"; unet's convolution library: {FOUND['cudnn']}" if "cudnn" in FOUND else "")

@@ -7,6 +7,10 @@
 //  * every fast CPU variant (avx512, avx2) vs the CPU reference at odd small shapes and at every
 //    tiny32 shape, bitwise independent of the thread count; the default choice and the forced
 //    reference (conv=ref).
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -16,10 +20,6 @@
 #include <map>
 #include <regex>
 #include <tuple>
-
-#include <dlfcn.h>
-#include <unistd.h>
-#include <sys/stat.h>
 
 #include "ops_common.h"
 

@@ -37,7 +37,8 @@ TEST(Linear, ForwardBackwardFloatAndAbsentOutputs) {
       for (int n = 0; n < N; ++n)
         for (int o = 0; o < O; ++o) {
           double m = bias ? std::fabs(b[o]) : 0.0, want = bias ? b[o] : 0.0;
-          for (int i = 0; i < I; ++i) m += std::fabs(x[n * I + i] * w[o * I + i]), want += x[n * I + i] * w[o * I + i];
+          for (int i = 0; i < I; ++i)
+            m += std::fabs(x[n * I + i] * w[o * I + i]), want += x[n * I + i] * w[o * I + i];
           e2 += (got[n * O + o] - want) * (got[n * O + o] - want);
           m2 += m * m;
         }

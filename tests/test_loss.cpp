@@ -1,7 +1,7 @@
 // loss and diffusion families: the MSE and its gradient (lib/ops/loss.h), the classifier's
 // cross-entropy with top-k hits and its log sums (CrossEntropy, ClassifierStats), q_sample, the
-// samplers' arithmetic and their noise (lib/ops/diffusion_ops.h, NormalFill); CPU in lib/ops/*.cpp, CUDA in kernels/loss/
-// and kernels/diffusion/.
+// samplers' arithmetic and their noise (lib/ops/diffusion_ops.h, NormalFill); CPU in
+// lib/ops/*.cpp, CUDA in kernels/loss/ and kernels/diffusion/.
 #include <algorithm>
 
 #include "ops_common.h"

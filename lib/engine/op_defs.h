@@ -675,8 +675,8 @@ struct AdamW {
           X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd) X(AttentionBwd) \
               X(PoolTokensFwd) X(PoolTokensBwd) X(PoolSelectFwd) X(PoolSelectBwd) X(DropoutFwd)             \
                   X(DropoutBwd) X(MseLoss) X(DiffusionLoss) X(LossStats) X(CrossEntropy) X(ClassifierStats) \
-                      X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(NormalFill) X(SumSquares) X(ClipScale)       \
-                          X(AdamWSchedule) X(AdamW)
+                      X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(NormalFill) X(SumSquares)      \
+                          X(ClipScale) X(AdamWSchedule) X(AdamW)
 
 // ---- generic views of an op, from fields() ----
 enum class Role { In, Out, InOut };

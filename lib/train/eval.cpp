@@ -65,8 +65,8 @@ EvalResult evaluate(Engine& eng, Model& model, const std::string& dataset_path, 
   res.vb.assign(T, 0.0), res.x0_mse.assign(T, 0.0), res.mse.assign(T, 0.0);
   res.total_per_image.reserve(n);
   std::vector<uint8_t> u8(Bmax * numel);
-  std::vector<float> hx0(Bmax * numel), ht(Bmax), hcoef(2 * Bmax),
-      hl((size_t)Bmax * kLossCoefRows), hterms((size_t)T * Bmax * kLossTerms);
+  std::vector<float> hx0(Bmax * numel), ht(Bmax), hcoef(2 * Bmax), hl((size_t)Bmax * kLossCoefRows),
+      hterms((size_t)T * Bmax * kLossTerms);
   std::vector<int32_t> hy(Bmax);
   const double ab_last = diff.alphas_cumprod[T - 1];
   const double prior_mean = (double)(float)std::sqrt(ab_last);

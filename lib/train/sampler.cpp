@@ -31,14 +31,12 @@ Sampler::Sampler(Engine& eng, SamplerNet net, int max_batch)
   hy_.resize(bmax_);
 }
 
-// Step noise drawn on the device where it is used (it was drawn on the host and uploaded: 786k
-// normals a step for 64 images at 64x64, 12.7 ms on one core, which limited the bf16 sampling
-// loop below ~16 threads): z[b*numel + j] = normal(key(t), SampleStep, (first+b)*numel + j),
-// independent of batching.
-void Sampler::step_noise(uint64_t seed, int t_orig, int64_t first, const Tensor& z) {
-  const size_t numel = z.per_sample();
-  eng_.ops().run(NormalFill{z, rng_key(seed, Stream::SampleStep, static_cast<uint64_t>(t_orig)),
-                            static_cast<uint64_t>(Stream::SampleStep), static_cast<uint64_t>(first) * numel});
+// Noise drawn on the device where it is used (the step noise was drawn on the host and uploaded:
+// 786k normals a step for 64 images at 64x64, 12.7 ms on one core, which limited the bf16 sampling
+// loop below ~16 threads): z[b*numel + j] = normal(key, stream, (first+b)*numel + j), independent
+// of batching. x_T: key = the seed, stream SampleInit; step t: key(t), SampleStep.
+void Sampler::draw_noise(uint64_t key, Stream s, int64_t first, const Tensor& z) {
+  eng_.ops().run(NormalFill{z, key, static_cast<uint64_t>(s), static_cast<uint64_t>(first) * z.per_sample()});
 }
 
 void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, const int32_t* labels,
@@ -122,7 +120,7 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
     if (noise_nhwc) {
       eng_.upload(x, noise_nhwc + static_cast<size_t>(first) * numel);
     } else {
-      ops.run(NormalFill{x, opt.seed, static_cast<uint64_t>(Stream::SampleInit), static_cast<uint64_t>(first) * numel});
+      draw_noise(opt.seed, Stream::SampleInit, first, x);
     }
     Tensor y;
     if (labelled) {
@@ -152,10 +150,11 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       const Tensor grad = net_.cond_fn ? grad_.batch(B) : Tensor{};
       if (net_.cond_fn) net_.cond_fn(x, t, y, grad);
 
+      const uint64_t step_key = rng_key(opt.seed, Stream::SampleStep, static_cast<uint64_t>(t_orig));
       if (ddim) {
         const Diffusion::DdimCoeffs c = d.ddim_coeffs(k, opt.eta);
         if (c.noise) {
-          step_noise(opt.seed, t_orig, first, z);
+          draw_noise(step_key, Stream::SampleStep, first, z);
         }
         d.ddim_step(ops, k, opt.eta, x, eps, x0, c.noise ? z : Tensor{}, opt.clip, grad);
       } else {
@@ -163,7 +162,7 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
         float scale = 0.0f;
         Tensor noise;
         if (add_noise) {
-          step_noise(opt.seed, t_orig, first, z);
+          draw_noise(step_key, Stream::SampleStep, first, z);
           if (net_.learn_sigma) {
             const Diffusion::LogRange r = d.learned_range_bounds(k);
             noise = noise_.batch(B);

@@ -15,6 +15,7 @@
 #include "diffusion.h"
 #include "engine.h"
 #include "model.h"
+#include "rng.h"
 
 namespace unet {
 
@@ -86,8 +87,8 @@ class Sampler {
   // when it may be written again.
   float* ht_ = nullptr;
   uint64_t tfence_ = 0;
-  // Draws step t_orig's noise for the batch starting at sample `first` into z (on the device).
-  void step_noise(uint64_t seed, int t_orig, int64_t first, const Tensor& z);
+  // Draws the noise of the batch starting at sample `first` into z, on the device.
+  void draw_noise(uint64_t key, Stream s, int64_t first, const Tensor& z);
   std::vector<int32_t> hy_;
 };
 
