@@ -2,7 +2,7 @@
 # The GPU machine's checks for the CUDA engine, one part per argument (or all):
 #   tests   every test binary (CUDA tests run there; they skip in CI), 3 at a time
 #   e2e     the end-to-end CLI test on the GPU (pipeline, loss, bitwise resume, SIGINT, NaN)
-#   parity  unet sample on the GPU vs guided-diffusion's sampler in float64 (fp32: 1e-4, tf32: 1e-3)
+#   parity  unet sample on the GPU vs guided-diffusion's sampler in float64 (fp32: 1e-4, tf32: 3e-3)
 #   objective  issue 12 on the GPU: unet eval / sample flags vs the PyTorch transcription (fp32 1e-4,
 #           tf32 2e-3), hybrid-loss training, bitwise resume with loss-second-moment and --microbatch
 #   classifier  issue 13 on the GPU: the classifier's CUDA parity tests (CUDA vs CPU in fp32/tf32/bf16,
@@ -94,7 +94,10 @@ for p in $parts; do
       for f in graph bf16; do echo "--- $f"; grep -E "FAIL|failed|bitwise|loss went|^OK|Ran " "$OUT/e2e_$f.txt"; done ;;
     parity)
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=fp32 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_fp32.txt" 2>&1
-      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=1e-3 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_tf32.txt" 2>&1
+      # tf32 3e-3: DDIM from t = 39 of 40 divides the network's error by sqrt(alpha_bar) (1/487
+      # there); "over sections 7,3" measured 3e-6 .. 1.6e-3 over 7 seeds (H200, 2026-11-29; the
+      # other cases <= 3.6e-4), the same with the binaries before and after that day's kernel change.
+      UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=tf32 UNET_PARITY_TOL=3e-3 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_tf32.txt" 2>&1
       UNET_TEST_DEVICE=cuda UNET_TEST_PRECISION=bf16 UNET_PARITY_TOL=2e-2 timeout 300 python3 tests/test_diffusion_golden.py > "$OUT/parity_bf16.txt" 2>&1
       grep -hE "rel L2|failed|device=" "$OUT"/parity_*.txt ;;
     objective)

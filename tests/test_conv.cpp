@@ -270,7 +270,7 @@ TEST(ConvVariants, SmallOddShapes) {
   // The model's output layer: activation inputs, an f32 output (bf16 in, f32 out in bf16 engines),
   // forward only; B, H, Ci, Co, emb, res:
   //  * small, and the released models' 192 -> 6 (learned sigma);
-  //  * "narrow_tc" (bf16, tf32): seed64's at its size (64x64: whole 2x64 tiles), odd tiles in both
+  //  * "narrow_tc" (bf16, tf32): seed64's at its size (64x64: whole 8 x 64 tiles), odd tiles in both
   //    directions with the learned-sigma width and every epilogue term, and channels in several
   //    chunks of 64 (bf16) or 32 (tf32) (imagenet256's 256, 208 = 3 x 64 + 16, 48 = 32 + 16), and
   //    tf32's narrowest K step (8 channels).

@@ -31,7 +31,8 @@ SEED = int(os.environ.get("UNET_TEST_SEED", np.random.SeedSequence().entropy % (
 print(f"UNET_TEST_SEED={SEED}")
 
 # CI runs the CPU engine; on the GPU machine run with UNET_TEST_DEVICE=cuda and
-# UNET_TEST_PRECISION=fp32 (same 1e-4 limit) or tf32 (10x: UNET_PARITY_TOL=1e-3).
+# UNET_TEST_PRECISION=fp32 (same 1e-4 limit) or tf32 (UNET_PARITY_TOL=3e-3: DDIM's first step from
+# t = 39 multiplies the network's tf32 error by ~487; scripts/gpu_check.sh says more).
 DEVICE = os.environ.get("UNET_TEST_DEVICE", "cpu")
 PRECISION = os.environ.get("UNET_TEST_PRECISION", "")
 TOL = float(os.environ.get("UNET_PARITY_TOL", "1e-4"))

@@ -21,8 +21,8 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/file.h>
-#include <unistd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -41,6 +41,7 @@
 #include "cudnn.h"
 #include "env_vars.h"
 #include "reduce.cuh"
+#include "rng.h"
 #include "rowblock.cuh"
 #include "util.h"
 
@@ -533,11 +534,7 @@ std::vector<Cand> candidates(State& st, const Heur& h, const Shape& s, Precision
 __global__ void scratch_random_kernel(void* p, size_t n, int is_bf16, unsigned seed) {
   pdl_entry();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    const float v = (float)(h >> 8) * (2.f / 16777216.f) - 1.f;
+    const float v = (float)(hash64(seed, i) >> 40) * (2.f / 16777216.f) - 1.f;  // uniform in [-1, 1)
     if (is_bf16)
       static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
     else

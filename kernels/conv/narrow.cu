@@ -219,28 +219,37 @@ bool narrow_ok(const ConvFwd& o, const CudaCtx&) {
 // ---- variant "narrow_tc": the same layer on tensor cores (bf16 or tf32 input, 3x3, stride 1) ----
 // Measured on the H100 (seed64 batch 32, 64 -> 3 at 64x64, bf16): "narrow" took 53 us, 8.5
 // TFLOP/s of FMAs for 17 MB of input: its per-element conversions, index arithmetic and the
-// nine-fold re-reads of each input vector cost more than the multiplies. Here a block of four
-// warps takes 2 output rows x 64 columns: the 4 input rows they read (66 columns, zero padding
+// nine-fold re-reads of each input vector cost more than the multiplies. Here a block of 16 warps
+// takes 8 output rows x 64 columns: the 10 input rows they read (66 columns, zero padding
 // included) go to shared memory (by chunks of 128 bytes a pixel: 64 bf16 or 32 f32 channels), and
-// each warp runs the 3x3 taps as an implicit GEMM of 32 pixels x 8 outputs (mma.sync m16n8k16 bf16
-// / m16n8k8 tf32, the weights zero-padded from Co to 8 columns and held in registers for the chunk,
-// the pixels' fragments read with ldmatrix from rows 144 bytes apart: no bank conflicts); f32
-// accumulation in a fixed order (deterministic), then the epilogue in f32 before the one
-// rounding, as "narrow". tf32 rounds both operands to nearest, as cuDNN's tf32 kernels do. By
-// chunks a block needs 42 KB whatever Ci is (with every channel at once, imagenet256's 256-channel
-// output layer took 184 KB a block: one block an SM, 2.0 ms of its 77 ms forward).
-// H100, 64 -> 3 at 64x64 batch 32 (same runs, 2026-11-25): tf32 52.7 us, bf16 18.6; "narrow" 75.4
-// and 52.5. Measured and not kept: wmma (the weights' fragments from shared memory, 160-byte rows),
-// tf32 80 us and bf16 31, two thirds of it the fragment loads (their shared memory wavefronts);
-// persistent blocks with two stages (the next chunk's copies in flight during the MMAs; 80 KB, two
-// blocks an SM), tf32 66.9 us and bf16 22.9: with 8 warps an SM the MMA chains' latency shows.
-constexpr int kTcCols = 64, kTcRows = 2, kTcWarps = 4;
+// each warp runs the 3x3 taps as an implicit GEMM of 32 pixels (half a row) x 8 outputs (mma.sync
+// m16n8k16 bf16 / m16n8k8 tf32, the weights zero-padded from Co to 8 columns, the pixels'
+// fragments read with ldmatrix from rows 144 bytes apart: no bank conflicts). The chunk's weights
+// are put in shared memory once a block, in each lane's B-fragment order (9 KB; one 8-byte load a
+// lane per tap and k-step). f32 accumulation in a fixed order (deterministic), then the epilogue in
+// f32 before the one rounding, as "narrow". tf32 rounds both operands to nearest, as cuDNN's tf32
+// kernels do. By chunks a block needs 104 KB whatever Ci is (two blocks an SM).
+// H200, sampling's forward at seed64 batch 64 (64 -> 3 at 64x64), same runs (2026-11-29): the
+// kernel before, 4 warps of 2 rows x 32 pixels each building its own B fragments in registers
+// (9 taps x 4 k-steps: loads, bounds tests and conversions a lane; ncu: instruction-bound at 13%
+// of DRAM bandwidth), tf32 92.9 us and bf16 31.7; this one 51.9 and 27.3 (training's batch 32:
+// bf16 19.3 -> 13.3). Measured and not kept (same runs): 8 rows with a warp a row (64 pixels)
+// tf32 55.0 / bf16 26.9; 16 rows a warp a row (one 180 KB block an SM) 54.4 / 26.4; 4 rows of two
+// warps 57.9 / 28.2; tf32's input rounded once as it is copied in (through registers instead of
+// cp.async) rather than after each ldmatrix: 63.2 (8 rows) and 88.3 (4 rows) against 55.0 and 73.2.
+// Earlier (H100, 2026-11-25): wmma (the weights' fragments from shared memory, 160-byte rows),
+// two thirds of its time the fragment loads; persistent blocks with two stages (the next chunk's
+// copies in flight during the MMAs): with 8 warps an SM the MMA chains' latency showed.
+constexpr int kTcCols = 64, kTcRows = 8, kTcWarpsRow = 2;  // a warp: kTcCols / kTcWarpsRow pixels of a row
+constexpr int kTcThreads = kTcRows * kTcWarpsRow * 32;
+constexpr int kTcFrags = kTcCols / kTcWarpsRow / 16;  // a warp's 16-pixel fragments
 constexpr int kTcInCols = kTcCols + 2, kTcInRows = kTcRows + 2;
 constexpr int kTcChunkBytes = 128, kTcPixelBytes = kTcChunkBytes + 16;  // 16 more: ldmatrix rows in distinct banks
 constexpr int kTcKSteps = kTcChunkBytes / 32;                           // MMA k-steps (32 bytes of channels) a chunk
-size_t tc_smem_bytes() {
-  return (size_t)kTcInRows * kTcInCols * kTcPixelBytes + (size_t)kTcWarps * 32 * 8 * 4;
-}
+constexpr int kTcBFrags = 9 * kTcKSteps * 32;  // a chunk's B fragments (uint2 a lane)
+// The input rows and the chunk's B fragments; the output staging reuses the input rows' space.
+constexpr size_t kTcSmem = (size_t)kTcInRows * kTcInCols * kTcPixelBytes + (size_t)kTcBFrags * sizeof(uint2);
+static_assert((size_t)kTcRows * kTcCols * 8 * sizeof(float) <= (size_t)kTcInRows * kTcInCols * kTcPixelBytes);
 
 // c += a b for 16 pixels x 8 outputs over one k-step (32 bytes of channels).
 template <class T>
@@ -253,49 +262,42 @@ __device__ __forceinline__ void mma_step(float (&c)[4], const uint32_t (&a)[4], 
 // The B fragment's two registers for output n, k-step ks of the chunk at c0: tf32 the values at k
 // = t and t + 4, bf16 the pairs at 2t and 2t + 8 (k within the step; zero past Co or the chunk).
 template <class T>
-__device__ __forceinline__ void b_frag(const T* __restrict__ w, int n, int Co, int tap, int Ci, int c0, int kc, int ks,
-                                       int t, uint32_t (&b)[2]) {
+__device__ __forceinline__ uint2 b_frag(const T* __restrict__ w, int n, int Co, int tap, int Ci, int c0,
+                                        int kc, int ks, int t) {
+  if (n >= Co) return make_uint2(0u, 0u);
   const T* wr = w + ((size_t)n * 9 + tap) * Ci + c0;
   if constexpr (std::is_same_v<T, float>) {
     const int k = ks * 8 + t;
-    b[0] = n < Co && k < kc ? tf32_bits(wr[k]) : 0u;
-    b[1] = n < Co && k + 4 < kc ? tf32_bits(wr[k + 4]) : 0u;
+    return make_uint2(k < kc ? tf32_bits(wr[k]) : 0u, k + 4 < kc ? tf32_bits(wr[k + 4]) : 0u);
   } else {
     const int k = ks * 16 + 2 * t;
-    b[0] = n < Co && k < kc ? *reinterpret_cast<const uint32_t*>(wr + k) : 0u;
-    b[1] = n < Co && k + 8 < kc ? *reinterpret_cast<const uint32_t*>(wr + k + 8) : 0u;
+    return make_uint2(k < kc ? *reinterpret_cast<const uint32_t*>(wr + k) : 0u,
+                      k + 8 < kc ? *reinterpret_cast<const uint32_t*>(wr + k + 8) : 0u);
   }
 }
 
-// Resident blocks an SM the registers must allow: unbounded, ptxas took 167 registers in tf32 (3
-// blocks an SM, 42 KB of shared memory each) and 100 in bf16 (4). H200, same run, kernel time at
-// seed64 (2026-11-28): tf32 batch 32 52.1 -> 48.4 us (4 blocks, 92 bytes spilled; 5: 50.1),
-// sampling's batch 64 108.0 -> 93.2; bf16 batch 64 34.4 -> 31.6 (5 blocks, no spills; 4: 33.5).
-template <class T>
-constexpr int kTcMinBlocks = std::is_same_v<T, float> ? 4 : 5;
-
 template <class T, class TY, int CO>
-__global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocks<T>)
+__global__ void __launch_bounds__(kTcThreads, 2)
     narrow_tc_kernel(const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ bias,
-                     const float* __restrict__ emb, const TY* __restrict__ res, TY* __restrict__ y, int H, int W,
-                     int Ci, int Co_rt) {
+                     const float* __restrict__ emb, const TY* __restrict__ res, TY* __restrict__ y, int H,
+                     int W, int Ci, int Co_rt) {
   pdl_entry();
   constexpr int vec = 16 / (int)sizeof(T), chunk = kTcChunkBytes / (int)sizeof(T);
   const int Co = CO ? CO : Co_rt;
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  unsigned char* sx = tc_smem;                                                          // [kTcInRows][kTcInCols] pixels
-  float* so = reinterpret_cast<float*>(tc_smem + kTcInRows * kTcInCols * kTcPixelBytes);  // [warp][32][8]
-  const int t = threadIdx.x, nt = blockDim.x, lane = t % 32;
+  unsigned char* sx = tc_smem;  // [kTcInRows][kTcInCols] pixels
+  uint2* sb = reinterpret_cast<uint2*>(tc_smem + kTcInRows * kTcInCols * kTcPixelBytes);  // [tap][ks][lane]
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int wrow = warp / kTcWarpsRow, wcol = (warp % kTcWarpsRow) * (kTcCols / kTcWarpsRow);
   const int x0 = blockIdx.x * kTcCols, y0 = blockIdx.y * kTcRows, b = blockIdx.z;
-  const int warp = t / 32, wr = warp / 2, wc = (warp % 2) * 32;
-  float acc[2][4] = {};
+  float acc[kTcFrags][4] = {};
   // ldmatrix: lane l gives the row of pixel (l % 8) + 8 ((l / 8) % 2) at k byte offset 16 (l / 16)
   const uint32_t a_lane = (uint32_t)__cvta_generic_to_shared(sx) +
                           (uint32_t)(((lane % 8) + 8 * ((lane / 8) % 2)) * kTcPixelBytes + 16 * (lane / 16));
   for (int c0 = 0; c0 < Ci; c0 += chunk) {
     const int kc = min(chunk, Ci - c0), cv = kc / vec;  // channels, 16-byte vectors per pixel
     __syncthreads();  // the previous chunk's fragment loads are done
-    for (int i = t; i < kTcInRows * kTcInCols * cv; i += nt) {
+    for (int i = t; i < kTcInRows * kTcInCols * cv; i += kTcThreads) {
       const int c = cv == kTcChunkBytes / 16 ? i % (kTcChunkBytes / 16) : i % cv;
       const int r = cv == kTcChunkBytes / 16 ? i / (kTcChunkBytes / 16) : i / cv;
       const int col = r % kTcInCols, row = r / kTcInCols;
@@ -308,49 +310,52 @@ __global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocks<T>)
     }
     if (kc < chunk)  // a partial chunk: zeros past its channels (their weights are zero too, but
                      // the stale bits could be NaN)
-      for (int i = t; i < kTcInRows * kTcInCols * (chunk / vec - cv); i += nt) {
+      for (int i = t; i < kTcInRows * kTcInCols * (chunk / vec - cv); i += kTcThreads) {
         const int r = i / (chunk / vec - cv), c = cv + i % (chunk / vec - cv);
         *reinterpret_cast<uint4*>(sx + (size_t)r * kTcPixelBytes + c * 16) = make_uint4(0, 0, 0, 0);
       }
-    // The chunk's weights (B: k x 8 outputs) for this lane, all taps and k-steps, while the copies fly.
-    uint32_t bw[9][kTcKSteps][2];
-#pragma unroll
-    for (int tap = 0; tap < 9; ++tap)
-#pragma unroll
-      for (int ks = 0; ks < kTcKSteps; ++ks) b_frag(w, lane / 4, Co, tap, Ci, c0, kc, ks, lane % 4, bw[tap][ks]);
+    // The chunk's weights (B: k x 8 outputs) in each lane's fragment order, while the copies fly.
+    for (int i = t; i < kTcBFrags; i += kTcThreads) {
+      const int l = i % 32, ks = (i / 32) % kTcKSteps, tap = i / (32 * kTcKSteps);
+      sb[i] = b_frag(w, l / 4, Co, tap, Ci, c0, kc, ks, l % 4);
+    }
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
 #pragma unroll
     for (int tap = 0; tap < 9; ++tap) {
       const int ky = tap / 3, kx = tap % 3;
-      const uint32_t arow = a_lane + (uint32_t)(((wr + ky) * kTcInCols + wc + kx) * kTcPixelBytes);
+      const uint32_t arow = a_lane + (uint32_t)(((wrow + ky) * kTcInCols + wcol + kx) * kTcPixelBytes);
 #pragma unroll
-      for (int ks = 0; ks < kTcKSteps; ++ks)
+      for (int ks = 0; ks < kTcKSteps; ++ks) {
+        const uint2 bq = sb[(tap * kTcKSteps + ks) * 32 + lane];
+        const uint32_t bw[2] = {bq.x, bq.y};
 #pragma unroll
-        for (int f = 0; f < 2; ++f) {
+        for (int f = 0; f < kTcFrags; ++f) {
           uint32_t a[4];
           ldsm_x4(arow + (uint32_t)(f * 16 * kTcPixelBytes + ks * 32), a);
           if constexpr (std::is_same_v<T, float>)
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[e] = tf32_bits(__uint_as_float(a[e]));
-          mma_step<T>(acc[f], a, bw[tap][ks]);
+          mma_step<T>(acc[f], a, bw);
         }
+      }
     }
   }
+  __syncthreads();  // every warp's fragment loads are done: the input rows' space takes the outputs
   // C fragment: pixel f * 16 + lane / 4 (+ 8), outputs 2 (lane % 4) and + 1
-  float* o = so + warp * 32 * 8;
+  float* o = reinterpret_cast<float*>(sx) + warp * (kTcCols / kTcWarpsRow) * 8;
 #pragma unroll
-  for (int f = 0; f < 2; ++f) {
+  for (int f = 0; f < kTcFrags; ++f) {
     const int p = f * 16 + lane / 4, n = 2 * (lane % 4);
-    o[p * 8 + n] = acc[f][0], o[p * 8 + n + 1] = acc[f][1];
-    o[(p + 8) * 8 + n] = acc[f][2], o[(p + 8) * 8 + n + 1] = acc[f][3];
+    *reinterpret_cast<float2*>(o + p * 8 + n) = make_float2(acc[f][0], acc[f][1]);
+    *reinterpret_cast<float2*>(o + (p + 8) * 8 + n) = make_float2(acc[f][2], acc[f][3]);
   }
   __syncwarp();
-  const int oy = y0 + wr;
+  const int oy = y0 + wrow;
   if (oy >= H) return;
-  for (int j = lane; j < 32 * Co; j += 32) {
-    const int p = j / Co, c = j % Co, ox = x0 + wc + p;
+  for (int j = lane; j < kTcCols / kTcWarpsRow * Co; j += 32) {
+    const int p = j / Co, c = j % Co, ox = x0 + wcol + p;
     if (ox >= W) continue;
     const size_t idx = (((size_t)b * H + oy) * W + ox) * Co + c;
     float v = o[p * 8 + c];
@@ -364,12 +369,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocks<T>)
 template <class T, class TY, int CO>
 void launch_tc(const ConvFwd& o, CudaCtx& ctx) {
   auto kern = narrow_tc_kernel<T, TY, CO>;
+  static const bool attr = (allow_dynamic_smem(kern, kTcSmem), true);  // once per instantiation
+  (void)attr;
   const int B = (int)o.x.dim[0], H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3];
-  const size_t smem = tc_smem_bytes();
   const dim3 grid((W + kTcCols - 1) / kTcCols, (H + kTcRows - 1) / kTcRows, B);
-  kern<<<grid, kTcWarps * 32, smem, ctx.stream>>>(dptr<T>(o.x), dptr<T>(o.w), dptr<float>(o.bias),
-                                                  dptr<float>(o.emb), dptr<TY>(o.res), dptr<TY>(o.y), H, W, Ci,
-                                                  (int)o.y.dim[3]);
+  kern<<<grid, kTcThreads, kTcSmem, ctx.stream>>>(dptr<T>(o.x), dptr<T>(o.w), dptr<float>(o.bias),
+                                                  dptr<float>(o.emb), dptr<TY>(o.res), dptr<TY>(o.y), H, W,
+                                                  Ci, (int)o.y.dim[3]);
   KERNEL_CHECK();
 }
 
