@@ -108,7 +108,8 @@ def load_rows(out, gpu):
     if not os.path.exists(path):
         return [], [], None
     try:
-        j = json.load(open(path))
+        with open(path) as f:
+            j = json.load(f)
         train, samp = [tuple(r) for r in j["train"]], [tuple(r) for r in j["samp"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"{path}: not a bench.py result ({e})")
@@ -306,11 +307,8 @@ def main():
     base = base or (f"seed64, 64x64, on {gpu}, torch {torch.__version__} (its cuDNN "
                     f"{torch.backends.cudnn.version()}), {time.strftime('%Y-%m-%d')}")
 
-    def have_train(name):  # measured by an earlier run (--resume)
-        return any(r[0] == name for r in train)
-
-    def have_samp(name):
-        return any(r[0] == name for r in samp)
+    def have(rows, name):  # measured by an earlier run (--resume)
+        return any(r[0] == name for r in rows)
 
     def head():
         return base + (f"; unet's convolution library: {FOUND['cudnn']}" if "cudnn" in FOUND else "")
@@ -331,7 +329,7 @@ def main():
         data = os.path.join(tmp, "bench.h5")
         make_dataset(data)
         for prec in (() if a.skip_fp32 else ("fp32",)) + ("tf32", "bf16"):
-            if have_train(f"unet {prec}"):
+            if have(train, f"unet {prec}"):
                 continue
             ks, ev, mem = unet_profile(a.unet, prec, a.batch)
             wall = unet_train_wall(a.unet, data, prec, a.steps, a.batch, tmp)
@@ -340,12 +338,12 @@ def main():
             print(f"unet {prec}: train wall {wall:.2f} ms/step, kernel sum {ks:.2f}, events {ev:.2f}, "
                   f"memory {mem:.2f} GB", flush=True)
         ckpt = os.path.join(tmp, "run-tf32", "latest.h5")
-        if not os.path.exists(ckpt) and not (have_samp("unet tf32") and have_samp("unet bf16")):
+        if not os.path.exists(ckpt) and not (have(samp, "unet tf32") and have(samp, "unet bf16")):
             # the tf32 training row came from an earlier run: fresh weights
             ckpt = os.path.join(tmp, "init.h5")  # (the sampling loop's time does not depend on them)
             run([a.unet, "init", "--preset", "seed64", "-o", ckpt])
         for prec in ("tf32", "bf16"):
-            if have_samp(f"unet {prec}"):
+            if have(samp, f"unet {prec}"):
                 continue
             wall = unet_sample_wall(a.unet, ckpt, prec, a.sample_n)
             ks, ev, _ = unet_profile(a.unet, prec, a.sample_n, "forward")
@@ -357,14 +355,14 @@ def main():
         modes = [m for m in TORCH_TRAIN if not (a.skip_compile and m.startswith("compile"))
                  and not (a.skip_fp32 and m.endswith("fp32"))]
         for mode in modes:
-            if have_train(f"torch {mode}"):
+            if have(train, f"torch {mode}"):
                 continue
             wall, ks, mem = bench_torch_train(mode, a.batch)
             train.append((f"torch {mode}", wall, ks, float("nan"), mem))
             save()
             print(f"torch {mode}: {wall:.2f} ms/step (events), kernel sum {ks:.2f}, peak {mem:.2f} GB", flush=True)
         for mode in ("eager tf32", "eager bf16") + (() if a.skip_compile else ("compile tf32", "compile bf16")):
-            if have_samp(f"torch {mode}"):
+            if have(samp, f"torch {mode}"):
                 continue
             wall, ks, _ = bench_torch_sample(mode, a.sample_n)
             samp.append((f"torch {mode}", wall, ks))
