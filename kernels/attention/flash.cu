@@ -712,19 +712,6 @@ Geo geo(const Tensor& qkv, const Tensor& out, const Tensor& lse) {
   return g;
 }
 
-int smem_optin() {
-  static const int v = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return n;
-  }();
-  return v;
-}
-
 // The backward's dK/dV blocks (blockIdx.z 0) and dQ blocks (1) as one launch: at seed64's 16x16
 // and 8x8 levels each pass alone left the GPU partly idle and the two waited on each other.
 template <class T, int D, bool kSplit, int BR, int BC, int S>

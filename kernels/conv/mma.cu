@@ -164,19 +164,23 @@ __global__ void __launch_bounds__(BM * BN / 64, 512 / (BM * BN / 64))  // 16 war
     }
 }
 
+// Shared memory of a block with BN output channels: STAGES stages of bf16 A and B tiles.
+constexpr size_t smem_bytes(int BN) { return (size_t)STAGES * (BM + BN) * BK * 2; }
+
 bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
   if (c.prec != Precision::BF16 || o.stride != 1 || o.x.dtype != DType::BF16 || o.w.dtype != DType::BF16 ||
       o.y.dtype != DType::BF16 || (o.res.defined() && o.res.dtype != DType::BF16))
     return false;
   if (o.w.dim[1] != o.w.dim[2] || !same_size(o.x, o.y)) return false;
   const Geo g = fwd_geo(o);
-  return (g.KS == 1 || g.KS == 3) && g.Ci % BK == 0 && g.Co % 8 == 0 && g.M() < (1LL << 31) &&
-         (long long)g.Co < 65535LL * 64 && (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean));
+  return smem_bytes(g.Co > 64 ? 128 : 64) <= (size_t)smem_optin() && (g.KS == 1 || g.KS == 3) &&
+         g.Ci % BK == 0 && g.Co % 8 == 0 && g.M() < (1LL << 31) && (long long)g.Co < 65535LL * 64 &&
+         (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean));
 }
 
 template <int BN, int KS>
 void launch(CudaCtx& ctx, const Geo& g, const ConvFwd& o) {
-  constexpr int bytes = STAGES * (BM + BN) * BK * 2;
+  constexpr int bytes = smem_bytes(BN);
   static const bool attr = (allow_dynamic_smem(fwd_kernel<BN, KS>, bytes), true);
   (void)attr;
   const dim3 grid((unsigned)((g.M() + BM - 1) / BM), (unsigned)((g.Co + BN - 1) / BN));

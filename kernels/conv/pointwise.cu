@@ -220,8 +220,9 @@ bool pw_ok(const ConvBwdFilter& o, const CudaCtx& c) {
         !o.demb.defined() && (!o.db.defined() || o.db.dtype == DType::F32) && same_size(o.x, o.dy)))
     return false;
   const Geo g = filter_geo(o);
-  return g.Ci % PT == 0 && g.Co % PT == 0 && (long long)(g.Ci / PT) * (g.Co / PT) <= 65535 &&
-         g.M() < (1LL << 40) && aligned16(o.x.data) && aligned16(o.dy.data) && aligned16(o.dw.data);
+  return (size_t)PW_SMEM <= (size_t)smem_optin() && g.Ci % PT == 0 && g.Co % PT == 0 &&
+         (long long)(g.Ci / PT) * (g.Co / PT) <= 65535 && g.M() < (1LL << 40) && aligned16(o.x.data) &&
+         aligned16(o.dy.data) && aligned16(o.dw.data);
 }
 size_t pw_ws(const ConvBwdFilter& o, const CudaCtx&) { return pw_plan(o).bytes; }
 void pw_wgrad(const ConvBwdFilter& o, CudaCtx& ctx) {

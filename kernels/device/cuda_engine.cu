@@ -603,6 +603,19 @@ void CudaCtx::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Mat
 
 bool cuda_available() { return no_device_reason().empty(); }
 
+int smem_optin() {
+  static const int v = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return v;
+}
+
 int cuda_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
