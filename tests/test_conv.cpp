@@ -331,6 +331,41 @@ TEST(ConvVariants, NarrowRunsTheOutputLayer) {
   }
 }
 
+// A GPU that lets a block opt into less shared memory than Hopper's 227 KB (99 KB on consumer
+// Ampere, Ada and Blackwell, capped so here): the variants whose blocks need more ("narrow_tc" 104 KB,
+// "pointwise" 110 KB) decline, and the ops run on the ones that fit, against the CPU reference.
+TEST(ConvVariants, SmallSharedMemoryGpu) {
+  SKIP_WITHOUT_GPU();
+  struct Uncap {
+    ~Uncap() { cap_cuda_smem_optin(0); }
+  } uncap;
+  Engine* g = gpu_engine(Precision::TF32);
+  ASSERT_TRUE(g);
+  auto A = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
+  auto has = [](const std::vector<std::string>& v, const char* name) {
+    return std::find(v.begin(), v.end(), name) != v.end();
+  };
+  // (shapes no other test uses: the engine caches each shape's choice)
+  const ConvFwd out = fwd_op(A, g->act_dtype(), 3, 8, 64, 6, 3, 1, false, false, DType::F32, false);
+  const ConvBwdFilter skip{A(g->act_dtype(), {3, 8, 8, 192}),
+                           A(g->act_dtype(), {3, 8, 8, 64}),
+                           A(DType::F32, {64, 1, 1, 192}),
+                           A(DType::F32, {64}),
+                           {},
+                           1};
+  ASSERT_TRUE(has(g->base_ops().variants_for(out), "narrow_tc"));  // (uncapped they take them)
+  ASSERT_TRUE(has(g->base_ops().variants_for(skip), "pointwise"));
+  cap_cuda_smem_optin(99 * 1024);
+  EXPECT_FALSE(has(g->base_ops().variants_for(out), "narrow_tc"));
+  EXPECT_FALSE(has(g->base_ops().variants_for(skip), "pointwise"));
+  EXPECT_EQ(g->base_ops().variant(out), "narrow");
+  EXPECT_NE(g->base_ops().variant(skip), "");
+  check_conv("capped out conv 64 -> 3", 2, 16, 64, 3, 3, 1, false, true);
+  check_conv("capped 1x1 192 -> 64", 2, 16, 192, 64, 1, 1, false, false);
+  cap_cuda_smem_optin(0);
+  EXPECT_TRUE(has(g->base_ops().variants_for(out), "narrow_tc"));
+}
+
 // "wgmma"'s forwards and data gradient (and "wgmma_tap") run only when forced: by default cuDNN
 // keeps the 64x64 level's forwards and data gradients in tf32 and bf16; forced, the forward takes
 // "wgmma" on an H100 / H200. Its filter gradient (tf32 and bf16) is the default there.

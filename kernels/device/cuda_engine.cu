@@ -3,6 +3,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -603,6 +604,12 @@ void CudaCtx::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const Mat
 
 bool cuda_available() { return no_device_reason().empty(); }
 
+namespace {
+std::atomic<int> g_smem_cap{0};  // cap_cuda_smem_optin's (tests)
+}  // namespace
+
+void cap_cuda_smem_optin(int bytes) { g_smem_cap.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }
+
 int smem_optin() {
   static const int v = [] {
     int dev = 0, n = 0;
@@ -613,7 +620,8 @@ int smem_optin() {
     }
     return n;
   }();
-  return v;
+  const int cap = g_smem_cap.load(std::memory_order_relaxed);
+  return cap > 0 && cap < v ? cap : v;
 }
 
 int cuda_device_count() {

@@ -54,5 +54,9 @@ void cuda_set_device(int index);
 // (/path/libcudnn.so.9)", or "no cuDNN (why)" (a build without CUDA too). unet profile prints
 // it: which cuDNN a process found decides its convolutions' speed (docs/speed-log.md, 2026-11-29).
 std::string cudnn_library();
+// Tests: caps the shared memory a block may opt into below the GPU's own limit (0: no cap), as a
+// GPU with less would allow (99 KB on consumer Ampere, Ada and Blackwell against Hopper's 227), so
+// the variants whose blocks need more decline the ops they would otherwise take.
+void cap_cuda_smem_optin(int bytes);
 
 }  // namespace unet
