@@ -765,7 +765,7 @@ struct Kernels {
   static bool fits(bool bwd) {
     if (bwd && !kBwd) return false;
     const size_t m = bwd ? bwd_smem() : std::max(fwd_smem<T, D, kSplit>(), fwd_smem<T, D, kSplit, kMT>());
-    return m <= (size_t)smem_optin();
+    return device_smem_fits(m);
   }
   static void fwd(const AttentionFwd& o, CudaCtx& ctx, const Geo& g) {
     prepare();

@@ -173,8 +173,8 @@ bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
     return false;
   if (o.w.dim[1] != o.w.dim[2] || !same_size(o.x, o.y)) return false;
   const Geo g = fwd_geo(o);
-  return smem_bytes(g.Co > 64 ? 128 : 64) <= (size_t)smem_optin() && (g.KS == 1 || g.KS == 3) &&
-         g.Ci % BK == 0 && g.Co % 8 == 0 && g.M() < (1LL << 31) && (long long)g.Co < 65535LL * 64 &&
+  return device_smem_fits(smem_bytes(g.Co > 64 ? 128 : 64)) && (g.KS == 1 || g.KS == 3) && g.Ci % BK == 0 &&
+         g.Co % 8 == 0 && g.M() < (1LL << 31) && (long long)g.Co < 65535LL * 64 &&
          (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean));
 }
 

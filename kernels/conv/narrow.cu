@@ -43,7 +43,15 @@ constexpr int kMaxCo = 8;        // what the variant takes
 constexpr int kNarrowThreads = 256;
 constexpr size_t kMaxSmem = 160 * 1024;  // f32 weights [k*k][Co][Ci] must fit (Ci <= 740 at 3x3, Co 6)
 // Within kMaxSmem and the device's opt-in limit (smaller GPUs take the other variants).
-inline bool smem_fits(size_t bytes) { return bytes <= kMaxSmem && bytes <= (size_t)smem_optin(); }
+inline bool narrow_smem_fits(size_t bytes) { return bytes <= kMaxSmem && device_smem_fits(bytes); }
+// Opts kernel into `bytes` of shared memory when more than it was (`set`: the kernel's own, per
+// instantiation; 48 KB by default): what the launch needs, as kMaxSmem can exceed a GPU's limit.
+template <class K>
+void opt_in(K kernel, size_t bytes, size_t& set) {
+  if (bytes <= set) return;
+  allow_dynamic_smem(kernel, bytes);
+  set = bytes;
+}
 
 // Weights of one (tap, output channel) as f32 planes that lane cv reads as float4s without bank
 // conflicts: for V = 8 two planes (channels 0-3 and 4-7 of every chunk), for V = 4 one, each Cv
@@ -168,11 +176,8 @@ template <class T, class TY, int V, int CO>
 void launch(const ConvFwd& o, CudaCtx& ctx) {
   auto kern = narrow_fwd_kernel<T, TY, V, CO>;
   const size_t smem = smem_bytes(o);
-  static size_t smem_set = 48 * 1024;  // per instantiation: the default opt-in limit
-  if (smem > smem_set) {               // what this launch needs (kMaxSmem can exceed a smaller GPU's opt-in)
-    allow_dynamic_smem(kern, smem);
-    smem_set = smem;
-  }
+  static size_t smem_set = 48 * 1024;
+  opt_in(kern, smem, smem_set);
   const int B = (int)o.x.dim[0], H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3];
   const int Ho = (int)o.y.dim[1], Wo = (int)o.y.dim[2], Co = (int)o.y.dim[3], k = (int)o.w.dim[1];
   const int G = group_lanes(std::max(1, Ci / V));
@@ -215,7 +220,8 @@ bool narrow_ok(const ConvFwd& o, const CudaCtx&) {
   const int64_t Co = o.y.dim[3], k = o.w.dim[1];
   return Co >= 1 && Co <= kMaxCo && k % 2 == 1 && o.w.dim[2] == k && o.w.dtype == o.x.dtype &&
          (o.y.dtype == o.x.dtype || o.y.dtype == DType::F32) &&
-         (!o.res.defined() || o.res.dtype == o.y.dtype) && o.y.dim[0] < 65536 && smem_fits(smem_bytes(o));
+         (!o.res.defined() || o.res.dtype == o.y.dtype) && o.y.dim[0] < 65536 &&
+         narrow_smem_fits(smem_bytes(o));
 }
 
 // ---- variant "narrow_tc": the same layer on tensor cores (bf16 or tf32 input, 3x3, stride 1) ----
@@ -400,7 +406,7 @@ void narrow_tc_fwd(const ConvFwd& o, CudaCtx& ctx) {
 bool narrow_tc_ok(const ConvFwd& o, const CudaCtx& c) {
   const int64_t Ci = o.x.dim[3];
   const bool tc = o.x.dtype == DType::BF16 ? Ci % 16 == 0 : c.prec == Precision::TF32 && Ci % 8 == 0;
-  return narrow_ok(o, c) && tc && kTcSmem <= (size_t)smem_optin() && o.w.dim[1] == 3 && o.stride == 1 &&
+  return narrow_ok(o, c) && tc && device_smem_fits(kTcSmem) && o.w.dim[1] == 3 && o.stride == 1 &&
          aligned16(o.x.data) && aligned16(o.w.data) && o.x.dim[1] == o.y.dim[1] && o.x.dim[2] == o.y.dim[2];
 }
 
@@ -488,11 +494,8 @@ void launch_dgrad(const ConvBwdData& o, CudaCtx& ctx) {
   const int B = (int)o.dx.dim[0], H = (int)o.dx.dim[1], W = (int)o.dx.dim[2], Cw = (int)o.dx.dim[3];
   const int Cn = (int)o.dy.dim[3];
   const size_t smem = dg_smem_bytes(Cw, Cn);
-  static size_t smem_set = 48 * 1024;  // per instantiation: the default opt-in limit
-  if (smem > smem_set) {               // what this launch needs (kMaxSmem can exceed a smaller GPU's opt-in)
-    allow_dynamic_smem(kern, smem);
-    smem_set = smem;
-  }
+  static size_t smem_set = 48 * 1024;
+  opt_in(kern, smem, smem_set);
   const dim3 grid((W + kDgCols - 1) / kDgCols, (H + kDgRows - 1) / kDgRows, B);
   kern<<<grid, kDgThreads, smem, ctx.stream>>>(dptr<T>(o.dy), dptr<T>(o.w), dptr<T>(o.dx), H, W, Cw, Cn);
   KERNEL_CHECK();
@@ -518,7 +521,7 @@ bool narrow_dgrad_ok(const ConvBwdData& o, const CudaCtx&) {
   return o.stride == 1 && o.w.dim[1] == 3 && o.w.dim[2] == 3 && Cn >= 1 && Cn <= kMaxCo && Cw % 4 == 0 &&
          o.dx.dim[1] == o.dy.dim[1] && o.dx.dim[2] == o.dy.dim[2] && o.dx.dim[0] < 65536 &&
          reinterpret_cast<uintptr_t>(o.dx.data) % (4 * dtype_size(o.dx.dtype)) == 0 &&
-         smem_fits(dg_smem_bytes((int)Cw, (int)Cn));
+         narrow_smem_fits(dg_smem_bytes((int)Cw, (int)Cn));
 }
 
 // ---- variant "narrow_wgrad": the filter gradient of a conv with at most 3 input or output channels (tf32) ----
@@ -736,7 +739,7 @@ bool narrow_wgrad_ok(const ConvBwdFilter& o, const CudaCtx& c) {
   return c.prec == Precision::TF32 && o.x.dtype == DType::F32 && o.dy.dtype == DType::F32 &&
          o.dw.dtype == DType::F32 && (!o.db.defined() || o.db.dtype == DType::F32) && !o.demb.defined() &&
          o.stride == 1 && o.dw.dim[1] == 3 && o.dw.dim[2] == 3 && Cn >= 1 && Cn <= 3 && Cw % 16 == 0 &&
-         Cw >= 16 && Cw <= 128 && wg_smem_bytes(128) <= (size_t)smem_optin() && o.x.dim[1] == o.dy.dim[1] &&
+         Cw >= 16 && Cw <= 128 && device_smem_fits(wg_smem_bytes(128)) && o.x.dim[1] == o.dy.dim[1] &&
          o.x.dim[2] == o.dy.dim[2] && aligned16((Co <= 3 ? o.x : o.dy).data);
 }
 

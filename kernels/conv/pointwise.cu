@@ -220,7 +220,7 @@ bool pw_ok(const ConvBwdFilter& o, const CudaCtx& c) {
         !o.demb.defined() && (!o.db.defined() || o.db.dtype == DType::F32) && same_size(o.x, o.dy)))
     return false;
   const Geo g = filter_geo(o);
-  return (size_t)PW_SMEM <= (size_t)smem_optin() && g.Ci % PT == 0 && g.Co % PT == 0 &&
+  return device_smem_fits(PW_SMEM) && g.Ci % PT == 0 && g.Co % PT == 0 &&
          (long long)(g.Ci / PT) * (g.Co / PT) <= 65535 && g.M() < (1LL << 40) && aligned16(o.x.data) &&
          aligned16(o.dy.data) && aligned16(o.dw.data);
 }

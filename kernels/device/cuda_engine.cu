@@ -610,7 +610,7 @@ std::atomic<int> g_smem_cap{0};  // cap_cuda_smem_optin's (tests)
 
 void cap_cuda_smem_optin(int bytes) { g_smem_cap.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed); }
 
-int smem_optin() {
+bool device_smem_fits(size_t bytes) {
   static const int v = [] {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -621,7 +621,7 @@ int smem_optin() {
     return n;
   }();
   const int cap = g_smem_cap.load(std::memory_order_relaxed);
-  return cap > 0 && cap < v ? cap : v;
+  return bytes <= (size_t)(cap > 0 && cap < v ? cap : v);
 }
 
 int cuda_device_count() {

@@ -174,11 +174,12 @@ inline bool vec4_ok(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T))) == 0;
 }
 
-// The device's per-block shared-memory opt-in limit in bytes (227 KB on Hopper, 99 KB on consumer
-// Ampere / Ada / Blackwell), read once a process (a process drives one GPU); 0 without a device.
-// A variant that asks for more than 48 KB tests its size against it in its `_ok`, so a smaller GPU
-// falls back to another variant instead of failing the launch.
-int smem_optin();
+// Whether a block may opt into `bytes` of shared memory on this device: its per-block opt-in limit
+// (227 KB on Hopper, 99 KB on consumer Ampere / Ada / Blackwell; read once a process, as a process
+// drives one GPU; cap_cuda_smem_optin lowers it for tests). A variant that asks for more than 48 KB
+// tests its size in its `_ok`, so a smaller GPU falls back to another variant instead of failing
+// the launch.
+bool device_smem_fits(size_t bytes);
 
 // Opts a kernel into more than 48 KiB of dynamic shared memory (the launchers call it once per
 // instantiation, before its first launch).
