@@ -105,9 +105,9 @@ constexpr int kNominalSMs = 132;
 // Blocks of nt threads of `kernel` resident at once on kNominalSMs SMs (its registers and
 // shared memory decide how many per SM).
 template <class K>
-int resident_blocks(K* kernel, int nt) {
+int resident_blocks(K* kernel, int nt, size_t smem = 0) {
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, nt, 0) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, nt, smem) != cudaSuccess) {
     (void)cudaGetLastError();
     occ = 1;
   }
@@ -119,20 +119,101 @@ int resident_blocks(K* kernel, int nt) {
 // more), at least rows_per_thread rows per thread (its loop's unroll), at most max_splits (the
 // partials' room).
 template <class K>
-Plan plan(K* kernel, int B, int R, int C, int V, int rows_per_thread, long long max_splits = 1 << 20) {
+Plan plan(K* kernel, int B, int R, int C, int V, int rows_per_thread, long long max_splits = 1 << 20,
+          size_t smem = 0) {
   Plan p;
   p.B = B, p.R = R, p.C = C, p.V = V;
   p.Cv = C / V;
   p.Cl = std::max(1, std::min(p.Cv, kThreads));
   p.L = kThreads / p.Cl;
   p.nt = p.L * p.Cl;
-  const long long want = resident_blocks(kernel, p.nt) / std::max(1, B);
+  const long long want = resident_blocks(kernel, p.nt, smem) / std::max(1, B);
   const long long most = std::max(1LL, ((long long)R + (long long)p.L * rows_per_thread - 1) /
                                            ((long long)p.L * rows_per_thread));
   const long long S = std::max(1LL, std::min({want, most, max_splits}));
   p.rps = std::max(1, (int)((R + S - 1) / S));
   p.S = std::max(1, (R + p.rps - 1) / p.rps);  // no empty split
   return p;
+}
+
+// A thread's walk over its rows rf, rf + step, ... below r1: n iterations from `first` by `step`,
+// backwards with rev (a pass that follows another over the same rows starts where that one
+// ended, on the rows most likely still in L2).
+struct Walk {
+  int first, step, n;
+};
+__device__ __forceinline__ Walk walk(int rf, int r1, int step, bool rev) {
+  const int n = rf < r1 ? (r1 - rf + step - 1) / step : 0;
+  return rev && n > 0 ? Walk{rf + (n - 1) * step, -step, n} : Walk{rf, step, n};
+}
+
+// Rows streamed through shared memory: each thread copies (cp.async, 16 bytes) the vectors it will
+// read itself, D - 1 rows ahead of the one it reads, into its own D slots of NIN vectors (slot-
+// major, threads adjacent: conflict-free), so the bytes in flight take shared memory, not
+// registers. Only its own copies are waited for (cp.async.wait_group), so no block barrier; a
+// slot is refilled one row after it was read.
+template <int D>
+struct Ring {
+  static_assert((D & (D - 1)) == 0, "D a power of two");
+  uint32_t s0;
+  int nt, nin;
+  static size_t bytes(int nt, int nin) { return (size_t)D * nin * nt * 16; }
+  __device__ Ring(void* smem, int nin)
+      : s0((uint32_t)__cvta_generic_to_shared(smem) + threadIdx.x * 16), nt(blockDim.x), nin(nin) {}
+  __device__ uint32_t at(int slot, int in) const {
+    return s0 + (uint32_t)(((slot & (D - 1)) * nin + in) * nt) * 16;
+  }
+  __device__ void copy(int slot, int in, const void* g) const {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at(slot, in)), "l"(g) : "memory");
+  }
+  __device__ static void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+  // row i's copies landed, given D - 1 groups committed up front and one per row since
+  __device__ static void wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(D - 2) : "memory"); }
+  template <class Raw>
+  __device__ Raw get(int slot, int in) const {
+    static_assert(sizeof(Raw) == 16, "16-byte vectors");
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(at(slot, in))
+                 : "memory");
+    return *reinterpret_cast<const Raw*>(&v);
+  }
+};
+
+// f(raw, r) for a thread's rows r = rf, rf + L, ... below r1 (backwards with rev) of NIN tensors
+// at element offset col of each row (rows of C; a null tensor is skipped, its raw[] unset; nin:
+// the slots' inputs, NIN or fewer where the last are null),
+// streamed through a Ring of D slots in shared memory `ring`; pre() runs once the first copies
+// are in flight.
+template <class T, int V, int D, int NIN, class Pre, class F>
+__device__ __forceinline__ void ring_rows(const T* const (&src)[NIN], size_t col, int C, int rf, int r1,
+                                          int L, bool rev, void* ring, Pre pre, F f, int nin = NIN) {
+  using Raw = typename Vec<T, V>::Raw;
+  const Walk wk = walk(rf, r1, L, rev);
+  const Ring<D> rg(ring, nin);
+  const auto fetch = [&](int i) {
+    const size_t o = col + (size_t)(wk.first + i * wk.step) * C;
+#pragma unroll
+    for (int q = 0; q < NIN; ++q)
+      if (src[q]) rg.copy(i, q, src[q] + o);
+  };
+#pragma unroll
+  for (int k = 0; k < D - 1; ++k) {
+    if (k < wk.n) fetch(k);
+    rg.commit();
+  }
+  pre();
+  for (int i = 0; i < wk.n; ++i) {
+    rg.wait();
+    Raw raw[NIN];
+#pragma unroll
+    for (int q = 0; q < NIN; ++q)
+      if (src[q]) raw[q] = rg.template get<Raw>(i, q);
+    if (i + D - 1 < wk.n) fetch(i + D - 1);
+    rg.commit();
+    f(raw, wk.first + i * wk.step);
+  }
 }
 
 // Sums rows 0..n-1 of a [n][w] float2 array in shared memory into row 0, pairwise halving

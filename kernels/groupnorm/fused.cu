@@ -50,6 +50,26 @@ constexpr int kUS = 8, kU2 = 2;
 // they spill: 9.07 -> 9.52 ms).
 template <int V>
 constexpr int kBlocks = V >= 8 ? 2 : 3;
+// Rows streamed through shared memory (rowblock::Ring) instead of registers, D slots a thread:
+// more bytes in flight than registers hold (Nsight Compute, H200, sampling at batch 64: apply at
+// 64x64 moved 64-65% of DRAM peak, bwd_sums 53-67%, dx 60-80%). apply (16 slots of f32, 8 of bf16)
+// and dx walk their rows backwards, so their first rows are the last the pass before them read
+// (dx kernel sum 1.33 -> 1.30 ms a tf32 step, apply 0.954 -> 0.941 ms a sampling forward). H200,
+// same runs, CUDA events, old / new binary: apply with 16 / 8 slots: sampling's forward at batch
+// 64 tf32 6.163 / 6.167 -> 6.113 / 6.110 ms, bf16 3.896 / 3.897 -> 3.866 / 3.859, tf32 step
+// unchanged; bf16's dx with 4 slots: bf16 step 6.963 / 6.952 -> 6.907 / 6.911. All of it against
+// the binary before: tf32 step 10.901 / 10.885 -> 10.893 / 10.887, bf16 6.982 / 7.012 -> 6.934 /
+// 6.906, sampling tf32 6.158 / 6.160 -> 6.105 / 6.106, bf16 3.906 / 3.904 -> 3.873 / 3.861.
+// Measured and not kept: the statistics (fwd_sums 0.45 -> 0.51-0.53 ms of a sampling forward at
+// 8-32 slots), bwd_sums (tf32 1.31 -> 1.51 ms a step at 8) and f32's dx (1.33 -> 1.39 / 1.45 ms
+// at 4 / 8 slots; tf32 step +0.06 / +0.09 ms): the sums passes read what the kernel before them
+// just wrote, much of it from L2.
+template <int V>
+constexpr int kRingApply = V == 4   ? 16
+                           : V == 8 ? 8
+                                    : 0;
+template <int V>
+constexpr int kRingDx = V == 8 ? 4 : 0;
 // f32: the element kernels load their first rows before their per-channel coefficients (or the
 // statistics' shifts), so that the two round trips overlap. H100, same run: tf32 step 14.922 /
 // 14.882 / 14.903 -> 14.851 / 14.871 / 14.875 ms; for bf16 it cost 8.370 / 8.376 / 8.375 -> 8.383 /
@@ -57,6 +77,37 @@ constexpr int kBlocks = V >= 8 ? 2 : 3;
 // 14.910 -> 14.870 / 14.867 / 14.832, bf16 8.530 / 8.513 / 8.524 -> 8.528 / 8.520 / 8.516).
 template <class T>
 constexpr bool kPrologue = std::is_same_v<T, float>;
+
+// f(raw, r) for the thread's rows r of column col (rows of C), walking rf, rf + L, ... below r1
+// (backwards with rev): with D > 0 through a Ring of D slots in shared memory (dynamic, `ring`),
+// else KU rows at a time in registers (KU rows in order per step). pre() runs once the first
+// loads are in flight.
+template <class T, int V, int KU, int D, class Pre, class F>
+__device__ __forceinline__ void for_rows(const T* col, int C, int rf, int r1, int L, bool rev, void* ring,
+                                         Pre pre, F f) {
+  using Raw = typename Vec<T, V>::Raw;
+  if constexpr (D > 0) {
+    const T* const src[1] = {col};
+    ring_rows<T, V, D, 1>(src, 0, C, rf, r1, L, rev, ring, pre,
+                          [&](const Raw(&raw)[1], int r) { f(raw[0], r); });
+  } else {
+    Raw raw[KU];
+    const auto load = [&](int r) {
+#pragma unroll
+      for (int u = 0; u < KU; ++u)
+        if (r + u * L < r1) raw[u] = Vec<T, V>::ld(col + (size_t)(r + u * L) * C);
+    };
+    const Walk wk = walk(rf, r1, KU * L, rev);
+    if (kPrologue<T>) load(wk.first);
+    pre();
+    for (int i = 0, r = wk.first; i < wk.n; ++i, r += wk.step) {
+      if (!kPrologue<T> || i) load(r);
+#pragma unroll
+      for (int u = 0; u < KU; ++u)
+        if (r + u * L < r1) f(raw[u], r + u * L);
+    }
+  }
+}
 
 // Forward sums of (x - K, (x - K)^2) per (b, split, c); the last block of sample b writes its
 // mean and rstd.
@@ -78,35 +129,26 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int k = 0; k < V; ++k) s1[k] = 0.f, s2[k] = 0.f;
     if (j < Cv) {
-      typename Vec<T, V>::Raw raw[kUS];
-      const auto load = [&](int r) {
-#pragma unroll
-        for (int u = 0; u < kUS; ++u)
-          if (r + u * L < r1) raw[u] = Vec<T, V>::ld(xb + (size_t)(r + u * L) * C + j * V);
-      };
-      const int rf = r0 + rl;
-      if (kPrologue<T>) load(rf);
       float K[V];
+      for_rows<T, V, kUS, 0>(
+          xb + j * V, C, r0 + rl, r1, L, false, nullptr,
+          [&] {
 #pragma unroll
-      for (int k = 0; k < V; ++k) {  // the group's first value as read, minus this channel's offset
-        const int c = j * V + k, c0 = c / Cg * Cg;
-        K[k] = ldf(xb, (size_t)c0) + xoff(xbias, xemb, b, c0, C) - xoff(xbias, xemb, b, c, C);
-      }
-      for (int r = rf; r < r1; r += kUS * L) {
-        if (!kPrologue<T> || r != rf) load(r);
-#pragma unroll
-        for (int u = 0; u < kUS; ++u)
-          if (r + u * L < r1) {
+            for (int k = 0; k < V; ++k) {  // the group's first value as read, minus this channel's offset
+              const int c = j * V + k, c0 = c / Cg * Cg;
+              K[k] = ldf(xb, (size_t)c0) + xoff(xbias, xemb, b, c0, C) - xoff(xbias, xemb, b, c, C);
+            }
+          },
+          [&](const typename Vec<T, V>::Raw& raw, int) {
             float v[V];
-            Vec<T, V>::unpack(raw[u], v);
+            Vec<T, V>::unpack(raw, v);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
               const float d = v[k] - K[k];
               s1[k] += d;
               s2[k] = fmaf(d, d, s2[k]);
             }
-          }
-      }
+          });
     }
 #pragma unroll
     for (int k = 0; k < V; ++k) red[rl * w + cl * V + k] = make_float2(s1[k], s2[k]);
@@ -136,40 +178,32 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
                  const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
                  int R, int C, int G, int Cl, int L, int rps, bool silu) {
   pdl_entry();
+  extern __shared__ uint4 ring[];
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V;
   const int r1 = min(R, s * rps + rps);
   const size_t base = (size_t)b * R * C;
   for (int j = cl; j < Cv; j += Cl) {
-    typename Vec<T, V>::Raw raw[kUA<V>];
-    const auto load = [&](int r) {
-#pragma unroll
-      for (int u = 0; u < kUA<V>; ++u)
-        if (r + u * L < r1) raw[u] = Vec<T, V>::ld(x + base + (size_t)(r + u * L) * C + j * V);
-    };
-    const int rf = s * rps + rl;
-    if (kPrologue<T>) load(rf);
     float m[V], a[V], bb[V];
+    for_rows<T, V, kUA<V>, kRingApply<V>>(
+        x + base + j * V, C, s * rps + rl, r1, L, true, ring,
+        [&] {
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
-      m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
-    }
-    for (int r = rf; r < r1; r += kUA<V> * L) {
-      if (!kPrologue<T> || r != rf) load(r);
-#pragma unroll
-      for (int u = 0; u < kUA<V>; ++u)
-        if (r + u * L < r1) {
+          for (int k = 0; k < V; ++k) {
+            const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
+            m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
+          }
+        },
+        [&](const typename Vec<T, V>::Raw& raw, int r) {
           float v[V];
-          Vec<T, V>::unpack(raw[u], v);
+          Vec<T, V>::unpack(raw, v);
 #pragma unroll
           for (int k = 0; k < V; ++k) {
             const float z = fmaf(v[k] - m[k], a[k], bb[k]);
             v[k] = silu ? silu_fast(z) : z;
           }
-          Vec<T, V>::store(y + base + (size_t)(r + u * L) * C + j * V, v);
-        }
-    }
+          Vec<T, V>::store(y + base + (size_t)r * C + j * V, v);
+        });
   }
 }
 
@@ -236,33 +270,37 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
 #pragma unroll
     for (int k = 0; k < V; ++k) p1[k] = 0.f, p0[k] = 0.f;
     if (j < Cv) {
+      float m[V], rs[V], a[V], bb[V];
+      const auto coefs = [&] {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
+          m[k] = q.m, rs[k] = q.r, a[k] = q.a, bb[k] = q.bb;
+        }
+      };
+      const auto body = [&](const typename Vec<T, V>::Raw& xraw, const typename Vec<T, V>::Raw& graw) {
+        float xv[V], gv[V];
+        Vec<T, V>::unpack(xraw, xv);
+        Vec<T, V>::unpack(graw, gv);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float d = xv[k] - m[k];
+          float dz = gv[k];
+          if (silu) dz *= silu_grad_fast(fmaf(d, a[k], bb[k]));
+          p1[k] = fmaf(dz, d * rs[k], p1[k]);
+          p0[k] += dz;
+        }
+      };
       typename Vec<T, V>::Raw xr[kU2], gr[kU2];
       const auto load = [&](int r) { load_rows<T, V>(xr, gr, nullptr, x, dy, nullptr, base, r, r1, L, C, j); };
       const int rf = r0 + rl;
       if (kPrologue<T>) load(rf);
-      float m[V], rs[V], a[V], bb[V];
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
-        m[k] = q.m, rs[k] = q.r, a[k] = q.a, bb[k] = q.bb;
-      }
+      coefs();
       for (int r = rf; r < r1; r += kU2 * L) {
         if (!kPrologue<T> || r != rf) load(r);
 #pragma unroll
         for (int u = 0; u < kU2; ++u)
-          if (r + u * L < r1) {
-            float xv[V], gv[V];
-            Vec<T, V>::unpack(xr[u], xv);
-            Vec<T, V>::unpack(gr[u], gv);
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-              const float d = xv[k] - m[k];
-              float dz = gv[k];
-              if (silu) dz *= silu_grad_fast(fmaf(d, a[k], bb[k]));
-              p1[k] = fmaf(dz, d * rs[k], p1[k]);
-              p0[k] += dz;
-            }
-          }
+          if (r + u * L < r1) body(xr[u], gr[u]);
       }
     }
 #pragma unroll
@@ -329,6 +367,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
               float* dx_total, float* add_total, int B, const double2* __restrict__ bsums, float* dgamma,
               float* dbeta) {
   pdl_entry();
+  extern __shared__ uint4 ring[];
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V, Cg = C / G;
   if (b == B) {  // the parameter-gradient row
@@ -344,56 +383,68 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
 #pragma unroll
     for (int k = 0; k < V; ++k) sx[k] = 0.f, sa[k] = 0.f;
     if (j < Cv) {
-      // add's rows are loaded with x's and dy's (after the arithmetic they were a second round
-      // trip per iteration: H100 bf16 step 8.721 / 8.726 -> 8.669 / 8.661 ms, tf32 14.996 / 15.046 ->
-      // 15.040 / 15.022, same run)
-      typename Vec<T, V>::Raw xr[kU2], gr[kU2], ar[kU2];
-      const auto load = [&](int r) { load_rows<T, V>(xr, gr, ar, x, dy, add, base, r, r1, L, C, j); };
-      const int rf = s * rps + rl;
-      if (kPrologue<T>) load(rf);
       float m[V], a[V], bb[V], bq[V], cq[V];
+      const auto coefs = [&] {
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const int c = j * V + k;
-        const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, c, C, G);
-        const float2 kk = coef[b * G + c / Cg];
-        m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
-        bq[k] = -q.r * q.r * kk.y;
-        cq[k] = -q.r * kk.x;
-      }
-      for (int r = rf; r < r1; r += kU2 * L) {
-        if (!kPrologue<T> || r != rf) load(r);
+        for (int k = 0; k < V; ++k) {
+          const int c = j * V + k;
+          const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, c, C, G);
+          const float2 kk = coef[b * G + c / Cg];
+          m[k] = q.m, a[k] = q.a, bb[k] = q.bb;
+          bq[k] = -q.r * q.r * kk.y;
+          cq[k] = -q.r * kk.x;
+        }
+      };
+      using Raw = typename Vec<T, V>::Raw;
+      const auto body = [&](const Raw& xraw, const Raw& graw, const Raw& araw, int r) {
+        float xv[V], gv[V];
+        Vec<T, V>::unpack(xraw, xv);
+        Vec<T, V>::unpack(graw, gv);
 #pragma unroll
-        for (int u = 0; u < kU2; ++u)
-          if (r + u * L < r1) {
-            float xv[V], gv[V];
-            Vec<T, V>::unpack(xr[u], xv);
-            Vec<T, V>::unpack(gr[u], gv);
+        for (int k = 0; k < V; ++k) {
+          const float d = xv[k] - m[k];
+          float dz = gv[k];
+          if (silu) dz *= silu_grad_fast(fmaf(d, a[k], bb[k]));
+          gv[k] = fmaf(dz, a[k], fmaf(d, bq[k], cq[k]));
+        }
+        if (add) {
+          Vec<T, V>::unpack(araw, xv);
 #pragma unroll
-            for (int k = 0; k < V; ++k) {
-              const float d = xv[k] - m[k];
-              float dz = gv[k];
-              if (silu) dz *= silu_grad_fast(fmaf(d, a[k], bb[k]));
-              gv[k] = fmaf(dz, a[k], fmaf(d, bq[k], cq[k]));
-            }
-            if (add) {
-              Vec<T, V>::unpack(ar[u], xv);
-#pragma unroll
-              for (int k = 0; k < V; ++k) {
-                gv[k] += xv[k];
-                if (SUMS) sa[k] += xv[k];
-              }
-            }
-            if (add2) {  // (rare: loaded here, not with the rows, to keep the registers)
-              Vec<T, V>::load(add2 + base + (size_t)(r + u * L) * C + j * V, xv);
-#pragma unroll
-              for (int k = 0; k < V; ++k) gv[k] += xv[k];
-            }
-            Vec<T, V>::store(dx_at(dx, dx2, C1, C, R, b, r + u * L, j * V), gv);
-            if (SUMS)
-#pragma unroll
-              for (int k = 0; k < V; ++k) sx[k] += as_stored<T>(gv[k]);
+          for (int k = 0; k < V; ++k) {
+            gv[k] += xv[k];
+            if (SUMS) sa[k] += xv[k];
           }
+        }
+        if (add2) {  // (rare: loaded here, not with the rows, to keep the registers)
+          Vec<T, V>::load(add2 + base + (size_t)r * C + j * V, xv);
+#pragma unroll
+          for (int k = 0; k < V; ++k) gv[k] += xv[k];
+        }
+        Vec<T, V>::store(dx_at(dx, dx2, C1, C, R, b, r, j * V), gv);
+        if (SUMS)
+#pragma unroll
+          for (int k = 0; k < V; ++k) sx[k] += as_stored<T>(gv[k]);
+      };
+      if constexpr (kRingDx < V >> 0) {
+        const T* const src[3] = {x, dy, add};
+        ring_rows<T, V, kRingDx<V>, 3>(
+            src, base + j * V, C, s * rps + rl, r1, L, true, ring, coefs,
+            [&](const Raw(&raw)[3], int r) { body(raw[0], raw[1], raw[2], r); }, add ? 3 : 2);
+      } else {
+        // add's rows are loaded with x's and dy's (after the arithmetic they were a second round
+        // trip per iteration: H100 bf16 step 8.721 / 8.726 -> 8.669 / 8.661 ms, tf32 14.996 / 15.046 ->
+        // 15.040 / 15.022, same run)
+        Raw xr[kU2], gr[kU2], ar[kU2];
+        const auto load = [&](int r) { load_rows<T, V>(xr, gr, ar, x, dy, add, base, r, r1, L, C, j); };
+        const Walk w = walk(s * rps + rl, r1, kU2 * L, true);
+        if (kPrologue<T>) load(w.first);
+        coefs();
+        for (int i = 0, r = w.first; i < w.n; ++i, r += w.step) {
+          if (!kPrologue<T> || i) load(r);
+#pragma unroll
+          for (int u = 0; u < kU2; ++u)
+            if (r + u * L < r1) body(xr[u], gr[u], ar[u], r + u * L);
+        }
       }
     }
     if constexpr (SUMS) {
@@ -427,6 +478,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   }
 }
 
+// ---- host side ----
 // ---- host side ----
 // dx's channels (all of x's without dx2).
 int split_at(const GroupNormBwd& o) { return o.dx2.defined() ? (int)o.dx.dim[3] : (int)o.x.dim[3]; }
@@ -462,12 +514,31 @@ double2* dx_sums_of(CudaCtx& ctx, const Dims& d) {
   return reinterpret_cast<double2*>(reinterpret_cast<char*>(coef_buf(ctx, d)) + (size_t)d.B * d.G * 8);
 }
 
+// The dynamic shared memory of kernel K's Ring<D> over nin inputs (none for D = 0), K's limit
+// raised to it once.
+template <int D, auto K>
+size_t ring_smem(int nin) {
+  if constexpr (D == 0) {
+    return 0;
+  } else {
+    const size_t bytes = Ring<D>::bytes(kThreads, nin);
+    static size_t set = 0;  // (per kernel)
+    if (bytes > set) {
+      CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+      set = bytes;
+    }
+    return bytes;
+  }
+}
+
 template <class T, int V>
 void apply(CudaCtx& ctx, const Dims& d, const T* x, T* y, const GroupNormApply& o) {
-  const Plan p = plan(apply_kernel<T, V>, d.B, d.R, d.C, V, kUA<V>);
-  apply_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
-      x, y, dptr<float>(o.gamma), dptr<float>(o.beta), dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd),
-      dptr<float>(o.xbias), dptr<float>(o.xemb), d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu);
+  constexpr auto k = apply_kernel<T, V>;
+  const size_t sm = ring_smem<kRingApply<V>, k>(1);
+  const Plan p = plan(k, d.B, d.R, d.C, V, kUA<V>, 1 << 20, sm);
+  k<<<p.grid(), p.nt, sm, ctx.stream>>>(x, y, dptr<float>(o.gamma), dptr<float>(o.beta), dptr<float>(o.ss),
+                                        dptr<float>(o.mean), dptr<float>(o.rstd), dptr<float>(o.xbias),
+                                        dptr<float>(o.xemb), d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu);
   KERNEL_CHECK();
 }
 
@@ -514,7 +585,6 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
     const int C1 = split_at(o);
     with_width<T>(bwd_wide<T>(o), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      const Plan p = plan(bwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU2, max_splits(d));
       const float *gamma = dptr<float>(o.gamma), *beta = dptr<float>(o.beta), *ss = dptr<float>(o.ss),
                   *mean = dptr<float>(o.mean), *rstd = dptr<float>(o.rstd), *xbias = dptr<float>(o.xbias),
                   *xemb = dptr<float>(o.xemb);
@@ -522,6 +592,7 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
       // dgamma / dbeta: added by the dx pass's extra block when there is a dx pass
       const bool later = o.dx.defined();
       float *dgamma = dptr<float>(o.dgamma), *dbeta = dptr<float>(o.dbeta);
+      const Plan p = plan(bwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU2, max_splits(d));
       bwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
           x, dy, gamma, beta, ss, mean, rstd, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu,
           reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), coef, ctx.tickets, later ? nullptr : dgamma,
@@ -530,16 +601,17 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
       if (!later) return;
       const auto dx_pass = [&](auto sums_tag) {
         constexpr bool SUMS = decltype(sums_tag)::value;
+        constexpr auto k = dx_kernel<T, V, SUMS>;
+        const size_t sm = ring_smem<kRingDx<V>, k>(o.add.defined() ? 3 : 2);
         // with SUMS the dx kernel's partials reuse bwd_sums's room (those were consumed)
-        const Plan q = plan(dx_kernel<T, V, SUMS>, d.B, d.R, d.C, V, kU2, SUMS ? max_splits(d) : 1 << 20);
+        const Plan q = plan(k, d.B, d.R, d.C, V, kU2, SUMS ? max_splits(d) : 1 << 20, sm);
         dim3 grid = q.grid();
         if (dgamma || dbeta) grid.y += 1;
-        dx_kernel<T, V, SUMS><<<grid, q.nt, 0, ctx.stream>>>(
-            x, dy, dptr<T>(o.dx), dptr<T>(o.dx2), C1, dptr<T>(o.add), dptr<T>(o.add2), gamma, beta, ss, mean, rstd, xbias, xemb, coef,
-            d.R, d.C, d.G, q.Cl, q.L,
-            q.rps, o.silu, reinterpret_cast<float2*>(ctx.partial()), dx_sums_of(ctx, d), ctx.tickets,
-            dptr<float>(o.dx_sums), dptr<float>(o.dx_total), dptr<float>(o.add_total), d.B, sums_of(ctx), dgamma,
-            dbeta);
+        k<<<grid, q.nt, sm, ctx.stream>>>(
+            x, dy, dptr<T>(o.dx), dptr<T>(o.dx2), C1, dptr<T>(o.add), dptr<T>(o.add2), gamma, beta, ss, mean,
+            rstd, xbias, xemb, coef, d.R, d.C, d.G, q.Cl, q.L, q.rps, o.silu,
+            reinterpret_cast<float2*>(ctx.partial()), dx_sums_of(ctx, d), ctx.tickets, dptr<float>(o.dx_sums),
+            dptr<float>(o.dx_total), dptr<float>(o.add_total), d.B, sums_of(ctx), dgamma, dbeta);
         KERNEL_CHECK();
       };
       if (o.dx_sums.defined() || o.dx_total.defined() || o.add_total.defined())
