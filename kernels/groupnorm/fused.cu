@@ -270,37 +270,33 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
 #pragma unroll
     for (int k = 0; k < V; ++k) p1[k] = 0.f, p0[k] = 0.f;
     if (j < Cv) {
-      float m[V], rs[V], a[V], bb[V];
-      const auto coefs = [&] {
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
-          m[k] = q.m, rs[k] = q.r, a[k] = q.a, bb[k] = q.bb;
-        }
-      };
-      const auto body = [&](const typename Vec<T, V>::Raw& xraw, const typename Vec<T, V>::Raw& graw) {
-        float xv[V], gv[V];
-        Vec<T, V>::unpack(xraw, xv);
-        Vec<T, V>::unpack(graw, gv);
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float d = xv[k] - m[k];
-          float dz = gv[k];
-          if (silu) dz *= silu_grad_fast(fmaf(d, a[k], bb[k]));
-          p1[k] = fmaf(dz, d * rs[k], p1[k]);
-          p0[k] += dz;
-        }
-      };
       typename Vec<T, V>::Raw xr[kU2], gr[kU2];
       const auto load = [&](int r) { load_rows<T, V>(xr, gr, nullptr, x, dy, nullptr, base, r, r1, L, C, j); };
       const int rf = r0 + rl;
       if (kPrologue<T>) load(rf);
-      coefs();
+      float m[V], rs[V], a[V], bb[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const Coef q = coef_of(gamma, beta, ss, mean, rstd, xbias, xemb, b, j * V + k, C, G);
+        m[k] = q.m, rs[k] = q.r, a[k] = q.a, bb[k] = q.bb;
+      }
       for (int r = rf; r < r1; r += kU2 * L) {
         if (!kPrologue<T> || r != rf) load(r);
 #pragma unroll
         for (int u = 0; u < kU2; ++u)
-          if (r + u * L < r1) body(xr[u], gr[u]);
+          if (r + u * L < r1) {
+            float xv[V], gv[V];
+            Vec<T, V>::unpack(xr[u], xv);
+            Vec<T, V>::unpack(gr[u], gv);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+              const float d = xv[k] - m[k];
+              float dz = gv[k];
+              if (silu) dz *= silu_grad_fast(fmaf(d, a[k], bb[k]));
+              p1[k] = fmaf(dz, d * rs[k], p1[k]);
+              p0[k] += dz;
+            }
+          }
       }
     }
 #pragma unroll
@@ -479,7 +475,6 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
 }
 
 // ---- host side ----
-// ---- host side ----
 // dx's channels (all of x's without dx2).
 int split_at(const GroupNormBwd& o) { return o.dx2.defined() ? (int)o.dx.dim[3] : (int)o.x.dim[3]; }
 // The 16-byte path's condition for a backward's tensors (and its split).
@@ -585,6 +580,7 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
     const int C1 = split_at(o);
     with_width<T>(bwd_wide<T>(o), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
+      const Plan p = plan(bwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU2, max_splits(d));
       const float *gamma = dptr<float>(o.gamma), *beta = dptr<float>(o.beta), *ss = dptr<float>(o.ss),
                   *mean = dptr<float>(o.mean), *rstd = dptr<float>(o.rstd), *xbias = dptr<float>(o.xbias),
                   *xemb = dptr<float>(o.xemb);
@@ -592,7 +588,6 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
       // dgamma / dbeta: added by the dx pass's extra block when there is a dx pass
       const bool later = o.dx.defined();
       float *dgamma = dptr<float>(o.dgamma), *dbeta = dptr<float>(o.dbeta);
-      const Plan p = plan(bwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU2, max_splits(d));
       bwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(
           x, dy, gamma, beta, ss, mean, rstd, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu,
           reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), coef, ctx.tickets, later ? nullptr : dgamma,
