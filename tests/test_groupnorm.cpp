@@ -341,6 +341,16 @@ TEST(GroupNormVariants, SmallShapes) {
   check_gn("odd add2", 2, 5, 12, false, true, true, false, false, 0, true);
 }
 
+// "fused"'s apply (and bf16's dx) stream each thread's rows through a ring of 16 (f32) / 8 (bf16)
+// slots, 4 for bf16's dx: shapes where a thread walks more rows than its slots (the slots are
+// refilled) and, at C = 2048 in f32, where a block's threads take two rounds of channel vectors
+// (the ring restarts). (SmallShapes' maps give a thread one or two rows.)
+TEST(GroupNormVariants, RowsPastTheRing) {
+  SKIP_WITHOUT_GPU();
+  check_gn("ring 64x64 C2048 + skip sums offset", 2, 64, 2048, false, true, true, true, true);
+  check_gn("ring 128x128 ss + skip sums", 8, 128, 64, true, true, true, true);
+}
+
 TEST(GroupNormVariants, EverySeed64ShapeAtBatch32) {
   SKIP_WITHOUT_GPU();
   std::set<std::pair<int, int>> seen;
