@@ -44,14 +44,6 @@ constexpr int kNarrowThreads = 256;
 constexpr size_t kMaxSmem = 160 * 1024;  // f32 weights [k*k][Co][Ci] must fit (Ci <= 740 at 3x3, Co 6)
 // Within kMaxSmem and the device's opt-in limit (smaller GPUs take the other variants).
 inline bool narrow_smem_fits(size_t bytes) { return bytes <= kMaxSmem && device_smem_fits(bytes); }
-// Opts kernel into `bytes` of shared memory when more than it was (`set`: the kernel's own, per
-// instantiation; 48 KB by default): what the launch needs, as kMaxSmem can exceed a GPU's limit.
-template <class K>
-void opt_in(K kernel, size_t bytes, size_t& set) {
-  if (bytes <= set) return;
-  allow_dynamic_smem(kernel, bytes);
-  set = bytes;
-}
 
 // Weights of one (tap, output channel) as f32 planes that lane cv reads as float4s without bank
 // conflicts: for V = 8 two planes (channels 0-3 and 4-7 of every chunk), for V = 4 one, each Cv
@@ -177,7 +169,7 @@ void launch(const ConvFwd& o, CudaCtx& ctx) {
   auto kern = narrow_fwd_kernel<T, TY, V, CO>;
   const size_t smem = smem_bytes(o);
   static size_t smem_set = 48 * 1024;
-  opt_in(kern, smem, smem_set);
+  allow_dynamic_smem(kern, smem, smem_set);  // what the launch needs (kMaxSmem can exceed a GPU's limit)
   const int B = (int)o.x.dim[0], H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3];
   const int Ho = (int)o.y.dim[1], Wo = (int)o.y.dim[2], Co = (int)o.y.dim[3], k = (int)o.w.dim[1];
   const int G = group_lanes(std::max(1, Ci / V));
@@ -495,7 +487,7 @@ void launch_dgrad(const ConvBwdData& o, CudaCtx& ctx) {
   const int Cn = (int)o.dy.dim[3];
   const size_t smem = dg_smem_bytes(Cw, Cn);
   static size_t smem_set = 48 * 1024;
-  opt_in(kern, smem, smem_set);
+  allow_dynamic_smem(kern, smem, smem_set);  // what the launch needs (kMaxSmem can exceed a GPU's limit)
   const dim3 grid((W + kDgCols - 1) / kDgCols, (H + kDgRows - 1) / kDgRows, B);
   kern<<<grid, kDgThreads, smem, ctx.stream>>>(dptr<T>(o.dy), dptr<T>(o.w), dptr<T>(o.dx), H, W, Cw, Cn);
   KERNEL_CHECK();

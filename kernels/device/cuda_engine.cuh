@@ -187,6 +187,14 @@ template <class K>
 void allow_dynamic_smem(K kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
+// The same, only when `bytes` is more than `set` (what this kernel was allowed before, kept by the
+// caller per kernel; 48 KB by default), which it then becomes.
+template <class K>
+void allow_dynamic_smem(K kernel, size_t bytes, size_t& set) {
+  if (bytes <= set) return;
+  allow_dynamic_smem(kernel, bytes);
+  set = bytes;
+}
 
 // Typed device pointer of a tensor (T = float, bf16, int32_t), nullptr when absent.
 template <class T>

@@ -509,8 +509,7 @@ double2* dx_sums_of(CudaCtx& ctx, const Dims& d) {
   return reinterpret_cast<double2*>(reinterpret_cast<char*>(coef_buf(ctx, d)) + (size_t)d.B * d.G * 8);
 }
 
-// The dynamic shared memory of kernel K's Ring<D> over nin inputs (none for D = 0), K's limit
-// raised to it once.
+// The dynamic shared memory of kernel K's Ring<D> over nin inputs (none for D = 0), K allowed it.
 template <int D, auto K>
 size_t ring_smem(int nin) {
   if constexpr (D == 0) {
@@ -518,10 +517,7 @@ size_t ring_smem(int nin) {
   } else {
     const size_t bytes = Ring<D>::bytes(kThreads, nin);
     static size_t set = 0;  // (per kernel)
-    if (bytes > set) {
-      CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-      set = bytes;
-    }
+    allow_dynamic_smem(K, bytes, set);
     return bytes;
   }
 }
