@@ -13,7 +13,9 @@
 //      apply     apply                              1 launch   ("vec": 2)
 //      backward  sums + coefficients | dx           2 launches ("vec": 5)
 //  * the normalisation is computed as (x - mean) * coefficient, not x * a + (beta - mean a), so a
-//    large common offset does not cancel in f32.
+//    large common offset does not cancel in f32;
+//  * apply (and bf16's dx) stream the rows through shared memory (rowblock::Ring, kRingApply
+//    below) and walk them backwards; the sums passes keep theirs in registers.
 // Deterministic: every partial has a fixed slot and is added in a fixed order; the tickets only
 // decide which block adds. Split counts are sized to one wave of resident blocks (rowblock::plan),
 // so the order depends on the shapes and the build, not on the GPU it runs on.
