@@ -166,6 +166,8 @@ __global__ void __launch_bounds__(BM * BN / 64, 512 / (BM * BN / 64))  // 16 war
 
 // Shared memory of a block with BN output channels: STAGES stages of bf16 A and B tiles.
 constexpr size_t smem_bytes(int BN) { return (size_t)STAGES * (BM + BN) * BK * 2; }
+// The block's output channels for Co (the launch's choice, which fwd_ok sizes).
+inline bool wide_n(const Geo& g) { return g.Co > 64; }
 
 bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
   if (c.prec != Precision::BF16 || o.stride != 1 || o.x.dtype != DType::BF16 || o.w.dtype != DType::BF16 ||
@@ -173,7 +175,7 @@ bool fwd_ok(const ConvFwd& o, const CudaCtx& c) {
     return false;
   if (o.w.dim[1] != o.w.dim[2] || !same_size(o.x, o.y)) return false;
   const Geo g = fwd_geo(o);
-  return device_smem_fits(smem_bytes(g.Co > 64 ? 128 : 64)) && (g.KS == 1 || g.KS == 3) && g.Ci % BK == 0 &&
+  return device_smem_fits(smem_bytes(wide_n(g) ? 128 : 64)) && (g.KS == 1 || g.KS == 3) && g.Ci % BK == 0 &&
          g.Co % 8 == 0 && g.M() < (1LL << 31) && (long long)g.Co < 65535LL * 64 &&
          (!o.mean.defined() || groupnorm_stats_fit(o.y, o.mean));
 }
@@ -194,9 +196,9 @@ void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
   need_aligned("mma", {o.x.data, o.w.data, o.y.data, o.res.data});
   const Geo g = fwd_geo(o);
   if (g.KS == 3)
-    g.Co > 64 ? launch<128, 3>(ctx, g, o) : launch<64, 3>(ctx, g, o);
+    wide_n(g) ? launch<128, 3>(ctx, g, o) : launch<64, 3>(ctx, g, o);
   else
-    g.Co > 64 ? launch<128, 1>(ctx, g, o) : launch<64, 1>(ctx, g, o);
+    wide_n(g) ? launch<128, 1>(ctx, g, o) : launch<64, 1>(ctx, g, o);
   if (o.mean.defined()) groupnorm_stats(ctx, o.y, o.mean, o.rstd);
 }
 

@@ -518,7 +518,7 @@ size_t ring_smem(int nin) {
     return 0;
   } else {
     const size_t bytes = Ring<D>::bytes(kThreads, nin);
-    static size_t set = 0;  // (per kernel)
+    static size_t set = 48 * 1024;  // (per kernel)
     allow_dynamic_smem(K, bytes, set);
     return bytes;
   }
@@ -615,14 +615,19 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
   });
 }
 
+// The rings within the device's shared-memory opt-in limit (the largest, f32 apply's, 64 KB).
+bool rings_fit() {
+  return device_smem_fits(
+      std::max(Ring<kRingApply<4>>::bytes(kThreads, 1), Ring<kRingDx<8>>::bytes(kThreads, 3)));
+}
 bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
-  return (!o.y.defined() || o.y.dtype == o.x.dtype) && fits(dims(o.x, o.mean));
+  return (!o.y.defined() || (o.y.dtype == o.x.dtype && rings_fit())) && fits(dims(o.x, o.mean));
 }
 bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
-  return o.y.dtype == o.x.dtype && dims(o.x, o.mean).B < 65536;
+  return o.y.dtype == o.x.dtype && dims(o.x, o.mean).B < 65536 && rings_fit();
 }
 bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
-  return o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
+  return rings_fit() && o.dy.dtype == o.x.dtype && (!o.dx.defined() || o.dx.dtype == o.x.dtype) &&
          (!o.dx2.defined() || o.dx2.dtype == o.x.dtype) && (!o.add2.defined() || o.add2.dtype == o.x.dtype) &&
          (!o.add.defined() || o.add.dtype == o.x.dtype) && fits(dims(o.x, o.mean));
 }
