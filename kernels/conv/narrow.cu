@@ -168,7 +168,7 @@ template <class T, class TY, int V, int CO>
 void launch(const ConvFwd& o, CudaCtx& ctx) {
   auto kern = narrow_fwd_kernel<T, TY, V, CO>;
   const size_t smem = smem_bytes(o);
-  static size_t smem_set = 48 * 1024;
+  static size_t smem_set = 0;
   allow_dynamic_smem(kern, smem, smem_set);  // what the launch needs (kMaxSmem can exceed a GPU's limit)
   const int B = (int)o.x.dim[0], H = (int)o.x.dim[1], W = (int)o.x.dim[2], Ci = (int)o.x.dim[3];
   const int Ho = (int)o.y.dim[1], Wo = (int)o.y.dim[2], Co = (int)o.y.dim[3], k = (int)o.w.dim[1];
@@ -486,7 +486,7 @@ void launch_dgrad(const ConvBwdData& o, CudaCtx& ctx) {
   const int B = (int)o.dx.dim[0], H = (int)o.dx.dim[1], W = (int)o.dx.dim[2], Cw = (int)o.dx.dim[3];
   const int Cn = (int)o.dy.dim[3];
   const size_t smem = dg_smem_bytes(Cw, Cn);
-  static size_t smem_set = 48 * 1024;
+  static size_t smem_set = 0;
   allow_dynamic_smem(kern, smem, smem_set);  // what the launch needs (kMaxSmem can exceed a GPU's limit)
   const dim3 grid((W + kDgCols - 1) / kDgCols, (H + kDgRows - 1) / kDgRows, B);
   kern<<<grid, kDgThreads, smem, ctx.stream>>>(dptr<T>(o.dy), dptr<T>(o.w), dptr<T>(o.dx), H, W, Cw, Cn);

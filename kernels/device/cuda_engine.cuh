@@ -181,6 +181,18 @@ inline bool vec4_ok(const void* p) {
 // the launch.
 bool device_smem_fits(size_t bytes);
 
+// A kernel's static shared memory plus `dynamic` bytes: what its launch takes (SIZE_MAX when the
+// kernel cannot be read, which no device fits).
+template <class K>
+size_t kernel_smem(K kernel, size_t dynamic) {
+  cudaFuncAttributes a{};
+  if (cudaFuncGetAttributes(&a, kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return SIZE_MAX;
+  }
+  return a.sharedSizeBytes + dynamic;
+}
+
 // Opts a kernel into more than 48 KiB of dynamic shared memory (the launchers call it once per
 // instantiation, before its first launch).
 template <class K>
@@ -188,7 +200,9 @@ void allow_dynamic_smem(K kernel, size_t bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 // The same, only when `bytes` is more than `set` (what this kernel was allowed before, kept by the
-// caller per kernel; 48 KB by default), which it then becomes.
+// caller per kernel, starting at 0), which it then becomes. Not 48 KB to start: without the
+// attribute a block's static and dynamic shared memory together stay within 48 KB, so a kernel
+// with static shared memory fails its launch at exactly 48 KB of dynamic (GroupNorm's bf16 dx did).
 template <class K>
 void allow_dynamic_smem(K kernel, size_t bytes, size_t& set) {
   if (bytes <= set) return;

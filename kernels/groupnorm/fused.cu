@@ -24,6 +24,8 @@
 // Variant "smem" (further down) takes the small maps where a group chunk fits in shared memory.
 #include <cuda_pipeline.h>
 
+#include <algorithm>
+
 #include "cuda_engine.cuh"
 #include "gn_coef.cuh"
 #include "rowblock.cuh"
@@ -518,7 +520,7 @@ size_t ring_smem(int nin) {
     return 0;
   } else {
     const size_t bytes = Ring<D>::bytes(kThreads, nin);
-    static size_t set = 48 * 1024;  // (per kernel)
+    static size_t set = 0;  // (per kernel)
     allow_dynamic_smem(K, bytes, set);
     return bytes;
   }
@@ -615,10 +617,15 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
   });
 }
 
-// The rings within the device's shared-memory opt-in limit (the largest, f32 apply's, 64 KB).
+// The kernels with rings within the device's shared-memory opt-in limit (f32 apply's ring is 64
+// KB; bf16 dx's 48 KB beside 20 KB of static reduction room).
 bool rings_fit() {
-  return device_smem_fits(
-      std::max(Ring<kRingApply<4>>::bytes(kThreads, 1), Ring<kRingDx<8>>::bytes(kThreads, 3)));
+  static const size_t most =
+      std::max({kernel_smem(apply_kernel<float, 4>, Ring<kRingApply<4>>::bytes(kThreads, 1)),
+                kernel_smem(apply_kernel<bf16, 8>, Ring<kRingApply<8>>::bytes(kThreads, 1)),
+                kernel_smem(dx_kernel<bf16, 8, true>, Ring<kRingDx<8>>::bytes(kThreads, 3)),
+                kernel_smem(dx_kernel<bf16, 8, false>, Ring<kRingDx<8>>::bytes(kThreads, 3))});
+  return device_smem_fits(most);
 }
 bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
   return (!o.y.defined() || (o.y.dtype == o.x.dtype && rings_fit())) && fits(dims(o.x, o.mean));
