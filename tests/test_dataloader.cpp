@@ -9,8 +9,11 @@
 
 #include "dataloader.h"
 #include "dataset.h"
+#include "engine.h"
+#include "ophelp.h"
 #include "rng.h"
 #include "testutil.h"
+#include "trainer.h"
 #include "util.h"
 
 using namespace unet;
@@ -285,6 +288,45 @@ TEST(DataLoader, NoiseIsStandardNormal) {
   }
   EXPECT_NEAR(s / n, 0.0, 0.02);
   EXPECT_NEAR(s2 / n, 1.0, 0.03);
+}
+
+// The trainers draw the batch noise with the engine (draw_train_noise) and the loader leaves it
+// out (host_noise false): the same values as the loader's own draw for every rank's slice, bitwise
+// on the CPU engine, within the NormalFill tolerance on a GPU (libm's last bit; skipped without one);
+// everything else in the batch unchanged.
+TEST(DataLoader, NoiseDrawnByTheEngineIsTheLoaders) {
+  const uint64_t seed = test::test_seed();
+  const int S = 8, B = 6, world = 3;
+  Toy t = toy(5, S, true, seed);
+  for (int rank = 0; rank < world; ++rank) {
+    DataLoader host(t.info, t.images, t.labels, B, 1000, seed, true, 4, 2, nullptr, rank, world);
+    DataLoader dev(t.info, t.images, t.labels, B, 1000, seed, true, 4, 2, nullptr, rank, world, false);
+    const int b = host.local_batch();
+    for (int64_t step : {4, 5, 11}) {
+      const Batch want = host.compute(step), got = dev.compute(step);
+      EXPECT_TRUE(got.noise.empty());
+      EXPECT_TRUE(want.x0 == got.x0 && want.t == got.t && want.labels == got.labels);
+      Engine& cpu = test::cpu_engine();
+      const Tensor z = cpu.alloc(DType::F32, {b, S, S, 3});
+      test::poison(cpu, z);
+      draw_train_noise(cpu.ops(), z, seed, step, (int64_t)rank * b);
+      const std::vector<float> w(want.noise.begin(), want.noise.end());
+      EXPECT_EQ(test::to_host(cpu, z), w) << "rank " << rank << " step " << step;
+      if (Engine* gpu = test::gpu_engine(Precision::TF32)) {
+        const Tensor g = gpu->alloc(DType::F32, {b, S, S, 3});
+        test::poison(*gpu, g);
+        draw_train_noise(gpu->ops(), g, seed, step, (int64_t)rank * b);
+        const std::vector<float> v = test::to_host(*gpu, g);
+        size_t differ = 0;
+        for (size_t i = 0; i < w.size(); ++i) {
+          if (v[i] == w[i]) continue;
+          ++differ;
+          EXPECT_LE(std::fabs(v[i] - w[i]), std::fabs(w[i]) * 1.2e-7f) << i;  // (NaN fails)
+        }
+        EXPECT_LE(differ, 2u);
+      }
+    }
+  }
 }
 
 TEST(DataLoader, HostAllocHook) {

@@ -149,12 +149,11 @@ void ClassifierTask::start(Engine& eng, const Checkpoint&, bool, int64_t step, i
   diff_ = std::make_unique<Diffusion>(cfg_.diffusion_steps, cfg_.noise_schedule, false);
   if (o_.val_data.empty() || o_.eval_every <= 0) return;
   Device& dev = eng.device();
-  // Its own seed: the validation batches (order, flips, timesteps, noise) are a function of
-  // (seed, evaluation index) only.
   val_ = std::make_unique<DataLoader>(
-      o_.val_data, o_.batch_size, cfg_.diffusion_steps, hash64(o_.seed, 0x76616c6964ull), o_.flip,
+      o_.val_data, o_.batch_size, cfg_.diffusion_steps, val_seed(), o_.flip,
       evaluations_before(step, o_.eval_every), 2, [&dev](size_t bytes) { return dev.alloc_host(bytes); },
-      rank, world);
+      rank, world, /*host_noise=*/false);
+  val_first_ = rank * Bl_;
   check_data(val_->info(), o_.val_data);
 }
 
@@ -171,13 +170,13 @@ std::vector<std::string> ClassifierTask::columns() const {
   return c;
 }
 
-void ClassifierTask::set_batch(const Batch& b, int64_t, int) {
+void ClassifierTask::set_batch(const Batch& b, int64_t step, int first) {
   for (int i = 0; i < Bl_; ++i) host_labels_[i] = b.labels[i];
   for (int i = 0; i < Bl_; ++i) host_t_[i] = o_.noised ? (int)b.t[i] : 0;
   for (int i = 0; i < Bl_; ++i) ++quartile_n_[quartile(host_t_[i], cfg_.diffusion_steps)];
   step_->set_timesteps(*diff_, host_t_.data(), o_.noised);
   eng_->upload(step_->x0, b.x0.data());
-  eng_->upload(step_->noise, b.noise.data());
+  draw_train_noise(eng_->ops(), step_->noise, o_.seed, step, first);
   eng_->upload(step_->labels, host_labels_);
 }
 
@@ -191,7 +190,7 @@ void ClassifierTask::after_step(int64_t step) {
   step_->set_timesteps(*diff_, t.data(), o_.noised, /*val=*/true);
   std::vector<int32_t> lab(b->labels.begin(), b->labels.end());
   eng_->upload(step_->val_x0, b->x0.data());
-  eng_->upload(step_->val_noise, b->noise.data());
+  draw_train_noise(eng_->ops(), step_->val_noise, val_seed(), b->step, val_first_);
   eng_->upload(step_->val_labels, lab.data());
   step_->evaluate();
   eng_->device().sync();  // the host buffers above are reused at the next evaluation

@@ -17,6 +17,7 @@
 #include "classifier.h"
 #include "dataloader.h"
 #include "diffusion.h"
+#include "rng.h"
 #include "train_step.h"
 #include "trainer.h"
 
@@ -87,6 +88,10 @@ class ClassifierTask final : public TrainTask {
   std::unique_ptr<ClassifierStep> step_;
   std::unique_ptr<Diffusion> diff_;
   std::unique_ptr<DataLoader> val_;
+  int64_t val_first_ = 0;  // this rank's first sample of a validation batch
+  // The validation batches' own seed: their order, flips, timesteps and noise are a function of
+  // (seed, evaluation index) only.
+  uint64_t val_seed() const { return hash64(o_.seed, 0x76616c6964ull); }
   int Bl_ = 0;
   int32_t* host_labels_ = nullptr;
   std::vector<int> host_t_;

@@ -67,7 +67,7 @@ using HostVector = std::vector<T, HostAllocator<T>>;
 
 struct Batch {
   HostVector<float> x0;        // [B,H,W,C] NHWC in [-1,1] (u8/127.5 - 1), flipped per sample unless no_flip
-  HostVector<float> noise;     // [B,H,W,C] N(0,1)
+  HostVector<float> noise;     // [B,H,W,C] N(0,1); empty when the loader does not draw it (host_noise)
   HostVector<float> t;         // [B] integer timesteps in [0,T) as float, uniform
   HostVector<int32_t> labels;  // [B] (zeros when the dataset has no labels)
   int64_t step = -1;
@@ -79,13 +79,15 @@ class DataLoader {
   // Reads the whole `images` array into RAM here (HDF5 is not thread-safe; the background thread
   // never touches it). Throws UserError on a bad file or arguments.
   // rank/world: this process's slice of every global batch (batch_size divisible by world).
+  // host_noise false: Batch::noise is left empty, for a trainer that draws it where it is used
+  // (op NormalFill with noise_key(seed, step) at index first-sample x H x W x C: the same values).
   DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
              int64_t start_step, int prefetch = 3, HostAlloc host_alloc = nullptr, int rank = 0,
-             int world = 1);
+             int world = 1, bool host_noise = true);
   // An in-memory dataset: images uint8 [count, S, S, 3], labels [count] or empty.
   DataLoader(DatasetInfo info, std::vector<uint8_t> images, std::vector<int64_t> labels, int batch_size,
              int T, uint64_t seed, bool flip, int64_t start_step, int prefetch = 3,
-             HostAlloc host_alloc = nullptr, int rank = 0, int world = 1);
+             HostAlloc host_alloc = nullptr, int rank = 0, int world = 1, bool host_noise = true);
   ~DataLoader();  // stops and joins the background thread
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -106,6 +108,10 @@ class DataLoader {
   // stays valid, and the buffer untouched, until the following next() call. Rethrows an error of
   // the background thread.
   Batch* next();
+
+  // The key of step's noise: sample g's value j is normal(noise_key(seed, step), TrainNoise,
+  // g x H x W x C + j) (lib/rng.h), g its index in the global batch.
+  static uint64_t noise_key(uint64_t seed, int64_t step);
 
   // ---- the pure functions the thread evaluates (for tests and tools) ----
   // Dataset image shown as run-sample i (= step*B + b).
@@ -137,6 +143,7 @@ class DataLoader {
   int b_ = 0, off_ = 0;  // this rank's slice of a batch: samples [off_, off_ + b_)
   uint64_t seed_;
   bool flip_;
+  bool host_noise_ = true;
   int64_t start_;
   std::shared_ptr<const std::function<void*(size_t)>> alloc_;
 
