@@ -2,6 +2,7 @@
 // function of (seed, step) — so resume at step k gives exactly the batches of a fresh run —,
 // flips really mirror, values and labels follow the images.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <atomic>
 #include <cmath>
@@ -327,6 +328,21 @@ TEST(DataLoader, NoiseDrawnByTheEngineIsTheLoaders) {
       }
     }
   }
+}
+
+// The background thread's OpenMP loops take the count of the thread that made the loader
+// (omp_set_num_threads is per thread: a new thread would start from every core).
+TEST(DataLoader, ThreadsAreTheCreators) {
+  const uint64_t seed = test::test_seed();
+  Toy t = toy(3, 8, false, seed);
+  const int saved = omp_get_max_threads();
+  for (int n : {1, 3}) {
+    omp_set_num_threads(n);
+    DataLoader dl(t.info, t.images, t.labels, 4, 1000, seed, true, 0);
+    dl.next();  // the background thread has filled a batch
+    EXPECT_EQ(dl.threads(), n);
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(DataLoader, HostAllocHook) {

@@ -1,5 +1,7 @@
 #include "dataloader.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -93,7 +95,12 @@ void DataLoader::init(int prefetch, int rank, int world) {
     slots_.push_back(std::make_unique<Slot>());
     alloc_batch(slots_.back()->batch, true);
   }
-  thread_ = std::thread([this] { producer(); });
+  const int threads = omp_get_max_threads();
+  thread_ = std::thread([this, threads] {
+    omp_set_num_threads(threads);
+    threads_ = omp_get_max_threads();
+    producer();
+  });
 }
 
 DataLoader::~DataLoader() {

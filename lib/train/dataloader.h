@@ -15,6 +15,7 @@
 // host memory stays bounded (the batches in flight, the epoch permutation of 8 bytes per image,
 // the labels). UNET_STREAM_DATA=1 or 0 forces either way.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -109,6 +110,12 @@ class DataLoader {
   // the background thread.
   Batch* next();
 
+  // OpenMP threads of the background thread's parallel loops: those of the thread that made the
+  // loader (omp_set_num_threads sets only the calling thread's count, and a new thread starts
+  // from OMP_NUM_THREADS or every core: unet train's ranks under mpirun had 2 x 32 threads on 32
+  // cores). 0 until the background thread has started.
+  int threads() const { return threads_.load(); }
+
   // The key of step's noise: sample g's value j is normal(noise_key(seed, step), TrainNoise,
   // g x H x W x C + j) (lib/rng.h), g its index in the global batch.
   static uint64_t noise_key(uint64_t seed, int64_t step);
@@ -155,6 +162,7 @@ class DataLoader {
   int64_t next_step_;  // the step next() returns next
   int held_ = -1;      // slot held by the consumer
   std::thread thread_;
+  std::atomic<int> threads_{0};
 };
 
 }  // namespace unet
