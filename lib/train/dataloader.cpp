@@ -26,16 +26,20 @@ double DataLoader::resident_bytes(const DatasetInfo& info) {
   return images + perm + labels;
 }
 
-DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
-                       int64_t start_step, int prefetch, HostAlloc host_alloc, int rank, int world,
-                       bool host_noise)
+// The settings both constructors share (a throw in theirs runs the destructor: no thread yet).
+DataLoader::DataLoader(int batch_size, int T, uint64_t seed, bool flip, int64_t start_step, bool host_noise)
     : B_(batch_size),
       T_(T),
       seed_(seed),
       flip_(flip),
       host_noise_(host_noise),
       start_(start_step),
-      next_step_(start_step) {
+      next_step_(start_step) {}
+
+DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
+                       int64_t start_step, int prefetch, HostAlloc host_alloc, int rank, int world,
+                       bool host_noise)
+    : DataLoader(batch_size, T, seed, flip, start_step, host_noise) {
   DatasetReader reader(dataset_path);
   info_ = reader.info();
   if (info_.count < 1) throw UserError(dataset_path + ": the dataset has no images");
@@ -59,16 +63,10 @@ DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, u
 DataLoader::DataLoader(DatasetInfo info, std::vector<uint8_t> images, std::vector<int64_t> labels,
                        int batch_size, int T, uint64_t seed, bool flip, int64_t start_step, int prefetch,
                        HostAlloc host_alloc, int rank, int world, bool host_noise)
-    : info_(std::move(info)),
-      images_(std::move(images)),
-      labels_(std::move(labels)),
-      B_(batch_size),
-      T_(T),
-      seed_(seed),
-      flip_(flip),
-      host_noise_(host_noise),
-      start_(start_step),
-      next_step_(start_step) {
+    : DataLoader(batch_size, T, seed, flip, start_step, host_noise) {
+  info_ = std::move(info);
+  images_ = std::move(images);
+  labels_ = std::move(labels);
   const size_t per = static_cast<size_t>(info_.image_size) * info_.image_size * 3;
   if (info_.count < 1 || info_.image_size < 1 || images_.size() != static_cast<size_t>(info_.count) * per)
     throw UserError("dataloader: images do not match the dataset description");

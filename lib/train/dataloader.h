@@ -137,6 +137,7 @@ class DataLoader {
     Batch batch;
     enum State { Free, Ready, Held } state = Free;
   };
+  DataLoader(int batch_size, int T, uint64_t seed, bool flip, int64_t start_step, bool host_noise);
   void init(int prefetch, int rank, int world);
   void fill(int64_t step, Batch& out, PermCache& cache) const;
   void alloc_batch(Batch& b, bool use_hook) const;
