@@ -306,6 +306,7 @@ TEST(DataLoader, NoiseDrawnByTheEngineIsTheLoaders) {
     DataLoader host(t.info, t.images, t.labels, B, 1000, seed, true, 4, 2, nullptr, rank, world);
     DataLoader dev(t.info, t.images, t.labels, B, 1000, seed, true, 4, 2, nullptr, rank, world, false);
     const int b = host.local_batch();
+    EXPECT_EQ(host.first(), rank * b);
     for (int64_t step : {4, 5, 11}) {
       const Batch want = host.compute(step), got = dev.compute(step);
       EXPECT_TRUE(got.noise.empty());

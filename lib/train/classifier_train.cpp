@@ -153,7 +153,6 @@ void ClassifierTask::start(Engine& eng, const Checkpoint&, bool, int64_t step, i
       o_.val_data, o_.batch_size, cfg_.diffusion_steps, val_seed(), o_.flip,
       evaluations_before(step, o_.eval_every), 2, [&dev](size_t bytes) { return dev.alloc_host(bytes); },
       rank, world, /*host_noise=*/false);
-  val_first_ = rank * Bl_;
   check_data(val_->info(), o_.val_data);
 }
 
@@ -190,7 +189,7 @@ void ClassifierTask::after_step(int64_t step) {
   step_->set_timesteps(*diff_, t.data(), o_.noised, /*val=*/true);
   std::vector<int32_t> lab(b->labels.begin(), b->labels.end());
   eng_->upload(step_->val_x0, b->x0.data());
-  draw_train_noise(eng_->ops(), step_->val_noise, val_seed(), b->step, val_first_);
+  draw_train_noise(eng_->ops(), step_->val_noise, val_seed(), b->step, val_->first());
   eng_->upload(step_->val_labels, lab.data());
   step_->evaluate();
   eng_->device().sync();  // the host buffers above are reused at the next evaluation

@@ -88,7 +88,6 @@ class ClassifierTask final : public TrainTask {
   std::unique_ptr<ClassifierStep> step_;
   std::unique_ptr<Diffusion> diff_;
   std::unique_ptr<DataLoader> val_;
-  int64_t val_first_ = 0;  // this rank's first sample of a validation batch
   // The validation batches' own seed: their order, flips, timesteps and noise are a function of
   // (seed, evaluation index) only.
   uint64_t val_seed() const { return hash64(o_.seed, 0x76616c6964ull); }

@@ -96,6 +96,7 @@ class DataLoader {
   const DatasetInfo& info() const { return info_; }
   int batch_size() const { return B_; }   // global
   int local_batch() const { return b_; }  // this rank's slice: the size of every Batch
+  int first() const { return off_; }      // the slice's first sample in the global batch
   bool streaming() const { return reader_ != nullptr; }
 
   // Image bytes up to which a dataset is held in memory (larger ones are streamed).

@@ -350,7 +350,7 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
            ck.ema.empty() ? nullptr : ck.ema.data(), step);
   if (ck.ema.empty()) opt.init_ema(net.params());
   task.start(eng, ck, resume, step, multi ? comm->rank() : 0, multi ? comm->size() : 1);
-  const int first = multi ? comm->rank() * Bl : 0;  // this rank's slice of the global batch
+  const int first = loader.first();  // this rank's slice of the global batch
 
   if (started) started();
   if (!quiet)
