@@ -82,6 +82,21 @@ constexpr int kRingDx = V == 8 ? 4 : 0;
 template <class T>
 constexpr bool kPrologue = std::is_same_v<T, float>;
 
+// A thread's walk over its rows rf, rf + KU L, ... below r1 (backwards with rev) with KU rows a
+// step in registers: load(r) fills them (issued a step ahead for f32: kPrologue), pre() runs once
+// the first loads are in flight, body(r) uses them.
+template <class T, int KU, class Load, class Pre, class Body>
+__device__ __forceinline__ void walk_registers(int rf, int r1, int L, bool rev, Load load, Pre pre,
+                                               Body body) {
+  const Walk wk = walk(rf, r1, KU * L, rev);
+  if (kPrologue<T>) load(wk.first);
+  pre();
+  for (int i = 0, r = wk.first; i < wk.n; ++i, r += wk.step) {
+    if (!kPrologue<T> || i) load(r);
+    body(r);
+  }
+}
+
 // f(raw, r) for the thread's rows r of column col (rows of C), walking rf, rf + L, ... below r1
 // (backwards with rev): with D > 0 through a Ring of D slots in shared memory (dynamic, `ring`),
 // else KU rows at a time in registers (KU rows in order per step). pre() runs once the first
@@ -101,15 +116,11 @@ __device__ __forceinline__ void for_rows(const T* col, int C, int rf, int r1, in
       for (int u = 0; u < KU; ++u)
         if (r + u * L < r1) raw[u] = Vec<T, V>::ld(col + (size_t)(r + u * L) * C);
     };
-    const Walk wk = walk(rf, r1, KU * L, rev);
-    if (kPrologue<T>) load(wk.first);
-    pre();
-    for (int i = 0, r = wk.first; i < wk.n; ++i, r += wk.step) {
-      if (!kPrologue<T> || i) load(r);
+    walk_registers<T, KU>(rf, r1, L, rev, load, pre, [&](int r) {
 #pragma unroll
       for (int u = 0; u < KU; ++u)
         if (r + u * L < r1) f(raw[u], r + u * L);
-    }
+    });
   }
 }
 
@@ -436,15 +447,11 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
         // 15.040 / 15.022, same run)
         Raw xr[kU2], gr[kU2], ar[kU2];
         const auto load = [&](int r) { load_rows<T, V>(xr, gr, ar, x, dy, add, base, r, r1, L, C, j); };
-        const Walk w = walk(s * rps + rl, r1, kU2 * L, true);
-        if (kPrologue<T>) load(w.first);
-        coefs();
-        for (int i = 0, r = w.first; i < w.n; ++i, r += w.step) {
-          if (!kPrologue<T> || i) load(r);
+        walk_registers<T, kU2>(s * rps + rl, r1, L, true, load, coefs, [&](int r) {
 #pragma unroll
           for (int u = 0; u < kU2; ++u)
             if (r + u * L < r1) body(xr[u], gr[u], ar[u], r + u * L);
-        }
+        });
       }
     }
     if constexpr (SUMS) {
