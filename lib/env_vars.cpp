@@ -61,9 +61,11 @@ bool env_skip_branch(bool dflt) {
                     "must be 1 (a ResBlock's skip-connection gradient on a third stream) or 0 (on the main lane)");
 }
 
-bool env_pdl() {
-  return switch_var("UNET_PDL", false,
-                    "must be 1 (programmatic dependent launch in CUDA graphs) or 0 (off; the default)");
+bool env_pdl(bool dflt) {
+  return switch_var(
+      "UNET_PDL", dflt,
+      "must be 1 (programmatic dependent launch in CUDA graphs) or 0 (off); unset: in sampling's "
+      "graphs only");
 }
 
 bool env_graph_fill() {
@@ -127,7 +129,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   kernel_overrides();  // UNET_KERNELS's syntax (its names: when the engine is made)
   env_bucket_bytes(0);
   env_stream_data();
-  env_pdl();
+  env_pdl(false);
   env_graph_fill();
   env_stream_priority();
   env_conv_stats();

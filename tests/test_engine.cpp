@@ -306,10 +306,10 @@ TEST(Planner, RandomLifetimesNeverOverlap) {
 
 namespace {
 
-// With UNET_PDL=1 an edge into a unet kernel in a CUDA graph is programmatic (cuda_engine.cu): the
-// kernel may be launched before its predecessor has finished, and only its first statement,
-// pdl_entry(), makes it wait. So every kernel under kernels/ must begin with it: a kernel
-// without it would race with its predecessor. Scans the sources (no GPU needed).
+// With programmatic dependent launch (sampling's graphs; UNET_PDL) an edge into a unet kernel in a CUDA graph
+// is programmatic (cuda_engine.cu): the kernel may be launched before its predecessor has finished, and only
+// its first statement, pdl_entry(), makes it wait. So every kernel under kernels/ must begin with it: a
+// kernel without it would race with its predecessor. Scans the sources (no GPU needed).
 TEST(Kernels, EveryKernelBeginsWithPdlEntry) {
   namespace fs = std::filesystem;
   int kernels = 0;

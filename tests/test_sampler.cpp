@@ -393,7 +393,8 @@ TEST(Sampler, CudaGraphMatchesEager) {
         std::vector<float> eager(n * numel), graphed(n * numel, std::numeric_limits<float>::quiet_NaN());
         sample(*gpu, net, o, n, nullptr, labels.data(), eager.data(), nullptr);
         o.cuda_graph = true;
-        for (const char* pdl : {"0", "1"}) {  // without and with programmatic edges (UNET_PDL)
+        // without and with programmatic edges (UNET_PDL), and as by default (with, in sampling)
+        for (const char* pdl : {"0", "1", ""}) {
           SCOPED_TRACE(std::string("UNET_PDL=") + pdl);
           setenv("UNET_PDL", pdl, 1);
           std::fill(graphed.begin(), graphed.end(), std::numeric_limits<float>::quiet_NaN());

@@ -324,13 +324,13 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
     ctx.capturing = true;
   }
-  void graph_end() override {
+  void graph_end(GraphWork work) override {
     ctx.join_all();  // a capture must end with every forked stream joined
     ctx.capturing = false;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
     if (env_graph_fill()) graph_memsets_as_kernels(g);
-    if (env_pdl()) programmatic_edges(g);
+    if (env_pdl(work == GraphWork::Forward)) programmatic_edges(g);
     if (graph_) {
       CUDA_CHECK(cudaGraphExecDestroy(graph_));
       graph_ = nullptr;

@@ -39,9 +39,12 @@ class Device {
 
   // CUDA graphs: work issued between graph_begin() and graph_end() is recorded (not run) and
   // replayed by graph_launch(). Nothing inside may synchronise the host or allocate.
+  // What a graph runs decides a default: the network's forward alone (sampling) gets programmatic
+  // dependent launch between its kernels, the training step does not (UNET_PDL overrides both).
+  enum class GraphWork { Step, Forward };
   virtual bool supports_graphs() const { return false; }
   virtual void graph_begin() {}
-  virtual void graph_end() {}
+  virtual void graph_end(GraphWork work = GraphWork::Step) { (void)work; }
   virtual void graph_launch() {}
   // Waits for the stream and destroys the captured graph. Before a communicator whose collectives
   // were captured is destroyed: NCCL holds resources for the graph until it is gone.
