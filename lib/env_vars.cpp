@@ -61,11 +61,10 @@ bool env_skip_branch(bool dflt) {
                     "must be 1 (a ResBlock's skip-connection gradient on a third stream) or 0 (on the main lane)");
 }
 
-bool env_pdl(bool dflt) {
-  return switch_var(
-      "UNET_PDL", dflt,
-      "must be 1 (programmatic dependent launch in CUDA graphs) or 0 (off); unset: in sampling's "
-      "graphs only");
+int env_pdl() {
+  return switch_or_unset("UNET_PDL",
+                         "must be 1 (programmatic dependent launch into every kernel in CUDA graphs) or 0 "
+                         "(none); unset: as each graph's kind decides");
 }
 
 bool env_graph_fill() {
@@ -129,7 +128,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   kernel_overrides();  // UNET_KERNELS's syntax (its names: when the engine is made)
   env_bucket_bytes(0);
   env_stream_data();
-  env_pdl(false);
+  env_pdl();
   env_graph_fill();
   env_stream_priority();
   env_conv_stats();

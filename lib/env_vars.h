@@ -7,8 +7,9 @@
 //   UNET_BUCKET_MB     gradient all-reduce bucket, MB, 0 to 1e6 (0 = one all-reduce after backward)
 //   UNET_STREAM_DATA   1 (stream the dataset from disk) or 0 (hold it in memory); unset = by size
 //   UNET_PDL           1 or 0: programmatic dependent launch into unet's kernels in CUDA graphs
-//                      (kernels launched while their predecessor drains); unset = in the network's
-//                      forward graphs (sampling) only: the training step is slower with it
+//                      (kernels launched while their predecessor drains), into every one or none;
+//                      unset = every one in the network's forward graphs (sampling), in the tf32
+//                      training step only those nothing runs beside (Device::GraphPdl)
 //   UNET_CONV_STATS    1 or 0 (default): the convolution (or skip concatenation) in front of a
 //                      GroupNorm also gives the norm's statistics (on the GPU from its epilogue's or
 //                      copy's pass); opt-in until measured
@@ -37,8 +38,8 @@ namespace unet {
 size_t env_bucket_bytes(size_t dflt);
 // UNET_STREAM_DATA: 1 or 0; -1 when unset or empty.
 int env_stream_data();
-// UNET_PDL: true for "1", false for "0"; dflt when unset or empty.
-bool env_pdl(bool dflt);
+// UNET_PDL: 1 for "1", 0 for "0", -1 when unset or empty.
+int env_pdl();
 // UNET_GRAPH_FILL: memset nodes of captured CUDA graphs replaced by fill kernels (default on).
 bool env_graph_fill();
 // UNET_CONV_STATS: true for "1"; false when unset, empty or "0".

@@ -14,8 +14,9 @@
 #include "cpu_engine.h"
 #include "engine.h"
 #include "flops.h"
-#include "planner.h"
+#include "graph_dag.h"
 #include "ophelp.h"
+#include "planner.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -268,6 +269,53 @@ TEST(Planner, RefusesReadsBeforeWrites) {
 
 // Random interval sets: the packing never overlaps live buffers and never needs more than the
 // sum of all sizes; it needs at least the largest set of simultaneously live buffers.
+// alone_nodes (which kernels of the tf32 step's graph get programmatic launches): small graphs by
+// hand, then random DAGs against reachability by Floyd-Warshall.
+TEST(GraphDag, AloneNodes) {
+  using E = std::vector<std::pair<size_t, size_t>>;
+  const std::vector<char> all(6, 1);
+  EXPECT_EQ(alone_nodes(3, E{{0, 1}, {1, 2}}, all), (std::vector<char>{1, 1, 1}));
+  // a fork and join: the two branches run beside each other
+  EXPECT_EQ(alone_nodes(4, E{{0, 1}, {0, 2}, {1, 3}, {2, 3}}, all), (std::vector<char>{1, 0, 0, 1}));
+  // ... unless the other branch's node is not counted (not a kernel)
+  EXPECT_EQ(alone_nodes(4, E{{0, 1}, {0, 2}, {1, 3}, {2, 3}}, {1, 1, 0, 1}), (std::vector<char>{1, 1, 0, 1}));
+  // two lanes: the main lane 0-1-2-3-4, a side lane's 5 forked after 1 and joined at 4
+  EXPECT_EQ(alone_nodes(6, E{{0, 1}, {1, 2}, {2, 3}, {3, 4}, {1, 5}, {5, 4}}, all),
+            (std::vector<char>{1, 1, 0, 0, 1, 0}));
+  EXPECT_THROW(alone_nodes(2, E{{0, 1}, {1, 0}}, all), std::logic_error);
+  const auto r = test::randu(20 * 4000, test::test_seed(), 0, 1);
+  size_t k = 0, some_alone = 0, some_not = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const size_t n = 70;  // (more than one 64-bit word of ancestors)
+    E edges;
+    std::vector<char> counted(n);
+    std::vector<std::vector<char>> reach(n, std::vector<char>(n, 0));
+    for (size_t i = 0; i < n; ++i) {
+      counted[i] = r[k++] < 0.8;
+      // edges forward only (a DAG): one from a node of the last 3 (connected, with branches), and
+      // each of the others of the last 5 at 0.3 (joins)
+      const size_t one = i ? i - 1 - std::min<size_t>(i - 1, (size_t)(r[k++] * 3)) : 0;
+      for (size_t j = i >= 5 ? i - 5 : 0; j < i; ++j)
+        if (j == one || r[k++] < 0.3) edges.push_back({j, i}), reach[j][i] = 1;
+    }
+    for (size_t m = 0; m < n; ++m)
+      for (size_t i = 0; i < n; ++i)
+        for (size_t j = 0; j < n; ++j)
+          if (reach[i][m] && reach[m][j]) reach[i][j] = 1;
+    std::shuffle(edges.begin(), edges.end(), std::mt19937(trial));
+    const std::vector<char> got = alone_nodes(n, edges, counted);
+    for (size_t v = 0; v < n; ++v) {
+      bool want = counted[v];
+      for (size_t u = 0; u < n && want; ++u)
+        if (u != v && counted[u] && !reach[u][v] && !reach[v][u]) want = false;
+      EXPECT_EQ(got[v] != 0, want) << "trial " << trial << " node " << v;
+      (want ? some_alone : some_not) += 1;
+    }
+  }
+  EXPECT_GT(some_alone, 20u);  // (both kinds occur)
+  EXPECT_GT(some_not, 20u);
+}
+
 TEST(Planner, RandomLifetimesNeverOverlap) {
   auto e = make_cpu_engine();
   for (int trial = 0; trial < 20; ++trial) {

@@ -10,6 +10,7 @@
 
 #include "cuda_engine.cuh"
 #include "env_vars.h"
+#include "graph_dag.h"
 #include "util.h"
 
 namespace unet {
@@ -102,7 +103,9 @@ bool kernel_node(cudaGraphNode_t n) {
 // wait in pdl_entry() for its completion, instead of being launched after it. cuDNN's kernels
 // are launched that way by cuDNN itself. Memory order is unchanged: pdl_entry() waits for the
 // predecessor's completion and memory flush before the kernel touches memory.
-void programmatic_edges(cudaGraph_t g) {
+// only_alone: only into the kernels no other kernel can run beside (alone_nodes); blocks
+// launched early wait on their SMs, which slowed the other lane's kernels beside them.
+void programmatic_edges(cudaGraph_t g, bool only_alone) {
   size_t n = 0;
   CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
   std::vector<cudaGraphNode_t> from(n), to(n);
@@ -110,9 +113,23 @@ void programmatic_edges(cudaGraph_t g) {
   CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
   std::unordered_map<cudaGraphNode_t, int> preds;
   for (size_t i = 0; i < n; ++i) ++preds[to[i]];
+  std::unordered_map<cudaGraphNode_t, char> ok;  // (only_alone) into this node
+  if (only_alone) {
+    size_t nn = 0;
+    CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
+    std::vector<cudaGraphNode_t> nodes(nn);
+    CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
+    std::unordered_map<cudaGraphNode_t, size_t> id;
+    std::vector<char> kernels(nn);
+    for (size_t i = 0; i < nn; ++i) id[nodes[i]] = i, kernels[i] = kernel_node(nodes[i]);
+    std::vector<std::pair<size_t, size_t>> edges(n);
+    for (size_t i = 0; i < n; ++i) edges[i] = {id.at(from[i]), id.at(to[i])};
+    const std::vector<char> alone = alone_nodes(nn, edges, kernels);
+    for (size_t i = 0; i < nn; ++i) ok[nodes[i]] = alone[i];
+  }
   for (size_t i = 0; i < n; ++i) {
     if (preds[to[i]] != 1 || data[i].type != cudaGraphDependencyTypeDefault || data[i].from_port != 0 ||
-        !kernel_node(from[i]) || !unet_kernel(to[i]))
+        !kernel_node(from[i]) || !unet_kernel(to[i]) || (only_alone && !ok[to[i]]))
       continue;
     cudaGraphEdgeData e = {};
     e.from_port = cudaGraphKernelNodePortProgrammatic;
@@ -324,13 +341,15 @@ class CudaDevice final : public Device {
     CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
     ctx.capturing = true;
   }
-  void graph_end(GraphWork work) override {
+  void graph_end(GraphPdl pdl) override {
     ctx.join_all();  // a capture must end with every forked stream joined
     ctx.capturing = false;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
     if (env_graph_fill()) graph_memsets_as_kernels(g);
-    if (env_pdl(work == GraphWork::Forward)) programmatic_edges(g);
+    const int forced = env_pdl();
+    if (forced >= 0) pdl = forced ? GraphPdl::All : GraphPdl::Off;
+    if (pdl != GraphPdl::Off) programmatic_edges(g, pdl == GraphPdl::Alone);
     if (graph_) {
       CUDA_CHECK(cudaGraphExecDestroy(graph_));
       graph_ = nullptr;

@@ -471,8 +471,8 @@ std::string run_profile(const ProfileRequest& a) {
     try {
       dev.graph_begin();
       once();
-      // (a forward alone is captured as `unet sample` captures it)
-      dev.graph_end(pass == "forward" ? Device::GraphWork::Forward : Device::GraphWork::Step);
+      // (as `unet sample` and `unet train` capture theirs)
+      dev.graph_end(pass == "forward" ? Device::GraphPdl::All : step_graph_pdl(prec));
     } catch (const std::exception& e) {
       throw UserError(std::string("profile: capturing the iteration as a CUDA graph failed (") + e.what() +
                       "); --no-graph profiles eager launches");

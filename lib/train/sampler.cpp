@@ -108,7 +108,7 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
     if (graph_batch != B) {
       dev.graph_begin();
       net_.denoise(x, t, y, out);
-      dev.graph_end(Device::GraphWork::Forward);
+      dev.graph_end(Device::GraphPdl::All);
       graph_batch = B;
     }
     dev.graph_launch();

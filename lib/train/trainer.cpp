@@ -466,7 +466,7 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
       if (!captured) {  // record once (nothing runs), then replay every step
         dev.graph_begin();
         task.enqueue(0);
-        dev.graph_end();
+        dev.graph_end(step_graph_pdl(eng.precision()));
         captured = true;
       }
       dev.graph_launch();
