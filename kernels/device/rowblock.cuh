@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "cuda_engine.cuh"
+#include "mma_sync.cuh"
 
 namespace unet {
 namespace rowblock {
@@ -163,12 +164,10 @@ struct Ring {
   __device__ uint32_t at(int slot, int in) const {
     return s0 + (uint32_t)(((slot & (D - 1)) * nin + in) * nt) * 16;
   }
-  __device__ void copy(int slot, int in, const void* g) const {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at(slot, in)), "l"(g) : "memory");
-  }
-  __device__ static void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+  __device__ void copy(int slot, int in, const void* g) const { cp16(at(slot, in), g); }
+  __device__ static void commit() { cp_commit(); }
   // row i's copies landed, given D - 1 groups committed up front and one per row since
-  __device__ static void wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(D - 2) : "memory"); }
+  __device__ static void wait() { cp_wait<D - 2>(); }
   template <class Raw>
   __device__ Raw get(int slot, int in) const {
     static_assert(sizeof(Raw) == 16, "16-byte vectors");
