@@ -150,7 +150,7 @@ std::vector<float> expect_x0(const Toy& t, int64_t idx, bool flip) {
 }
 
 bool batches_equal(const Batch& a, const Batch& b) {
-  return a.step == b.step && a.x0 == b.x0 && a.noise == b.noise && a.t == b.t && a.labels == b.labels;
+  return a.step == b.step && a.x0 == b.x0 && a.t == b.t && a.labels == b.labels;
 }
 
 }  // namespace
@@ -219,7 +219,6 @@ TEST(DataLoader, DeterministicAndResumeExact) {
   // Another seed: different batches.
   DataLoader o(t.info, t.images, t.labels, B, T, seed + 1, true, 0);
   Batch* x = o.next();
-  EXPECT_NE(x->noise, fresh[0].noise);
   EXPECT_NE(x->t, fresh[0].t);
 }
 
@@ -235,7 +234,6 @@ TEST(DataLoader, FlipValuesTimestepsLabels) {
     for (int s = 3; s < 23; ++s) {
       Batch* b = dl.next();
       ASSERT_EQ(b->x0.size(), B * numel);
-      ASSERT_EQ(b->noise.size(), B * numel);
       for (int j = 0; j < B; ++j) {
         const int64_t idx = dl.dataset_index(int64_t(s) * B + j);
         auto p = expect_x0(t, idx, false), m = expect_x0(t, idx, true);
@@ -275,52 +273,55 @@ TEST(DataLoader, FlipValuesTimestepsLabels) {
   EXPECT_EQ(b->labels[0], 0);  // no labels: zeros
 }
 
+// A training batch's noise (draw_train_noise, on the engine): standard normal, fresh every step.
 TEST(DataLoader, NoiseIsStandardNormal) {
   const uint64_t seed = test::test_seed();
-  Toy t = toy(3, 16, false, seed);
-  DataLoader dl(t.info, t.images, t.labels, 16, 1000, seed, true, 0);
+  Engine& cpu = test::cpu_engine();
+  const Tensor z = cpu.alloc(DType::F32, {16, 16, 16, 3});
   double s = 0, s2 = 0;
   size_t n = 0;
   std::vector<float> first;
-  for (int k = 0; k < 5; ++k) {
-    Batch* b = dl.next();
-    if (k == 0)
-      first.assign(b->noise.begin(), b->noise.end());
+  for (int64_t step = 0; step < 5; ++step) {
+    test::poison(cpu, z);
+    draw_train_noise(cpu.ops(), z, seed, step, 0);
+    const std::vector<float> v = test::to_host(cpu, z);
+    if (step == 0)
+      first = v;
     else
-      EXPECT_NE(std::vector<float>(b->noise.begin(), b->noise.end()), first);  // fresh every step
-    for (float z : b->noise) s += z, s2 += double(z) * z, ++n;
+      EXPECT_NE(v, first);  // fresh every step
+    for (float x : v) s += x, s2 += double(x) * x, ++n;
   }
   EXPECT_NEAR(s / n, 0.0, 0.02);
   EXPECT_NEAR(s2 / n, 1.0, 0.03);
 }
 
-// The trainers draw the batch noise with the engine (draw_train_noise) and the loader leaves it
-// out (host_noise false): the same values as the loader's own draw for every rank's slice, bitwise
-// on the CPU engine, within the NormalFill tolerance on a GPU (libm's last bit; skipped without one);
-// everything else in the batch unchanged.
+// The noise of rank r's slice of a global batch: sample g's values are normal(noise_key(seed,
+// step), TrainNoise, g x H x W x C + j) (the host's normal_fill, lib/rng.h), so every rank's
+// slice (its loader's first()) is that slice of one process's batch. Bitwise on the CPU engine;
+// on a GPU within the NormalFill tolerance (libm's last bit; skipped without one).
 TEST(DataLoader, NoiseDrawnByTheEngineIsTheLoaders) {
   const uint64_t seed = test::test_seed();
   const int S = 8, B = 6, world = 3;
+  const size_t numel = size_t(S) * S * 3;
   Toy t = toy(5, S, true, seed);
-  for (int rank = 0; rank < world; ++rank) {
-    DataLoader host(t.info, t.images, t.labels, B, 1000, seed, true, 4, 2, nullptr, rank, world);
-    DataLoader dev(t.info, t.images, t.labels, B, 1000, seed, true, 4, 2, nullptr, rank, world, false);
-    const int b = host.local_batch();
-    EXPECT_EQ(host.first(), rank * b);
-    for (int64_t step : {4, 5, 11}) {
-      const Batch want = host.compute(step), got = dev.compute(step);
-      EXPECT_TRUE(got.noise.empty());
-      EXPECT_TRUE(want.x0 == got.x0 && want.t == got.t && want.labels == got.labels);
+  for (int64_t step : {4, 5, 11}) {
+    std::vector<float> whole(B * numel);  // one process's batch, on the host
+    normal_fill(DataLoader::noise_key(seed, step), Stream::TrainNoise, 0, whole.size(), whole.data());
+    for (int rank = 0; rank < world; ++rank) {
+      DataLoader dl(t.info, t.images, t.labels, B, 1000, seed, true, 4, 2, nullptr, rank, world);
+      const int b = dl.local_batch();
+      ASSERT_EQ(dl.first(), rank * b);
+      const std::vector<float> w(whole.begin() + dl.first() * numel,
+                                 whole.begin() + (dl.first() + b) * numel);
       Engine& cpu = test::cpu_engine();
       const Tensor z = cpu.alloc(DType::F32, {b, S, S, 3});
       test::poison(cpu, z);
-      draw_train_noise(cpu.ops(), z, seed, step, (int64_t)rank * b);
-      const std::vector<float> w(want.noise.begin(), want.noise.end());
+      draw_train_noise(cpu.ops(), z, seed, step, dl.first());
       EXPECT_EQ(test::to_host(cpu, z), w) << "rank " << rank << " step " << step;
       if (Engine* gpu = test::gpu_engine(Precision::TF32)) {
         const Tensor g = gpu->alloc(DType::F32, {b, S, S, 3});
         test::poison(*gpu, g);
-        draw_train_noise(gpu->ops(), g, seed, step, (int64_t)rank * b);
+        draw_train_noise(gpu->ops(), g, seed, step, dl.first());
         const std::vector<float> v = test::to_host(*gpu, g);
         size_t differ = 0;
         for (size_t i = 0; i < w.size(); ++i) {
@@ -366,8 +367,8 @@ TEST(DataLoader, HostAllocHook) {
     EXPECT_TRUE(inside);
     EXPECT_TRUE(batches_equal(*b, dl.compute(0)));
   }
-  // 3 slots x (2 images x 2 buffers + t + labels).
-  EXPECT_EQ(bytes->load(), 3 * (2 * 2 * 4 * 4 * 3 * sizeof(float) + 2 * sizeof(float) + 2 * sizeof(int32_t)));
+  // 3 slots x (2 images of x0 + t + labels).
+  EXPECT_EQ(bytes->load(), 3 * (2 * 4 * 4 * 3 * sizeof(float) + 2 * sizeof(float) + 2 * sizeof(int32_t)));
 }
 
 TEST(DataLoader, RejectsBadInput) {

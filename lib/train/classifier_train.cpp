@@ -152,7 +152,7 @@ void ClassifierTask::start(Engine& eng, const Checkpoint&, bool, int64_t step, i
   val_ = std::make_unique<DataLoader>(
       o_.val_data, o_.batch_size, cfg_.diffusion_steps, val_seed(), o_.flip,
       evaluations_before(step, o_.eval_every), 2, [&dev](size_t bytes) { return dev.alloc_host(bytes); },
-      rank, world, /*host_noise=*/false);
+      rank, world);
   check_data(val_->info(), o_.val_data);
 }
 

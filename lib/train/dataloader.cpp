@@ -27,19 +27,12 @@ double DataLoader::resident_bytes(const DatasetInfo& info) {
 }
 
 // The settings both constructors share (a throw in theirs runs the destructor: no thread yet).
-DataLoader::DataLoader(int batch_size, int T, uint64_t seed, bool flip, int64_t start_step, bool host_noise)
-    : B_(batch_size),
-      T_(T),
-      seed_(seed),
-      flip_(flip),
-      host_noise_(host_noise),
-      start_(start_step),
-      next_step_(start_step) {}
+DataLoader::DataLoader(int batch_size, int T, uint64_t seed, bool flip, int64_t start_step)
+    : B_(batch_size), T_(T), seed_(seed), flip_(flip), start_(start_step), next_step_(start_step) {}
 
 DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
-                       int64_t start_step, int prefetch, HostAlloc host_alloc, int rank, int world,
-                       bool host_noise)
-    : DataLoader(batch_size, T, seed, flip, start_step, host_noise) {
+                       int64_t start_step, int prefetch, HostAlloc host_alloc, int rank, int world)
+    : DataLoader(batch_size, T, seed, flip, start_step) {
   DatasetReader reader(dataset_path);
   info_ = reader.info();
   if (info_.count < 1) throw UserError(dataset_path + ": the dataset has no images");
@@ -62,8 +55,8 @@ DataLoader::DataLoader(const std::string& dataset_path, int batch_size, int T, u
 
 DataLoader::DataLoader(DatasetInfo info, std::vector<uint8_t> images, std::vector<int64_t> labels,
                        int batch_size, int T, uint64_t seed, bool flip, int64_t start_step, int prefetch,
-                       HostAlloc host_alloc, int rank, int world, bool host_noise)
-    : DataLoader(batch_size, T, seed, flip, start_step, host_noise) {
+                       HostAlloc host_alloc, int rank, int world)
+    : DataLoader(batch_size, T, seed, flip, start_step) {
   info_ = std::move(info);
   images_ = std::move(images);
   labels_ = std::move(labels);
@@ -115,7 +108,6 @@ void DataLoader::alloc_batch(Batch& b, bool use_hook) const {
   HostAllocator<float> af(use_hook ? alloc_ : nullptr);
   HostAllocator<int32_t> ai(use_hook ? alloc_ : nullptr);
   b.x0 = HostVector<float>(n, 0.0f, af);
-  b.noise = HostVector<float>(host_noise_ ? n : 0, 0.0f, af);
   b.t = HostVector<float>(b_, 0.0f, af);
   b.labels = HostVector<int32_t>(b_, 0, ai);
 }
@@ -161,11 +153,9 @@ void DataLoader::fill(int64_t step, Batch& out, PermCache& cache) const {
     }
     idx[j] = cache.perm[i % N];
   }
-  const uint64_t knoise = noise_key(seed_, step);
   const uint64_t kt = rng_key(seed_, Stream::TrainTimestep, static_cast<uint64_t>(step));
   const uint64_t kflip = rng_key(seed_, Stream::TrainFlip, static_cast<uint64_t>(step));
   float* x0 = out.x0.data();
-  float* noise = out.noise.data();
   // Threads cost more than tiny batches; streamed images are worth reading in parallel.
   const bool par = static_cast<size_t>(b_) * numel > 32768 || reader_;
   std::exception_ptr error;
@@ -196,7 +186,6 @@ void DataLoader::fill(int64_t step, Batch& out, PermCache& cache) const {
         // As guided-diffusion: arr.astype(np.float32) / 127.5 - 1, in float32.
         for (int c = 0; c < 3; ++c) d[c] = static_cast<float>(src[c]) / 127.5f - 1.0f;
       }
-    if (host_noise_) normal_fill(knoise, Stream::TrainNoise, g * numel, numel, noise + j * numel);
   }
   if (error) std::rethrow_exception(error);
   for (int j = 0; j < b_; ++j) {

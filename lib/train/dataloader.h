@@ -2,9 +2,10 @@
 //
 // Everything in a batch is a pure function of (seed, step): sample b of step s is run-sample
 // i = s*B + b, which shows dataset image perm_e[i % N] with e = i / N and perm_e a Fisher-Yates
-// shuffle driven by rng(seed, Shuffle, e); its flip, timestep and noise are drawn from
-// rng(seed, <stream>, s) at index b. So resuming at step k only needs k, and the batches never
-// depend on thread timing or prefetch depth.
+// shuffle driven by rng(seed, Shuffle, e); its flip and timestep are drawn from
+// rng(seed, <stream>, s) at index b, and its noise (not in the batch: the trainers draw it with
+// their engine, where it is used) from noise_key(seed, s). So resuming at step k only needs k, and
+// the batches never depend on thread timing or prefetch depth.
 //
 // Data-parallel runs: B is the global batch; rank r of W makes only its slice, the samples
 // b = r*B/W ... (r+1)*B/W - 1 of every step, with exactly the values a single process would give
@@ -68,7 +69,6 @@ using HostVector = std::vector<T, HostAllocator<T>>;
 
 struct Batch {
   HostVector<float> x0;        // [B,H,W,C] NHWC in [-1,1] (u8/127.5 - 1), flipped per sample unless no_flip
-  HostVector<float> noise;     // [B,H,W,C] N(0,1); empty when the loader does not draw it (host_noise)
   HostVector<float> t;         // [B] integer timesteps in [0,T) as float, uniform
   HostVector<int32_t> labels;  // [B] (zeros when the dataset has no labels)
   int64_t step = -1;
@@ -80,15 +80,13 @@ class DataLoader {
   // Reads the whole `images` array into RAM here (HDF5 is not thread-safe; the background thread
   // never touches it). Throws UserError on a bad file or arguments.
   // rank/world: this process's slice of every global batch (batch_size divisible by world).
-  // host_noise false: Batch::noise is left empty, for a trainer that draws it where it is used
-  // (op NormalFill with noise_key(seed, step) at index first-sample x H x W x C: the same values).
   DataLoader(const std::string& dataset_path, int batch_size, int T, uint64_t seed, bool flip,
              int64_t start_step, int prefetch = 3, HostAlloc host_alloc = nullptr, int rank = 0,
-             int world = 1, bool host_noise = true);
+             int world = 1);
   // An in-memory dataset: images uint8 [count, S, S, 3], labels [count] or empty.
   DataLoader(DatasetInfo info, std::vector<uint8_t> images, std::vector<int64_t> labels, int batch_size,
              int T, uint64_t seed, bool flip, int64_t start_step, int prefetch = 3,
-             HostAlloc host_alloc = nullptr, int rank = 0, int world = 1, bool host_noise = true);
+             HostAlloc host_alloc = nullptr, int rank = 0, int world = 1);
   ~DataLoader();  // stops and joins the background thread
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -118,7 +116,7 @@ class DataLoader {
   int threads() const { return threads_.load(); }
 
   // The key of step's noise: sample g's value j is normal(noise_key(seed, step), TrainNoise,
-  // g x H x W x C + j) (lib/rng.h), g its index in the global batch.
+  // g x H x W x C + j) (lib/rng.h), g its index in the global batch (draw_train_noise, trainer.h).
   static uint64_t noise_key(uint64_t seed, int64_t step);
 
   // ---- the pure functions the thread evaluates (for tests and tools) ----
@@ -138,7 +136,7 @@ class DataLoader {
     Batch batch;
     enum State { Free, Ready, Held } state = Free;
   };
-  DataLoader(int batch_size, int T, uint64_t seed, bool flip, int64_t start_step, bool host_noise);
+  DataLoader(int batch_size, int T, uint64_t seed, bool flip, int64_t start_step);
   void init(int prefetch, int rank, int world);
   void fill(int64_t step, Batch& out, PermCache& cache) const;
   void alloc_batch(Batch& b, bool use_hook) const;
@@ -152,7 +150,6 @@ class DataLoader {
   int b_ = 0, off_ = 0;  // this rank's slice of a batch: samples [off_, off_ + b_)
   uint64_t seed_;
   bool flip_;
-  bool host_noise_ = true;
   int64_t start_;
   std::shared_ptr<const std::function<void*(size_t)>> alloc_;
 

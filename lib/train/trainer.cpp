@@ -325,12 +325,10 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
   // a flag overrode them (resolve_resume), so `o` is authoritative here.
   const uint64_t seed = o.seed;
 
-  // The noise is drawn where it is used (draw_train_noise): on one host thread it took 12 ms a
-  // batch of 32 at 64x64, longer than a bf16 step (torchrun starts ranks with OMP_NUM_THREADS=1).
   DataLoader loader(
       dataset, B, task.diffusion_steps(), seed, o.flip, step, 3,
       [&dev](size_t bytes) { return dev.alloc_host(bytes); }, multi ? comm->rank() : 0,
-      multi ? comm->size() : 1, /*host_noise=*/false);
+      multi ? comm->size() : 1);
   const int Bl = loader.local_batch();  // this rank's slice
   const DatasetInfo& info = loader.info();
   task.check_data(info, dataset);
