@@ -469,7 +469,6 @@ TEST(GradReadyHook, GradientsAtOrAboveTheOffsetAreFinal) {
   auto eng = make_cpu_engine();
   Model m(c, *eng);
   const int B = 2;
-  m.set_backward_joins(Model::kDistributedJoinLayers);  // as the trainer plans a data-parallel model
   m.plan(B, Mode::Train);
   std::vector<float> p = init_params(m.table(), 3);
   for (float& x : p) x += 0.01f;  // zero-initialised layers would give zero gradients
@@ -487,19 +486,22 @@ TEST(GradReadyHook, GradientsAtOrAboveTheOffsetAreFinal) {
   // the call is what a side stream would read.
   std::vector<std::pair<size_t, std::vector<float>>> snaps;
   const size_t P = m.arena_floats();
-  m.set_grad_ready_hook([&](size_t first) {
-    std::vector<float> g(P);
-    eng->download(g.data(), m.grads());
-    snaps.emplace_back(first, std::vector<float>(g.begin() + first, g.end()));
-  });
+  // (between the lanes' joins too, as the trainer asks for a data-parallel model)
+  m.set_grad_ready_hook(
+      [&](size_t first) {
+        std::vector<float> g(P);
+        eng->download(g.data(), m.grads());
+        snaps.emplace_back(first, std::vector<float>(g.begin() + first, g.end()));
+      },
+      true);
   // Poison the arena so that a gradient written after its hook call would show.
   eng->ops().run(Fill{m.grads(), 12345.0f});
   m.forward(x, t, y, out, true);
   m.backward(dout);
   std::vector<float> g(P);
   eng->download(g.data(), m.grads());
-  // (during the backward, not only at its end: the output layers', then every
-  // kDistributedJoinLayers = 5 layers' (lib/model/model.cpp), then the last call with 0)
+  // (during the backward, not only at its end: the output layers', then every kReadyEvery = 5
+  // layers' (lib/model/model.cpp), then the last call with 0)
   ASSERT_GE(snaps.size(), 4u);
   EXPECT_EQ(snaps.back().first, 0u);
   for (size_t i = 0; i < snaps.size(); ++i) {

@@ -137,7 +137,7 @@ std::string version_text(int v) {
 class NcclComm final : public Communicator {
  public:
   NcclComm(const DistEnv& e, std::unique_ptr<ControlPlane> cp, Engine& eng, const CommOptions& o)
-      : Communicator(e, std::move(cp)), api_(nccl()), bucket_floats_(o.bucket_bytes / 4) {
+      : Communicator(e, std::move(cp)), api_(nccl()), dev_(eng.device()), bucket_floats_(o.bucket_bytes / 4) {
     if (!api_.error.empty()) throw UserError(api_.error);
     // NVLink SHARP (multicast) stays off: on shared hosts it can take the GPUs out of service.
     setenv("NCCL_NVLS_ENABLE", "0", 1);
@@ -214,8 +214,10 @@ class NcclComm final : public Communicator {
 
  private:
   void bucket(size_t lo, size_t hi) {
-    // Everything the engine's stream has done so far (the gradients of [lo, hi)) precedes it.
-    check(cudaEventRecord(fork_, stream_), "cudaEventRecord");
+    // Everything the engine's current stream has done so far (the gradients of [lo, hi)) precedes
+    // it: the main lane at a join, the optimizer's stream (after both lanes) between joins.
+    const auto from = static_cast<cudaStream_t>(dev_.native_stream());
+    check(cudaEventRecord(fork_, from ? from : stream_), "cudaEventRecord");
     check(cudaStreamWaitEvent(side_, fork_, 0), "cudaStreamWaitEvent");
     float* p = static_cast<float*>(grads_.data) + lo;
     nccl_check(api_.AllReduce(p, p, hi - lo, kFloat32, kAvg, comm_, side_), "ncclAllReduce");
@@ -234,6 +236,7 @@ class NcclComm final : public Communicator {
   }
 
   Nccl& api_;
+  Device& dev_;
   size_t bucket_floats_;
   cudaStream_t stream_ = nullptr, side_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;

@@ -44,8 +44,9 @@ class Communicator {
 
   // ---- the gradient average of a training step ----
   // begin_grads before the model's backward, grads_ready(first) from the model's hook (every
-  // gradient at arena offset >= first is final: a backend may start reducing it), end_grads
-  // after backward: then every rank holds the mean gradient. The default reduces all at the end.
+  // gradient at arena offset >= first is final once the engine's current stream has done what it
+  // was given so far: a backend may start reducing it after that), end_grads after backward (on
+  // the main lane): then every rank holds the mean gradient. The default reduces all at the end.
   virtual void begin_grads(const Tensor& grads) { grads_ = grads; }
   virtual void grads_ready(size_t first_final) { (void)first_final; }
   virtual void end_grads() { all_reduce(grads_, ReduceOp::Mean); }

@@ -304,8 +304,9 @@ struct Model::Impl {
     // / 3.13 GB. Again at 12.9 ms (2026-11-25, same runs; seed64's backward has 40 layers), every 5
     // / 22 / 25 / 28 / 31 / 34: tf32 12.89-12.92 / 12.82-12.84 / 12.77-12.78 / 12.74-12.75 /
     // 12.74-12.77 / 12.75-12.77 ms, bf16 7.90 / 7.87 / 7.88 / 7.86-7.87 / 7.86-7.88 / 7.88; 3.09 ->
-    // 3.10 GB. So 28 (Model::kJoinLayers), and 5 where the hook feeds a data-parallel all-reduce
-    // (its buckets hear of their gradients at most 5 layers late; the trainer asks for it).
+    // 3.10 GB. So 28 (Model::kJoinLayers). Data-parallel training joined every 5 layers until
+    // its all-reduce buckets started from the optimizer's stream (after both lanes), as the early
+    // optimizer updates do: they hear of their gradients every kReadyEvery layers between joins.
     int unjoined = 0;         // layers since the last join
     size_t lowest = SIZE_MAX;  // the lowest parameter offset of the layers done (it only falls)
     // Joins before a layer once join_plan are pending; the last layers are joined after the

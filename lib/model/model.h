@@ -54,10 +54,10 @@ class Model : public Network {
   // gradients (Blocks::bias_in_filter; default where those run on "wgmma" in tf32). Tests compare.
   void set_bias_from_filter_grads(bool on);
   // How many layers the backward runs between joins of its two lanes (the filter gradients' side
-  // lane waits for nothing until then); the grad-ready hook hears of gradients at the joins. Taken
-  // by the next plan(). kJoinLayers: fastest on one GPU (H100, seed64); kDistributedJoinLayers:
-  // data-parallel training, whose all-reduce buckets start at the joins.
-  static constexpr int kJoinLayers = 28, kDistributedJoinLayers = 5;
+  // lane waits for nothing until then); the grad-ready hook hears of gradients at the joins (and
+  // every few layers between them where it asks to). Taken by the next plan(). kJoinLayers:
+  // fastest on one GPU (H100, seed64), and with data parallelism (2 H200s).
+  static constexpr int kJoinLayers = 28;
   void set_backward_joins(int layers);
 
   // Single-layer networks: x is the layer's input in the activation dtype, `out` is left absent

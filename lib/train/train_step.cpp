@@ -38,7 +38,17 @@ void StepBase::set_hooks() {
   // Buckets during backward only with one micro-batch: with several, the sum is final after the
   // last one (update reduces it whole).
   if (comm_ && !acc_.defined()) {
-    net_.set_grad_ready_hook([c = comm_](size_t first_final) { c->grads_ready(first_final); });
+    // Issued from the optimizer's stream, which follows both lanes: the backward then calls it
+    // every few layers without joining its lanes there (the main lane waited for the filter
+    // gradients at every call before; 2 H200s, tf32 seed64: docs/speed-log.md).
+    net_.set_grad_ready_hook(
+        [this](size_t first_final) {
+          Ops& ops = eng_.ops();
+          ops.aside(true);
+          comm_->grads_ready(first_final);
+          ops.aside(false);
+        },
+        true);
     return;
   }
   early_ = allow_early_ && !comm_ && !acc_.defined() && opt_.can_update_early() && eng_.is_cuda() && env_lanes();
@@ -81,6 +91,7 @@ void StepBase::update() {
     ScopedRange r(eng_.device(), "all-reduce");
     if (acc_.defined()) comm_->begin_grads(acc_);
     comm_->end_grads();
+    eng_.ops().join_aside();  // (the stream the buckets forked from)
   }
   ScopedRange r(eng_.device(), "optimizer");
   opt_.step(net_.params(), acc_.defined() ? acc_ : net_.grads());

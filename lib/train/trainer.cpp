@@ -115,7 +115,6 @@ class DiffusionTask final : public TrainTask {
 
   void make_step(Engine& eng, Optimizer& opt, int Bl, int microbatch, Communicator* comm) override {
     eng_ = &eng;
-    model_->set_backward_joins(comm && comm->size() > 1 ? Model::kDistributedJoinLayers : Model::kJoinLayers);
     ts_ = std::make_unique<TrainStep>(eng, *model_, opt, Bl, microbatch);
     ts_->set_communicator(comm && comm->size() > 1 ? comm : nullptr);
     comm_ = comm && comm->size() > 1 ? comm : nullptr;
