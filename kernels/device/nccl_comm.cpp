@@ -150,6 +150,7 @@ class NcclComm final : public Communicator {
     check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, prio), "cudaStreamCreate");
     check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
     check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming), "cudaEventCreate");
     // Bootstrap: rank 0's unique id travels over the control plane.
     ncclUniqueId id{};
     if (rank() == 0) nccl_check(api_.GetUniqueId(&id), "ncclGetUniqueId");
@@ -177,6 +178,7 @@ class NcclComm final : public Communicator {
     }
     if (fork_) cudaEventDestroy(fork_);
     if (join_) cudaEventDestroy(join_);
+    if (reduced_) cudaEventDestroy(reduced_);
     if (side_) cudaStreamDestroy(side_);
   }
   std::string backend() const override { return "nccl " + version_text(api_.version); }
@@ -202,6 +204,13 @@ class NcclComm final : public Communicator {
       bucket(first_final, pending_end_);
       pending_end_ = first_final;
     }
+  }
+  size_t reduced_from() const override { return forked_ ? pending_end_ : SIZE_MAX; }
+  void wait_reduced() override {
+    if (!forked_) return;
+    const auto to = static_cast<cudaStream_t>(dev_.native_stream());
+    check(cudaEventRecord(reduced_, side_), "cudaEventRecord");
+    check(cudaStreamWaitEvent(to ? to : stream_, reduced_, 0), "cudaStreamWaitEvent");
   }
   void end_grads() override {
     if (pending_end_ > 0) bucket(0, pending_end_);
@@ -239,7 +248,7 @@ class NcclComm final : public Communicator {
   Device& dev_;
   size_t bucket_floats_;
   cudaStream_t stream_ = nullptr, side_ = nullptr;
-  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr, reduced_ = nullptr;
   ncclComm_t comm_ = nullptr;
   size_t pending_end_ = 0;  // gradients [pending_end_, n) are reduced or in flight
   bool forked_ = false;

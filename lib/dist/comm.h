@@ -50,6 +50,11 @@ class Communicator {
   virtual void begin_grads(const Tensor& grads) { grads_ = grads; }
   virtual void grads_ready(size_t first_final) { (void)first_final; }
   virtual void end_grads() { all_reduce(grads_, ReduceOp::Mean); }
+  // Early optimizer updates beside the backward (StepBase): the lowest arena offset from which
+  // the mean gradient is enqueued before end_grads (SIZE_MAX: none), and wait_reduced(): what the
+  // engine's current stream is given next waits for those reductions.
+  virtual size_t reduced_from() const { return SIZE_MAX; }
+  virtual void wait_reduced() {}
   // Whether the step may be captured in a CUDA graph with these operations inside.
   virtual bool capturable() const { return true; }
 

@@ -34,34 +34,28 @@ void StepBase::set_communicator(Communicator* comm) {
 }
 
 void StepBase::set_hooks() {
-  early_ = false;
-  // Buckets during backward only with one micro-batch: with several, the sum is final after the
-  // last one (update reduces it whole).
-  if (comm_ && !acc_.defined()) {
-    // Issued from the optimizer's stream, which follows both lanes: the backward then calls it
-    // every few layers without joining its lanes there (the main lane waited for the filter
-    // gradients at every call before; 2 H200s, tf32 seed64: docs/speed-log.md).
-    net_.set_grad_ready_hook(
-        [this](size_t first_final) {
-          Ops& ops = eng_.ops();
-          ops.aside(true);
-          comm_->grads_ready(first_final);
-          ops.aside(false);
-        },
-        true);
-    return;
-  }
-  early_ = allow_early_ && !comm_ && !acc_.defined() && opt_.can_update_early() && eng_.is_cuda() && env_lanes();
-  if (!early_) {
+  // Early optimizer updates: one micro-batch, no clipping, a CUDA engine with lanes; with several
+  // ranks, on the ranges whose mean gradient the communicator has enqueued during the backward.
+  early_ = allow_early_ && !acc_.defined() && opt_.can_update_early() && eng_.is_cuda() && env_lanes();
+  const bool buckets = comm_ && !acc_.defined();
+  if (!buckets && !early_) {
     net_.set_grad_ready_hook(nullptr);
     return;
   }
+  // Issued from the optimizer's stream (Ops::aside), which follows both lanes, so the backward
+  // calls it every few layers without joining its lanes there (a data-parallel backward waited for
+  // the filter gradients at every call before; 2 H200s, tf32 seed64: docs/speed-log.md).
   net_.set_grad_ready_hook(
-      [this](size_t first_final) {
-        if (!armed_) return;  // a backward outside a training step
+      [this, buckets](size_t first_final) {
+        if (!armed_ && !buckets) return;  // a backward outside a training step
         Ops& ops = eng_.ops();
-        ops.aside(true);  // (after both lanes' work so far)
-        opt_.update_from(net_.params(), net_.grads(), first_final);
+        ops.aside(true);
+        if (buckets) {
+          comm_->grads_ready(first_final);
+          first_final = comm_->reduced_from();
+          if (armed_ && first_final != SIZE_MAX) comm_->wait_reduced();
+        }
+        if (armed_ && first_final != SIZE_MAX) opt_.update_from(net_.params(), net_.grads(), first_final);
         ops.aside(false);
       },
       true);
