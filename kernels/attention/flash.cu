@@ -4,13 +4,15 @@
 //    mma fragments in registers; K and V stream through shared memory in blocks of keys (cp.async,
 //    double-buffered); S = Q K^T, an online softmax (running max and sum per row) and O += P V stay
 //    in registers. Writes out and lse (the natural log-sum-exp of the scaled logits).
-//  * backward: D = rowsum(dO * O) (a small kernel), then blocks that each own what they write —
+//  * backward: blocks that each own what they write —
 //    one per key block computes dK, dV over all query blocks, one per query block computes dQ over
 //    all key blocks, both kinds in one launch (flash_bwd_kernel; as two kernels one after the other
 //    the seed64 tf32 step took 12.69-12.70 ms against 12.65, bf16 7.79-7.81 against 7.78, H100,
 //    same runs) — so no block accumulates into another's output: no atomics, bitwise
 //    reproducible. Both recompute P = exp(S - lse) and dP = dO V^T (seven GEMM-shaped products per
-//    tile pair instead of FA2's five with atomic dQ). Workspace: Dsum, B * heads * T floats.
+//    tile pair instead of FA2's five with atomic dQ). Each block computes D = rowsum(dO * O) of
+//    the query rows it reads as their tiles land (DsumTile; it was a kernel of its own). No
+//    workspace.
 // Arithmetic: bf16 tensors use m16n8k16 bf16 mma with f32 accumulation (P and dS rounded to bf16
 // for their product, as FA2 does); f32 tensors use m16n8k8 tf32 mma — in tf32 mode on operands
 // rounded once to tf32 (in shared memory, as each tile lands), in fp32 mode as 3xTF32
@@ -261,6 +263,60 @@ __device__ __forceinline__ int pipe_step(int i, int n, F&& load) {
   }
 }
 
+// Dsum = rowsum(dO * O) over a head's D channels, for the rows of a tile whose dO this thread
+// copies with cp_tile<ROWS, D, LD, NT> (the same chunk mapping): once the tile landed, the
+// thread's O chunks come from global memory, its dO chunks from shared memory (before round_tile
+// rounds them), and the CPR consecutive lanes of a row add up their partial dot products. It was
+// a kernel of its own before the backward (11 launches, 77 us of a seed64 tf32 step on the main
+// lane; H200, same runs, three rounds, CUDA events: bf16 step 6.927 / 6.931 / 6.922 -> 6.883 /
+// 6.906 / 6.898 ms, tf32 10.900 / 10.888 / 10.904 -> 10.917 / 10.898 / 10.904: the backward kernel
+// takes ~0.06 ms longer, about what the separate kernel took). Measured and not kept: O's loads
+// issued before the tile's wait (registers held across it: tf32 step 10.960 / 10.956), O copied
+// into shared memory beside dO (tf32 10.903 / 10.907 / 10.899, bf16 6.903 / 6.910 / 6.905).
+template <int ROWS, int D, int NT, class T>
+struct DsumTile {
+  static constexpr int E = 16 / sizeof(T), CPR = D / E, N = ROWS * CPR / NT;
+  static_assert(32 % CPR == 0 && NT % CPR == 0, "a row's chunks in consecutive lanes of one warp");
+  uint4 o[N];
+  // O rows [r0, r0 + ROWS) of a [*, D] slice with row stride ld; rows at or past rmax read as 0.
+  __device__ __forceinline__ void load(const T* src, size_t ld, int r0, int rmax, int tid) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int c = tid + i * NT, r = c / CPR, k = (c % CPR) * E;
+      o[i] = r0 + r < rmax ? *reinterpret_cast<const uint4*>(src + (size_t)(r0 + r) * ld + k)
+                           : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // dst[r] for the tile's rows r from dO in shared memory (tile [ROWS][LD]).
+  template <int LD>
+  __device__ __forceinline__ void finish(float* dst, const T* sdO, int tid) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int c = tid + i * NT, r = c / CPR, k = (c % CPR) * E;
+      float v = dot(o[i], *reinterpret_cast<const uint4*>(sdO + r * LD + k));
+#pragma unroll
+      for (int s = CPR / 2; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+      if (c % CPR == 0) dst[r] = v;
+    }
+  }
+  __device__ static float dot(uint4 a, uint4 b) {
+    if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(a.x) * __uint_as_float(b.x) + __uint_as_float(a.y) * __uint_as_float(b.y) +
+             __uint_as_float(a.z) * __uint_as_float(b.z) + __uint_as_float(a.w) * __uint_as_float(b.w);
+    } else {
+      const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
+      float v = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x[j]));
+        const float2 q = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&y[j]));
+        v += p.x * q.x + p.y * q.y;
+      }
+      return v;
+    }
+  }
+};
+
 struct Heads {
   int q, k, v;  // channel offsets of head h's q, k, v inside a qkv row of 3C
 };
@@ -422,39 +478,14 @@ __global__ void __launch_bounds__(kThr, kMinBlocksMT<D, kSplit, MT>)
 
 // ---- backward --------------------------------------------------------------------------------
 
-// Dsum[b, h, t] = sum_i dO[b, t, hD + i] O[b, t, hD + i]: a warp per (b, t) row of C channels,
-// 4 channels per lane; D / 4 consecutive lanes hold one head and reduce with shuffles.
-template <class T>
-__global__ void flash_dsum_kernel(const T* __restrict__ dout, const T* __restrict__ out,
-                                  float* __restrict__ dsum, int rows, int T_, int C, int heads, int D) {
-  pdl_entry();
-  const int lane = threadIdx.x & 31, per = D / 4;  // lanes per head: 8, 16 or 32
-  const size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
-  for (size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; row < (size_t)rows; row += nwarps) {
-    const size_t b = row / T_, t = row % T_;
-    const T* a = dout + row * C;
-    const T* o = out + row * C;
-    for (int c0 = 0; c0 < C / 4; c0 += 32) {  // whole warps: the shuffles need every lane
-      const int c4 = c0 + lane;
-      float v = 0.f;
-      if (c4 < C / 4) {
-        const float4 x = ld4(a, c4), y = ld4(o, c4);
-        v = x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-      }
-      for (int s = per / 2; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-      if (c4 < C / 4 && lane % per == 0) dsum[(b * heads + (size_t)(c4 * 4 / D)) * T_ + t] = v;
-    }
-  }
-}
-
 // dK, dV of 64 keys (4 warps x 16) over every query block of BR rows. The warp's S^T (keys x
 // queries) = K_w Q^T, P^T = exp2(S^T sl2 - lse2[query]), dP^T = V_w dO^T, dV += P^T dO,
 // dS^T = P^T (dP^T - Dsum[query]), dK += dS^T Q (scaled by 1/sqrt(D) at the end).
 template <class T, int D, bool kSplit, int BR, int S>
 __device__ __forceinline__ void bwd_dkdv(const T* __restrict__ qkv, const T* __restrict__ dout,
-                                         const float* __restrict__ lse, const float* __restrict__ dsum,
-                                         T* __restrict__ dqkv, int T_, int C, int heads, bool legacy, float sl2,
-                                         float scale) {
+                                         const float* __restrict__ lse, const T* __restrict__ out,
+                                         T* __restrict__ dqkv, int T_, int C, int heads, bool legacy,
+                                         float sl2, float scale) {
   using M = Tile<T, kSplit>;
   constexpr int KS = M::KS, BK = kRowsPerBlock, LD = D + M::kPad;
   extern __shared__ float4 smem_f4[];
@@ -470,8 +501,8 @@ __device__ __forceinline__ void bwd_dkdv(const T* __restrict__ qkv, const T* __r
   const Heads off = heads_at(h, C, D, legacy);
   const T* base = qkv + (size_t)b * T_ * ld;
   const T* dbase = dout + (size_t)b * T_ * C + h * D;
+  const T* obase = out + (size_t)b * T_ * C + h * D;
   const float* lrow = lse + (size_t)bh * T_;
-  const float* drow = dsum + (size_t)bh * T_;
   const int k0 = blockIdx.x * BK;
 
   auto load_q = [&](int i, int st) {
@@ -479,9 +510,8 @@ __device__ __forceinline__ void bwd_dkdv(const T* __restrict__ qkv, const T* __r
     cp_tile<BR, D, LD, kThr>(sO + st * BR * LD, dbase, C, i * BR, T_, tid);
     for (int r = tid; r < BR; r += kThr) {
       const int q = i * BR + r;
-      // queries past T: lse = +inf makes their P exactly 0
+      // queries past T: lse = +inf makes their P exactly 0 (and their Dsum is 0)
       sL[st * BR + r] = q < T_ ? lrow[q] * kLog2e : INFINITY;
-      sD[st * BR + r] = q < T_ ? drow[q] : 0.f;
     }
     cp_commit();
   };
@@ -499,8 +529,11 @@ __device__ __forceinline__ void bwd_dkdv(const T* __restrict__ qkv, const T* __r
   const T* Vw = sV + warp * 16 * LD;
 
   const int nqb = (T_ + BR - 1) / BR;
+  DsumTile<BR, D, kThr, T> ds;
   for (int i = 0; i < nqb; ++i) {
     const int st = pipe_step<S>(i, nqb, load_q);
+    ds.load(obase, C, i * BR, T_, tid);
+    ds.template finish<LD>(sD + st * BR, sO + st * BR * LD, tid);
     if (M::kRoundTiles) {
       if (i == 0) {
         round_tile<BK, D, LD, kThr>(sK, tid);
@@ -567,7 +600,7 @@ __device__ __forceinline__ void bwd_dkdv(const T* __restrict__ qkv, const T* __r
 // P = exp2(S sl2 - lse2), dP = dO_w V^T, dS = P (dP - Dsum), dQ += dS K (scaled at the end).
 template <class T, int D, bool kSplit, int BC, int S>
 __device__ __forceinline__ void bwd_dq(const T* __restrict__ qkv, const T* __restrict__ dout,
-                                       const float* __restrict__ lse, const float* __restrict__ dsum,
+                                       const float* __restrict__ lse, const T* __restrict__ out,
                                        T* __restrict__ dqkv, int T_, int C, int heads, bool legacy, float sl2,
                                        float scale) {
   using M = Tile<T, kSplit>;
@@ -577,6 +610,7 @@ __device__ __forceinline__ void bwd_dq(const T* __restrict__ qkv, const T* __res
   T* sO = sQ + BQ * LD;                   // [BQ][LD] (dO)
   T* sK = sO + BQ * LD;                   // [S][BC][LD]
   T* sV = sK + S * BC * LD;               // [S][BC][LD]
+  float* sDq = reinterpret_cast<float*>(sV + S * BC * LD);  // [BQ] Dsum
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
   const size_t ld = 3 * (size_t)C;
@@ -599,7 +633,6 @@ __device__ __forceinline__ void bwd_dq(const T* __restrict__ qkv, const T* __res
   for (int r = 0; r < 2; ++r) {
     const int row = rw + g + 8 * r;
     l2[r] = row < T_ ? lse[(size_t)bh * T_ + row] * kLog2e : 0.f;
-    dq_[r] = row < T_ ? dsum[(size_t)bh * T_ + row] : 0.f;
   }
   float dq[D / 8][4];
 #pragma unroll
@@ -608,8 +641,13 @@ __device__ __forceinline__ void bwd_dq(const T* __restrict__ qkv, const T* __res
   const T* Ow = sO + warp * 16 * LD;
 
   const int nkb = (T_ + BC - 1) / BC;
+  DsumTile<BQ, D, kThr, T> ds;
   for (int j = 0; j < nkb; ++j) {
     const int st = pipe_step<S>(j, nkb, load_kv);
+    if (j == 0) {
+      ds.load(out + (size_t)b * T_ * C + h * D, C, q0, T_, tid);
+      ds.template finish<LD>(sDq, sO, tid);  // (read after the barrier below)
+    }
     if (M::kRoundTiles) {
       if (j == 0) {
         round_tile<BQ, D, LD, kThr>(sQ, tid);
@@ -621,6 +659,7 @@ __device__ __forceinline__ void bwd_dq(const T* __restrict__ qkv, const T* __res
     __syncthreads();
     const T* K = sK + st * BC * LD;
     const T* V = sV + st * BC * LD;
+    if (j == 0) dq_[0] = sDq[warp * 16 + g], dq_[1] = sDq[warp * 16 + g + 8];
 
     float s[BC / 8][4], dp[BC / 8][4];
 #pragma unroll
@@ -696,7 +735,8 @@ constexpr size_t dkdv_smem() {
 template <class T, int D, bool kSplit, int S>
 constexpr size_t dq_smem() {
   constexpr int LD = D + Tile<T, kSplit>::kPad, BC = kBlockN<T, D>;
-  return ((size_t)2 * kRowsPerBlock * LD + (size_t)2 * S * BC * LD) * sizeof(T);
+  return ((size_t)2 * kRowsPerBlock * LD + (size_t)2 * S * BC * LD) * sizeof(T) +
+         kRowsPerBlock * sizeof(float);
 }
 
 struct Geo {
@@ -717,13 +757,13 @@ Geo geo(const Tensor& qkv, const Tensor& out, const Tensor& lse) {
 template <class T, int D, bool kSplit, int BR, int BC, int S>
 __global__ void __launch_bounds__(kThr, kMinBlocks<D, kSplit>)
     flash_bwd_kernel(const T* __restrict__ qkv, const T* __restrict__ dout, const float* __restrict__ lse,
-                     const float* __restrict__ dsum, T* __restrict__ dqkv, int T_, int C, int heads, bool legacy,
+                     const T* __restrict__ out, T* __restrict__ dqkv, int T_, int C, int heads, bool legacy,
                      float sl2, float scale) {
   pdl_entry();
   if (blockIdx.z == 0)
-    bwd_dkdv<T, D, kSplit, BR, S>(qkv, dout, lse, dsum, dqkv, T_, C, heads, legacy, sl2, scale);
+    bwd_dkdv<T, D, kSplit, BR, S>(qkv, dout, lse, out, dqkv, T_, C, heads, legacy, sl2, scale);
   else
-    bwd_dq<T, D, kSplit, BC, S>(qkv, dout, lse, dsum, dqkv, T_, C, heads, legacy, sl2, scale);
+    bwd_dq<T, D, kSplit, BC, S>(qkv, dout, lse, out, dqkv, T_, C, heads, legacy, sl2, scale);
 }
 
 template <class T, int D, bool kSplit>
@@ -789,16 +829,11 @@ struct Kernels {
     } else {
       constexpr int BR = kBlockDkdv<T, D>;
       prepare();
-      float* dsum = static_cast<float*>(ctx.ws);
-      const int rows = g.B * g.T;
-      flash_dsum_kernel<T><<<grid_for((size_t)rows * 32), kThreads, 0, ctx.stream>>>(
-          dptr<T>(o.dout), dptr<T>(o.out), dsum, rows, g.T, g.C, g.heads, D);
-      KERNEL_CHECK();
       const float sl2 = (float)(kLog2e / std::sqrt((double)D)), scale = (float)(1.0 / std::sqrt((double)D));
       const dim3 grid((g.T + kRowsPerBlock - 1) / kRowsPerBlock, g.B * g.heads, 2);
       flash_bwd_kernel<T, D, kSplit, BR, BN, S><<<grid, kThr, bwd_smem(), ctx.stream>>>(
-          dptr<T>(o.qkv), dptr<T>(o.dout), dptr<float>(o.lse), dsum, dptr<T>(o.dqkv), g.T, g.C, g.heads,
-          o.legacy, sl2, scale);
+          dptr<T>(o.qkv), dptr<T>(o.dout), dptr<float>(o.lse), dptr<T>(o.out), dptr<T>(o.dqkv), g.T, g.C,
+          g.heads, o.legacy, sl2, scale);
       KERNEL_CHECK();
     }
   }
@@ -855,8 +890,8 @@ void run_bwd(const AttentionBwd& o, CudaCtx& ctx) {
   dispatch(g, ctx.prec, [&](auto k) { decltype(k)::bwd(o, ctx, g); });
 }
 
-// The forward needs no workspace; the backward keeps Dsum [B, heads, T] f32 there. Asked at plan
-// time, so the shared-memory opt-in happens before any graph capture.
+// No workspace (the backward's blocks compute the Dsum of their query rows themselves). Asked at
+// plan time, so the shared-memory opt-in happens before any graph capture.
 size_t fwd_ws(const AttentionFwd& o, const CudaCtx& ctx) {
   dispatch(geo(o.qkv, o.out, o.lse), ctx.prec, [&](auto k) { decltype(k)::prepare(); });
   return 0;
@@ -864,7 +899,7 @@ size_t fwd_ws(const AttentionFwd& o, const CudaCtx& ctx) {
 size_t bwd_ws(const AttentionBwd& o, const CudaCtx& ctx) {
   const Geo g = geo(o.qkv, o.out, o.lse);
   dispatch(g, ctx.prec, [&](auto k) { decltype(k)::prepare(); });
-  return (size_t)g.B * g.heads * g.T * sizeof(float);
+  return 0;
 }
 
 }  // namespace
