@@ -113,23 +113,22 @@ void programmatic_edges(cudaGraph_t g, bool only_alone) {
   CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
   std::unordered_map<cudaGraphNode_t, int> preds;
   for (size_t i = 0; i < n; ++i) ++preds[to[i]];
-  std::unordered_map<cudaGraphNode_t, char> ok;  // (only_alone) into this node
+  std::unordered_map<cudaGraphNode_t, size_t> id;  // (only_alone) node -> index into alone
+  std::vector<char> alone;
   if (only_alone) {
     size_t nn = 0;
     CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &nn));
     std::vector<cudaGraphNode_t> nodes(nn);
     CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &nn));
-    std::unordered_map<cudaGraphNode_t, size_t> id;
     std::vector<char> kernels(nn);
     for (size_t i = 0; i < nn; ++i) id[nodes[i]] = i, kernels[i] = kernel_node(nodes[i]);
     std::vector<std::pair<size_t, size_t>> edges(n);
     for (size_t i = 0; i < n; ++i) edges[i] = {id.at(from[i]), id.at(to[i])};
-    const std::vector<char> alone = alone_nodes(nn, edges, kernels);
-    for (size_t i = 0; i < nn; ++i) ok[nodes[i]] = alone[i];
+    alone = alone_nodes(nn, edges, kernels);
   }
   for (size_t i = 0; i < n; ++i) {
     if (preds[to[i]] != 1 || data[i].type != cudaGraphDependencyTypeDefault || data[i].from_port != 0 ||
-        !kernel_node(from[i]) || !unet_kernel(to[i]) || (only_alone && !ok[to[i]]))
+        !kernel_node(from[i]) || !unet_kernel(to[i]) || (only_alone && !alone[id.at(to[i])]))
       continue;
     cudaGraphEdgeData e = {};
     e.from_port = cudaGraphKernelNodePortProgrammatic;

@@ -208,9 +208,8 @@ class NcclComm final : public Communicator {
   size_t reduced_from() const override { return forked_ ? pending_end_ : SIZE_MAX; }
   void wait_reduced() override {
     if (!forked_) return;
-    const auto to = static_cast<cudaStream_t>(dev_.native_stream());
     check(cudaEventRecord(reduced_, side_), "cudaEventRecord");
-    check(cudaStreamWaitEvent(to ? to : stream_, reduced_, 0), "cudaStreamWaitEvent");
+    check(cudaStreamWaitEvent(current(), reduced_, 0), "cudaStreamWaitEvent");
   }
   void end_grads() override {
     if (pending_end_ > 0) bucket(0, pending_end_);
@@ -225,13 +224,15 @@ class NcclComm final : public Communicator {
   void bucket(size_t lo, size_t hi) {
     // Everything the engine's current stream has done so far (the gradients of [lo, hi)) precedes
     // it: the main lane at a join, the optimizer's stream (after both lanes) between joins.
-    const auto from = static_cast<cudaStream_t>(dev_.native_stream());
-    check(cudaEventRecord(fork_, from ? from : stream_), "cudaEventRecord");
+    check(cudaEventRecord(fork_, current()), "cudaEventRecord");
     check(cudaStreamWaitEvent(side_, fork_, 0), "cudaStreamWaitEvent");
     float* p = static_cast<float*>(grads_.data) + lo;
     nccl_check(api_.AllReduce(p, p, hi - lo, kFloat32, kAvg, comm_, side_), "ncclAllReduce");
     forked_ = true;
   }
+  // The engine's current stream (a lane, or the optimizer's stream inside Ops::aside); the CUDA
+  // device always has one (the constructor checked its main lane).
+  cudaStream_t current() { return static_cast<cudaStream_t>(dev_.native_stream()); }
   void check(cudaError_t e, const char* what) {
     if (e != cudaSuccess) {
       cudaGetLastError();
