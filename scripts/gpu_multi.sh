@@ -98,10 +98,11 @@ for p in $parts; do
     equiv)
       say "=== equiv: 2 GPUs x 16 vs 1 GPU x 32, 50 steps (seed64)"
       # fp32: 1.1e-5 measured after 50 AdamW steps (summation order). tf32: 3.8e-4, 1.9e-3, 3.4e-3 in
-      # three runs (2026-11-22/23, 2 H200s, cuDNN's engines timed afresh each time): batch 16 and 32
-      # run different engines, and TF32 engines differ in more than summation order (bf16, whose
-      # inputs unet rounds itself, 0.9e-3-1.3e-3 in the same runs)
-      for pt in fp32:5e-5 tf32:5e-3 bf16:1e-2; do
+      # three runs (2026-11-22/23, 2 H200s, cuDNN's engines timed afresh each time), 7.3e-5 .. 3.7e-3
+      # on 2026-11-29: batch 16 and 32 run different engines, and TF32 engines differ in more than
+      # summation order, so tf32 gets bf16's bound (bf16, whose inputs unet rounds itself,
+      # 0.9e-3-3.5e-3); fp32's bound is the tight check of the reduction
+      for pt in fp32:5e-5 tf32:1e-2 bf16:1e-2; do
         prec=${pt%%:*} tol=${pt##*:}
         a=(--batch-size 32 --steps 50 --save-every 50 --log-every 10 --precision $prec)
         train "eq1_$prec" 300 -- $T "${a[@]}" -o "$W/eq1_$prec" &&
