@@ -11,7 +11,7 @@
 //    same runs) — so no block accumulates into another's output: no atomics, bitwise
 //    reproducible. Both recompute P = exp(S - lse) and dP = dO V^T (seven GEMM-shaped products per
 //    tile pair instead of FA2's five with atomic dQ). Each block computes D = rowsum(dO * O) of
-//    the query rows it reads as their tiles land (DsumTile; it was a kernel of its own). No
+//    the query rows it reads as their tiles land (dsum_rows; it was a kernel of its own). No
 //    workspace.
 // Arithmetic: bf16 tensors use m16n8k16 bf16 mma with f32 accumulation (P and dS rounded to bf16
 // for their product, as FA2 does); f32 tensors use m16n8k8 tf32 mma — in tf32 mode on operands
@@ -34,6 +34,7 @@
 
 #include "cuda_engine.cuh"
 #include "mma_sync.cuh"
+#include "rowblock.cuh"
 
 namespace unet {
 
@@ -273,49 +274,26 @@ __device__ __forceinline__ int pipe_step(int i, int n, F&& load) {
 // takes ~0.06 ms longer, about what the separate kernel took). Measured and not kept: O's loads
 // issued before the tile's wait (registers held across it: tf32 step 10.960 / 10.956), O copied
 // into shared memory beside dO (tf32 10.903 / 10.907 / 10.899, bf16 6.903 / 6.910 / 6.905).
-template <int ROWS, int D, int NT, class T>
-struct DsumTile {
-  static constexpr int E = 16 / sizeof(T), CPR = D / E, N = ROWS * CPR / NT;
+template <int ROWS, int D, int LD, int NT, class T>
+__device__ __forceinline__ void dsum_rows(float* dst, const T* sdO, const T* out, size_t ld, int r0, int rmax,
+                                          int tid) {
+  constexpr int E = 16 / sizeof(T), CPR = D / E;
   static_assert(32 % CPR == 0 && NT % CPR == 0, "a row's chunks in consecutive lanes of one warp");
-  uint4 o[N];
-  // O rows [r0, r0 + ROWS) of a [*, D] slice with row stride ld; rows at or past rmax read as 0.
-  __device__ __forceinline__ void load(const T* src, size_t ld, int r0, int rmax, int tid) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int c = tid + i * NT, r = c / CPR, k = (c % CPR) * E;
-      o[i] = r0 + r < rmax ? *reinterpret_cast<const uint4*>(src + (size_t)(r0 + r) * ld + k)
-                           : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < ROWS * CPR / NT; ++i) {
+    const int c = tid + i * NT, r = c / CPR, k = (c % CPR) * E;
+    float o[E], d[E], v = 0.f;
+    rowblock::Vec<T, E>::load(sdO + r * LD + k, d);
+    if (r0 + r < rmax) {  // (rows past T: Dsum 0)
+      rowblock::Vec<T, E>::load(out + (size_t)(r0 + r) * ld + k, o);
+#pragma unroll
+      for (int e = 0; e < E; ++e) v += o[e] * d[e];
     }
-  }
-  // dst[r] for the tile's rows r from dO in shared memory (tile [ROWS][LD]).
-  template <int LD>
-  __device__ __forceinline__ void finish(float* dst, const T* sdO, int tid) const {
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int c = tid + i * NT, r = c / CPR, k = (c % CPR) * E;
-      float v = dot(o[i], *reinterpret_cast<const uint4*>(sdO + r * LD + k));
-#pragma unroll
-      for (int s = CPR / 2; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
-      if (c % CPR == 0) dst[r] = v;
-    }
+    for (int s = CPR / 2; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+    if (c % CPR == 0) dst[r] = v;
   }
-  __device__ static float dot(uint4 a, uint4 b) {
-    if constexpr (sizeof(T) == 4) {
-      return __uint_as_float(a.x) * __uint_as_float(b.x) + __uint_as_float(a.y) * __uint_as_float(b.y) +
-             __uint_as_float(a.z) * __uint_as_float(b.z) + __uint_as_float(a.w) * __uint_as_float(b.w);
-    } else {
-      const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
-      float v = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x[j]));
-        const float2 q = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&y[j]));
-        v += p.x * q.x + p.y * q.y;
-      }
-      return v;
-    }
-  }
-};
+}
 
 struct Heads {
   int q, k, v;  // channel offsets of head h's q, k, v inside a qkv row of 3C
@@ -529,11 +507,9 @@ __device__ __forceinline__ void bwd_dkdv(const T* __restrict__ qkv, const T* __r
   const T* Vw = sV + warp * 16 * LD;
 
   const int nqb = (T_ + BR - 1) / BR;
-  DsumTile<BR, D, kThr, T> ds;
   for (int i = 0; i < nqb; ++i) {
     const int st = pipe_step<S>(i, nqb, load_q);
-    ds.load(obase, C, i * BR, T_, tid);
-    ds.template finish<LD>(sD + st * BR, sO + st * BR * LD, tid);
+    dsum_rows<BR, D, LD, kThr>(sD + st * BR, sO + st * BR * LD, obase, C, i * BR, T_, tid);
     if (M::kRoundTiles) {
       if (i == 0) {
         round_tile<BK, D, LD, kThr>(sK, tid);
@@ -641,13 +617,10 @@ __device__ __forceinline__ void bwd_dq(const T* __restrict__ qkv, const T* __res
   const T* Ow = sO + warp * 16 * LD;
 
   const int nkb = (T_ + BC - 1) / BC;
-  DsumTile<BQ, D, kThr, T> ds;
   for (int j = 0; j < nkb; ++j) {
     const int st = pipe_step<S>(j, nkb, load_kv);
-    if (j == 0) {
-      ds.load(out + (size_t)b * T_ * C + h * D, C, q0, T_, tid);
-      ds.template finish<LD>(sDq, sO, tid);  // (read after the barrier below)
-    }
+    if (j == 0)  // (read after the barrier below)
+      dsum_rows<BQ, D, LD, kThr>(sDq, sO, out + (size_t)b * T_ * C + h * D, C, q0, T_, tid);
     if (M::kRoundTiles) {
       if (j == 0) {
         round_tile<BQ, D, LD, kThr>(sQ, tid);

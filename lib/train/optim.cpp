@@ -87,7 +87,7 @@ void Optimizer::begin_early() {
 void Optimizer::update_from(const Tensor& params, const Tensor& grads, size_t first) {
   // ranges of at least kEarlyMin parameters (16 MB of state and gradient): smaller ones wait for
   // the next (measured: one launch per layer made the updates slower than the single pass)
-  if (!early_ || first >= done_ || done_ - first < kEarlyMin) return;
+  if (!update_due(first)) return;
   update(params, grads, first, done_, false, range_sq_.flat(ranges_++, 1));
   done_ = first;
 }

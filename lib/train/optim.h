@@ -44,6 +44,8 @@ class Optimizer {
   bool can_update_early() const { return o_.grad_clip <= 0; }
   void begin_early();
   void update_from(const Tensor& params, const Tensor& grads, size_t first);
+  // Whether update_from(.., first) would enqueue work (a range of at least kEarlyMin not updated yet).
+  bool update_due(size_t first) const { return early_ && first < done_ && done_ - first >= kEarlyMin; }
 
   Tensor ema() const { return ema_; }
   // Each update also writes the updated weights' bf16 copy here (the network's shadow arena, the

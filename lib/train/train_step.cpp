@@ -53,9 +53,12 @@ void StepBase::set_hooks() {
         if (buckets) {
           comm_->grads_ready(first_final);
           first_final = comm_->reduced_from();
-          if (armed_ && first_final != SIZE_MAX) comm_->wait_reduced();
         }
-        if (armed_ && first_final != SIZE_MAX) opt_.update_from(net_.params(), net_.grads(), first_final);
+        // (the optimizer's stream waits for the reductions only where it has a range to update)
+        if (armed_ && first_final != SIZE_MAX && opt_.update_due(first_final)) {
+          if (buckets) comm_->wait_reduced();
+          opt_.update_from(net_.params(), net_.grads(), first_final);
+        }
         ops.aside(false);
       },
       true);
