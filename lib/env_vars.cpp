@@ -85,6 +85,12 @@ bool env_fuse_norm() {
                     "kernel does so) or 0 (a separate pass; the default)");
 }
 
+bool env_cat_norm() {
+  return switch_var("UNET_CAT_NORM", true,
+                    "must be 1 (a training step's skip concatenations written by the GroupNorm after them; "
+                    "the default) or 0 (a copy pass of their own)");
+}
+
 bool env_lanes() {
   return switch_var("UNET_LANES", true,
                     "must be 1 (filter gradients and skip convolutions on a second stream; the default) or 0 "
@@ -133,6 +139,7 @@ void check_environment(const std::vector<std::pair<std::string, std::string>>& i
   env_stream_priority();
   env_conv_stats();
   env_fuse_norm();
+  env_cat_norm();
   env_lanes();
   env_skip_branch(false);
   env_cudnn_knobs();

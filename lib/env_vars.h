@@ -46,6 +46,8 @@ bool env_graph_fill();
 bool env_conv_stats();
 // UNET_FUSE_NORM: true for "1"; false when unset, empty or "0".
 bool env_fuse_norm();
+// UNET_CAT_NORM: false for "0"; true when unset, empty or "1".
+bool env_cat_norm();
 // UNET_LANES: false for "0"; true when unset, empty or "1".
 bool env_lanes();
 // UNET_SKIP_BRANCH: true for "1", false for "0"; dflt when unset or empty.

@@ -480,6 +480,83 @@ TEST(GroupNormCpuVariants, SmallOddShapes) {
   if (n == 0) GTEST_SKIP() << "no fast CPU variant on this CPU";
 }
 
+// ---- the input in two parts (GroupNormFwd's x2 / xcat: a skip concatenation read where its
+// parts lie and written as read) ----
+
+// A GroupNormFwd of [B, H, H, C1] ++ [B, H, H, C2] given as its two parts, writing the
+// concatenation to xcat; y with SiLU or without.
+GroupNormFwd gn_parts_op(const Alloc& A, DType act, int B, int H, int C1, int C2, int G, bool silu) {
+  const int C = C1 + C2;
+  GroupNormFwd o{A(act, {B, H, H, C1}), A(DType::F32, {C}),    A(DType::F32, {C}),    {},
+                 A(act, {B, H, H, C}),  A(DType::F32, {B, G}), A(DType::F32, {B, G}), silu};
+  o.x2 = A(act, {B, H, H, C2}), o.xcat = A(act, {B, H, H, C});
+  return o;
+}
+struct PartsCase {
+  int B, H, C1, C2, G;
+  bool silu;
+};
+// 4-channel vectors in both parts, the second part's vectors odd, a first part not of whole
+// vectors (one channel at a time), seed64's decoder shapes (whole 16-byte vectors, G 32 over a
+// group that straddles the parts at C 192).
+const PartsCase kPartsCases[] = {
+    {2, 5, 8, 4, 4, true}, {3, 3, 6, 6, 4, false}, {2, 4, 64, 64, 32, true}, {2, 8, 128, 64, 32, true}};
+
+// Each engine (the CPU's in fp32 and the bf16 emulation; each CUDA precision) and each of its
+// variants that takes the two parts: bitwise what that variant gives on their concatenation
+// (ConcatFwd first), and xcat bitwise that concatenation.
+TEST(GroupNormParts, BitwiseTheConcatenationsNorm) {
+  std::vector<Engine*> engines{&cpu_engine(Precision::FP32), &cpu_engine(Precision::BF16)};
+  for (Precision p : {Precision::FP32, Precision::TF32, Precision::BF16})
+    if (Engine* g = have_gpu() ? gpu_engine(p) : nullptr) engines.push_back(g);
+  int checked = 0;
+  for (const PartsCase& c : kPartsCases)
+    for (Engine* e : engines) {
+      const DType act = e->act_dtype();
+      Alloc A = [&](DType t, std::initializer_list<int64_t> d) { return e->alloc(t, d); };
+      GroupNormFwd parts = gn_parts_op(A, act, c.B, c.H, c.C1, c.C2, c.G, c.silu);
+      randomize(*e, parts, test_seed() + 31 * (checked + 1));
+      const ConcatFwd cat{parts.x, parts.x2, A(act, {c.B, c.H, c.H, c.C1 + c.C2})};
+      e->ops().run(cat);
+      GroupNormFwd whole = parts;
+      whole.x = cat.y, whole.x2 = whole.xcat = Tensor{};
+      whole.y = A(act, {c.B, c.H, c.H, c.C1 + c.C2}), whole.mean = A(DType::F32, {c.B, c.G}),
+      whole.rstd = A(DType::F32, {c.B, c.G});
+      const auto vs = e->base_ops().variants_for(parts);
+      EXPECT_FALSE(vs.empty()) << "no variant takes the parts on " << precision_name(e->precision());
+      for (const std::string& v : vs) {
+        SCOPED_TRACE(describe(parts) + " " + precision_name(e->precision()) + " variant " + v);
+        for (const Tensor* t :
+             {&parts.y, &parts.mean, &parts.rstd, &parts.xcat, &whole.y, &whole.mean, &whole.rstd})
+          poison(*e, *t);
+        e->base_ops().run_variant(parts, v);
+        e->base_ops().run_variant(whole, v);
+        e->device().sync();
+        EXPECT_EQ(raw(*e, parts.xcat), raw(*e, cat.y));
+        EXPECT_EQ(raw(*e, parts.y), raw(*e, whole.y));
+        EXPECT_EQ(raw(*e, parts.mean), raw(*e, whole.mean));
+        EXPECT_EQ(raw(*e, parts.rstd), raw(*e, whole.rstd));
+        ++checked;
+      }
+    }
+  EXPECT_GE(checked, 8);
+}
+
+// Every CUDA variant that takes the parts against the CPU reference (y, statistics, xcat), and
+// every fast CPU variant against "ref".
+TEST(GroupNormParts, VariantsMatchTheReference) {
+  int n = 0;
+  for (const PartsCase& c : kPartsCases) {
+    const std::string k = "parts " + std::to_string(c.C1) + "+" + std::to_string(c.C2);
+    const auto build = [&](const Alloc& A, DType act) {
+      return gn_parts_op(A, act, c.B, c.H, c.C1, c.C2, c.G, c.silu);
+    };
+    n += check_variants<GroupNormFwd>(k, build, Tol{});
+    n += check_cpu_variants<GroupNormFwd>(k, build);
+  }
+  if (n == 0) GTEST_SKIP() << "no GPU and no fast CPU variant";
+}
+
 // Every GroupNorm of tiny32 at batch 16 (ResBlock norms with SiLU, the second one with scale-shift;
 // attention norms without SiLU; the output norm).
 TEST(GroupNormCpuVariants, EveryTiny32ShapeAtBatch16) {

@@ -124,12 +124,27 @@ __device__ __forceinline__ void for_rows(const T* col, int C, int rf, int r1, in
   }
 }
 
+// Sample b of an NHWC input given as one tensor [B, R, C] (x2 null, C1 = C) or as two channel
+// parts, x [B, R, C1] then x2 [B, R, C - C1] (a skip concatenation read where its parts lie; C1 a
+// multiple of the vector width): channel c's column, its row pitch, its value in row 0.
+template <class T>
+struct Parts {
+  const T *a, *b;
+  int C1, C2;
+  __device__ Parts(const T* x, const T* x2, int C1_, int C, int R, int s)
+      : a(x + (size_t)s * R * C1_), b(x2 ? x2 + (size_t)s * R * (C - C1_) : nullptr), C1(C1_), C2(C - C1_) {}
+  __device__ const T* col(int c) const { return c < C1 ? a + c : b + (c - C1); }
+  __device__ int pitch(int c) const { return c < C1 ? C1 : C2; }
+  __device__ float at0(int c) const { return c < C1 ? ldf(a, (size_t)c) : ldf(b, (size_t)(c - C1)); }
+};
+
 // Forward sums of (x - K, (x - K)^2) per (b, split, c); the last block of sample b writes its
-// mean and rstd.
+// mean and rstd. x in one or two parts (Parts).
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads, 2)
-    fwd_sums_kernel(const T* __restrict__ x, const float* __restrict__ xbias, const float* __restrict__ xemb, int R,
-                    int C, int G, int Cl, int L, int rps, float2* partial, double2* sums, unsigned* tickets,
+    fwd_sums_kernel(const T* __restrict__ x, const T* __restrict__ x2, int C1,
+                    const float* __restrict__ xbias, const float* __restrict__ xemb, int R, int C, int G,
+                    int Cl, int L, int rps, float2* partial, double2* sums, unsigned* tickets,
                     float* __restrict__ mean, float* __restrict__ rstd) {
   pdl_entry();
   __shared__ float2 red[kThreads * V];
@@ -137,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
   const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x, Cv = C / V, Cg = C / G, w = Cl * V;
   const int r0 = s * rps, r1 = min(R, r0 + rps);
-  const T* xb = x + (size_t)b * R * C;
+  const Parts<T> xb(x, x2, C1, C, R, b);
   for (int j0 = 0; j0 < Cv; j0 += Cl) {  // trip count uniform over the block (it syncs inside)
     const int j = j0 + cl;
     float s1[V], s2[V];
@@ -146,12 +161,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (j < Cv) {
       float K[V];
       for_rows<T, V, kUS, 0>(
-          xb + j * V, C, r0 + rl, r1, L, false, nullptr,
+          xb.col(j * V), xb.pitch(j * V), r0 + rl, r1, L, false, nullptr,
           [&] {
 #pragma unroll
             for (int k = 0; k < V; ++k) {  // the group's first value as read, minus this channel's offset
               const int c = j * V + k, c0 = c / Cg * Cg;
-              K[k] = ldf(xb, (size_t)c0) + xoff(xbias, xemb, b, c0, C) - xoff(xbias, xemb, b, c, C);
+              K[k] = xb.at0(c0) + xoff(xbias, xemb, b, c0, C) - xoff(xbias, xemb, b, c, C);
             }
           },
           [&](const typename Vec<T, V>::Raw& raw, int) {
@@ -179,29 +194,32 @@ __global__ void __launch_bounds__(kThreads, 2)
     double a = 0, q = 0;
     for (int c = g * Cg; c < (g + 1) * Cg; ++c) a += sums[(size_t)b * C + c].x, q += sums[(size_t)b * C + c].y;
     const double m1 = a / n, var = fmax(q / n - m1 * m1, 0.0);
-    mean[b * G + g] = (float)(ldf(xb, (size_t)g * Cg) + xoff(xbias, xemb, b, g * Cg, C) + m1);
+    mean[b * G + g] = (float)(xb.at0(g * Cg) + xoff(xbias, xemb, b, g * Cg, C) + m1);
     rstd[b * G + g] = (float)(1.0 / sqrt(var + kEps));
   }
   if (t == 0) tickets[1 + b] = 0;
 }
 
-// y = act((x - m) a + bb) from saved statistics.
+// y = act((x - m) a + bb) from saved statistics; x in one or two parts (Parts), and with two,
+// xcat (when given) = their concatenation [B, R, C], written as read.
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads, kBlocks<V>)
-    apply_kernel(const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ gamma,
-                 const float* __restrict__ beta, const float* __restrict__ ss, const float* __restrict__ mean,
-                 const float* __restrict__ rstd, const float* __restrict__ xbias, const float* __restrict__ xemb,
-                 int R, int C, int G, int Cl, int L, int rps, bool silu) {
+    apply_kernel(const T* __restrict__ x, const T* __restrict__ x2, int C1, T* __restrict__ xcat,
+                 T* __restrict__ y, const float* __restrict__ gamma, const float* __restrict__ beta,
+                 const float* __restrict__ ss, const float* __restrict__ mean, const float* __restrict__ rstd,
+                 const float* __restrict__ xbias, const float* __restrict__ xemb, int R, int C, int G, int Cl,
+                 int L, int rps, bool silu) {
   pdl_entry();
   extern __shared__ uint4 ring[];
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl;
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V;
   const int r1 = min(R, s * rps + rps);
   const size_t base = (size_t)b * R * C;
+  const Parts<T> xb(x, x2, C1, C, R, b);
   for (int j = cl; j < Cv; j += Cl) {
     float m[V], a[V], bb[V];
     for_rows<T, V, kUA<V>, kRingApply<V>>(
-        x + base + j * V, C, s * rps + rl, r1, L, true, ring,
+        xb.col(j * V), xb.pitch(j * V), s * rps + rl, r1, L, true, ring,
         [&] {
 #pragma unroll
           for (int k = 0; k < V; ++k) {
@@ -212,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
         [&](const typename Vec<T, V>::Raw& raw, int r) {
           float v[V];
           Vec<T, V>::unpack(raw, v);
+          if (xcat) Vec<T, V>::store(xcat + base + (size_t)r * C + j * V, v);  // (exact: T's values)
 #pragma unroll
           for (int k = 0; k < V; ++k) {
             const float z = fmaf(v[k] - m[k], a[k], bb[k]);
@@ -533,38 +552,47 @@ size_t ring_smem(int nin) {
   }
 }
 
+// x2, C1, xcat: the input's second part, the first part's channels, the concatenation written
+// (apply_kernel; none: x is the whole input).
 template <class T, int V>
-void apply(CudaCtx& ctx, const Dims& d, const T* x, T* y, const GroupNormApply& o) {
+void apply(CudaCtx& ctx, const Dims& d, const T* x, T* y, const GroupNormApply& o, const T* x2 = nullptr,
+           int C1 = 0, T* xcat = nullptr) {
   constexpr auto k = apply_kernel<T, V>;
   const size_t sm = ring_smem<kRingApply<V>, k>(1);
   const Plan p = plan(k, d.B, d.R, d.C, V, kUA<V>, 1 << 20, sm);
-  k<<<p.grid(), p.nt, sm, ctx.stream>>>(x, y, dptr<float>(o.gamma), dptr<float>(o.beta), dptr<float>(o.ss),
-                                        dptr<float>(o.mean), dptr<float>(o.rstd), dptr<float>(o.xbias),
-                                        dptr<float>(o.xemb), d.R, d.C, d.G, p.Cl, p.L, p.rps, o.silu);
+  k<<<p.grid(), p.nt, sm, ctx.stream>>>(x, x2, x2 ? C1 : d.C, xcat, y, dptr<float>(o.gamma),
+                                        dptr<float>(o.beta), dptr<float>(o.ss), dptr<float>(o.mean),
+                                        dptr<float>(o.rstd), dptr<float>(o.xbias), dptr<float>(o.xemb), d.R,
+                                        d.C, d.G, p.Cl, p.L, p.rps, o.silu);
   KERNEL_CHECK();
 }
 
 template <class T, int V>
-void stats(CudaCtx& ctx, const Dims& d, const T* x, const Tensor& mean, const Tensor& rstd, const float* xbias = nullptr,
-           const float* xemb = nullptr) {
+void stats(CudaCtx& ctx, const Dims& d, const T* x, const Tensor& mean, const Tensor& rstd,
+           const float* xbias = nullptr, const float* xemb = nullptr, const T* x2 = nullptr, int C1 = 0) {
   const Plan p = plan(fwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kUS, max_splits(d));
-  fwd_sums_kernel<T, V><<<p.grid(), p.nt, 0, ctx.stream>>>(x, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps,
-                                                           reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx),
-                                                           ctx.tickets, dptr<float>(mean), dptr<float>(rstd));
+  fwd_sums_kernel<T, V>
+      <<<p.grid(), p.nt, 0, ctx.stream>>>(x, x2, x2 ? C1 : d.C, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps,
+                                          reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), ctx.tickets,
+                                          dptr<float>(mean), dptr<float>(rstd));
   KERNEL_CHECK();
 }
 
+// With x2: the input in two parts (Parts), and xcat written by the apply pass.
 void gn_fwd(const GroupNormFwd& o, CudaCtx& ctx) {
-  const Dims d = dims(o.x, o.mean);
+  const Dims d = dims(o.whole(), o.mean);
+  const int C1 = (int)o.x.dim[3];
   with_act(o.x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    const T* x = dptr<T>(o.x);
-    with_width<T>(wide_ok<T>(d.C, {o.x.data, o.y.data}), [&](auto vtag) {
+    const T *x = dptr<T>(o.x), *x2 = dptr<T>(o.x2);
+    const bool wide = wide_ok<T>(d.C, {o.x.data, o.y.data, o.x2.data, o.xcat.data}) && C1 % kWide<T> == 0;
+    with_width<T>(wide, [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      stats<T, V>(ctx, d, x, o.mean, o.rstd, dptr<float>(o.xbias), dptr<float>(o.xemb));
+      stats<T, V>(ctx, d, x, o.mean, o.rstd, dptr<float>(o.xbias), dptr<float>(o.xemb), x2, C1);
       if (!o.y.defined()) return;  // (the statistics of a norm that a conv applies)
       apply<T, V>(ctx, d, x, dptr<T>(o.y),
-                  GroupNormApply{o.x, o.gamma, o.beta, o.ss, o.mean, o.rstd, o.y, o.silu, o.xbias, o.xemb});
+                  GroupNormApply{o.x, o.gamma, o.beta, o.ss, o.mean, o.rstd, o.y, o.silu, o.xbias, o.xemb},
+                  x2, C1, dptr<T>(o.xcat));
     });
   });
 }
@@ -635,7 +663,8 @@ bool rings_fit() {
   return device_smem_fits(most);
 }
 bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
-  return (!o.y.defined() || (o.y.dtype == o.x.dtype && rings_fit())) && fits(dims(o.x, o.mean));
+  return (!o.y.defined() || (o.y.dtype == o.x.dtype && rings_fit())) &&
+         (!o.xcat.defined() || o.y.defined()) && fits(dims(o.whole(), o.mean));
 }
 bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
   return o.y.dtype == o.x.dtype && dims(o.x, o.mean).B < 65536 && rings_fit();
@@ -1012,7 +1041,7 @@ void smem_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
 // restriction).
 bool smem_fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
   const Dims d = dims(o.x, o.mean);
-  return o.x.dtype == DType::BF16 && o.y.defined() && o.y.dtype == o.x.dtype &&
+  return o.x.dtype == DType::BF16 && o.y.defined() && o.y.dtype == o.x.dtype && !o.x2.defined() &&
          smem_fits(d, o.x.dtype, 1, smem_wide(o.x.dtype, d.C, {o.x.data, o.y.data}));
 }
 bool smem_bwd_ok(const GroupNormBwd& o, const CudaCtx&) {

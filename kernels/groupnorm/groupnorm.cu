@@ -265,7 +265,9 @@ bool bwd_ok(const GroupNormBwd& o, const CudaCtx&) {
 }
 // The input offset (gn_has_offset) is read by "smem" and "fused" only, the statistics alone (no y)
 // computed by "fused" only.
-bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) { return !gn_has_offset(o) && o.y.defined(); }
+bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
+  return !gn_has_offset(o) && o.y.defined() && !o.x2.defined();
+}
 
 }  // namespace
 

@@ -437,7 +437,8 @@ bool shapes_ok(const Tensor& x, const Tensor& mean) {
 }
 // (The input offset, gn_has_offset, is read by "smem" and "fused" only.)
 bool fwd_ok(const GroupNormFwd& o, const CudaCtx&) {
-  return o.y.defined() && o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean) && !gn_has_offset(o);
+  return o.y.defined() && o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean) && !gn_has_offset(o) &&
+         !o.x2.defined();
 }
 bool apply_ok(const GroupNormApply& o, const CudaCtx&) {
   return o.y.dtype == o.x.dtype && shapes_ok(o.x, o.mean) && !gn_has_offset(o);

@@ -101,6 +101,9 @@ void gn_bwd_column_sums(const GroupNormBwd& o);
 // A GroupNormBwd with dx2 (the input gradient split in two tensors) as `full` into one f32 buffer
 // of x's shape, then split; `full(o)` itself without dx2.
 void gn_bwd_split(const GroupNormBwd& o, void (*full)(const GroupNormBwd&));
+// A GroupNormFwd with its input in two parts (x2) as one on their concatenation: written to xcat
+// when given, else to buf (f32, as the emulated ops run).
+GroupNormFwd gn_fwd_joined(const GroupNormFwd& o, std::vector<float>& buf);
 // GroupNorm's input as it reads it, sample b: x + xbias[c] + xemb[b, c] (the ops' optional input
 // offset) written to out (HW*C floats) and returned; x's own rows when neither is given.
 const float* gn_read_x(const Tensor& x, const Tensor& xbias, const Tensor& xemb, int b, float* out);

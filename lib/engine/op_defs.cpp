@@ -230,11 +230,21 @@ void check_gn(const Op& op, const Tensor& x, const Tensor& gamma, const Tensor& 
 }
 }  // namespace
 void GroupNormFwd::check() const {
-  check_gn(*this, x, gamma, beta, ss, mean, rstd);
-  req(*this, !y.defined() || (same_shape(x, y) && act(y)), "y must match x's shape");
+  const Tensor w = whole();
+  check_gn(*this, w, gamma, beta, ss, mean, rstd);
+  req(*this, !y.defined() || (same_shape(w, y) && act(y)), "y must match x's shape");
+  if (x2.defined()) {
+    req(*this,
+        x.rank == 4 && x2.rank == 4 && x2.dtype == x.dtype && x2.dim[0] == x.dim[0] &&
+            x2.dim[1] == x.dim[1] && x2.dim[2] == x.dim[2] && x2.dim[3] >= 1,
+        "x2 must be [B,H,W,C2] beside x, of x's type");
+    req(*this, !xbias.defined() && !xemb.defined(), "x2 takes no input offset");
+  }
+  req(*this, !xcat.defined() || (x2.defined() && same_shape(w, xcat) && xcat.dtype == x.dtype),
+      "xcat needs x2 and must be [B,H,W,C1+C2] of x's type");
 }
 double GroupNormFwd::flops() const {
-  return (double)x.numel() * (3 + (y.defined() ? 4 + (ss.defined() ? 2 : 0) + (silu ? 4 : 0) : 0));
+  return (double)whole().numel() * (3 + (y.defined() ? 4 + (ss.defined() ? 2 : 0) + (silu ? 4 : 0) : 0));
 }
 void GroupNormApply::check() const {
   check_gn(*this, x, gamma, beta, ss, mean, rstd);

@@ -163,11 +163,20 @@ struct GroupNormFwd {
   Tensor x, gamma, beta, ss, y, mean, rstd;
   bool silu = false;
   Tensor xbias{}, xemb{};
+  // The input as two parts, x's channels then x2's (a skip concatenation read where its parts
+  // lie), and xcat (optional): that concatenation, written as read. No xbias / xemb then.
+  Tensor x2{}, xcat{};
   template <class S, class V>
   static void fields(S& s, V& v) {
     v.in("x", s.x), v.in("gamma", s.gamma), v.in("beta", s.beta), v.in("ss", s.ss), v.out("y", s.y);
     v.out("mean", s.mean), v.out("rstd", s.rstd), v.param("silu", s.silu);
-    v.in("xbias", s.xbias), v.in("xemb", s.xemb);
+    v.in("xbias", s.xbias), v.in("xemb", s.xemb), v.in("x2", s.x2), v.out("xcat", s.xcat);
+  }
+  // The input's shape: x's, with x2's channels added.
+  Tensor whole() const {
+    Tensor w = x;
+    if (x2.defined() && w.rank == 4) w.dim[3] += x2.dim[3];
+    return w;
   }
 };
 // GroupNormFwd's output from statistics already computed (the backward pass's recompute of a

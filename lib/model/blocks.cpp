@@ -28,6 +28,7 @@ Blocks::Blocks(Engine& e, const ModelConfig& c, const ParamTable& t, const Tenso
       A(e.act_dtype()),
       conv_stats(env_conv_stats()),
       fuse_norm(env_fuse_norm()),
+      cat_norm(env_cat_norm()),
       lanes(env_lanes()),
       skip_branch(lanes && env_skip_branch(A == DType::BF16)),
       link_bias(A == DType::BF16),
@@ -95,6 +96,17 @@ bool Blocks::takes(const Op& op) {
   if (const auto* f = kernel_override_for(Op::kName, Op::kFamily))
     return std::find(v.begin(), v.end(), f->second) != v.end();
   return !v.empty();
+}
+
+bool Blocks::gn1_writes_cat(const L& s, int64_t b, int64_t ca) {
+  const Layer& l = s.l;
+  if (!cat_norm || l.kind != Layer::Res || s.fuse1 || s.stats_in || ca <= 0 || ca >= l.cin) return false;
+  auto t = [](DType d, std::initializer_list<int64_t> dims) { return Tensor(nullptr, d, dims); };
+  const int64_t r = l.res, g = kGroups;
+  GroupNormFwd f{t(A, {b, r, r, ca}),    t(DType::F32, {l.cin}), t(DType::F32, {l.cin}), {},
+                 t(A, {b, r, r, l.cin}), t(DType::F32, {b, g}),  t(DType::F32, {b, g}),  true};
+  f.x2 = t(A, {b, r, r, l.cin - ca}), f.xcat = t(A, {b, r, r, l.cin});
+  return takes(f);
 }
 
 // Probes the engine with the ops the ResBlock's convs will run (shapes and dtypes; no data yet).
@@ -360,10 +372,15 @@ Tensor Blocks::res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool r
     if (!have_stats) run(norm_fwd(n, at(s.in), {}));
     return at(s.in);
   }
-  if (have_stats)
+  if (have_stats) {
     run(norm_apply(n, at(s.in), at(n1)));
-  else
+  } else if (s.cat_a.defined() && !recompute) {  // (writes in, from its parts)
+    GroupNormFwd f = norm_fwd(n, s.cat_a, at(n1));
+    f.x2 = s.cat_b, f.xcat = at(s.in);
+    run(f);
+  } else {
     run(norm_fwd(n, at(s.in), at(n1)));
+  }
   if (!l.updown) return at(n1);
   resample(l.updown, at(n1), at(n1r));
   return at(n1r);
@@ -410,10 +427,20 @@ void Blocks::res_fwd(L& s) {
     else
       run(c);
   };
-  if (skip_side) skip_conv();
+  // (after GN1 where GN1 writes the concatenation the skip conv reads: in_layers is two ranges)
+  const bool cat_by_gn1 = s.cat_a.defined() && !s.fuse1 && !s.stats_in;
+  if (skip_side && !cat_by_gn1) skip_conv();
+  Tensor c1in;
+  if (cat_by_gn1) {
+    {
+      ScopedRange r(d, "in_layers");
+      c1in = res_conv1_input(s, s.f_n1, s.f_n1r);
+    }
+    if (skip_side) skip_conv();
+  }
   {
     ScopedRange r(d, "in_layers");
-    const Tensor c1in = res_conv1_input(s, s.f_n1, s.f_n1r);
+    if (!cat_by_gn1) c1in = res_conv1_input(s, s.f_n1, s.f_n1r);
     if (l.updown) {
       resample(l.updown, at(s.in), at(s.xu));
       xs = at(s.xu);

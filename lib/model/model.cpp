@@ -123,7 +123,14 @@ struct Model::Impl {
       }
     }
     chain_stats(mode);
+    // (after chain_stats: a concatenation that gives its block's statistics copies as before)
+    cat_by_norm.assign(out_blocks.size(), false);
+    for (size_t bi = 0; bi < out_blocks.size() && mode == Mode::Train; ++bi) {
+      const L& src = in_blocks[in_blocks.size() - 1 - bi].back();
+      cat_by_norm[bi] = bk.gn1_writes_cat(out_blocks[bi][0], b, out_blocks[bi][0].l.cin - src.l.cout);
+    }
   }
+  std::vector<bool> cat_by_norm;  // concatenation bi is written by out_blocks[bi][0]'s GN1
 
   // UNET_CONV_STATS: a layer whose input is the previous layer's output gets its first norm's
   // statistics from that layer's last conv, one after a skip concatenation from the concatenation,
@@ -223,10 +230,14 @@ struct Model::Impl {
     size_t skip = in_blocks.size();
     for (size_t bi = 0; bi < out_blocks.size(); ++bi) {
       const L& src = in_blocks[--skip].back();
-      {
+      L& first = out_blocks[bi][0];
+      first.cat_a = first.cat_b = Tensor{};
+      if (cat_by_norm[bi]) {  // (its GN1 writes it)
+        first.cat_a = h, first.cat_b = at(src.out);
+      } else {
         ScopedRange r(bk.eng.device(), "concat fwd");
         ConcatFwd c{h, at(src.out), at(cat[bi])};
-        if (cat_stats[bi]) c.mean = at(out_blocks[bi][0].mean1), c.rstd = at(out_blocks[bi][0].rstd1);
+        if (cat_stats[bi]) c.mean = at(first.mean1), c.rstd = at(first.rstd1);
         run(c);
       }
       h = at(cat[bi]);

@@ -22,7 +22,9 @@ const float* read_x(const Op& o, std::vector<float>& buf) {
   return buf.data();
 }
 
-void gn_fwd(const GroupNormFwd& o) {
+void gn_fwd(const GroupNormFwd& in) {
+  std::vector<float> whole;
+  const GroupNormFwd o = gn_fwd_joined(in, whole);
   const Tensor& x = o.x;
   std::vector<float> buf;
   if (!o.y.defined())  // the statistics only (as groupnorm_fwd computes them)
@@ -67,6 +69,17 @@ void gn_bwd_split(const GroupNormBwd& o, void (*full)(const GroupNormBwd&)) {
   full(w);
   const int C = (int)o.x.dim[3], C1 = (int)o.dx.dim[3];
   ref::concat_bwd<float>(buf.data(), o.dx.f32(), o.dx2.f32(), (int)o.x.rows(), 1, C1, C - C1);
+}
+
+GroupNormFwd gn_fwd_joined(const GroupNormFwd& o, std::vector<float>& buf) {
+  if (!o.x2.defined()) return o;
+  const Tensor w = o.whole();
+  float* y = o.xcat.defined() ? o.xcat.f32() : (buf.resize(w.numel()), buf.data());
+  ref::concat_fwd<float>(o.x.f32(), o.x2.f32(), y, (int)o.x.rows(), 1, (int)o.x.dim[3], (int)o.x2.dim[3]);
+  GroupNormFwd j = o;
+  j.x = Tensor(y, DType::F32, {w.dim[0], w.dim[1], w.dim[2], w.dim[3]});
+  j.x2 = j.xcat = Tensor{};
+  return j;
 }
 
 const float* gn_read_x(const Tensor& x, const Tensor& xbias, const Tensor& xemb, int b, float* out) {
