@@ -473,6 +473,34 @@ TEST(Model, ConvGivenNormStatisticsGiveTheSameResults) {
   }
 }
 
+// UNET_CAT_NORM (default on): in training each skip concatenation in front of a ResBlock is
+// written by that block's GN1 from its two parts (GroupNormFwd's x2 / xcat) instead of by a copy
+// pass of its own. The same outputs and gradients bitwise (the CPU variants normalise the
+// concatenation they write), every block kind, fp32 and the bf16 emulation; the plan says so.
+TEST(Model, SkipConcatenationsWrittenByTheNormGiveTheSameResults) {
+  for (int k : {0, 1, 2})
+    for (Precision p : {Precision::FP32, Precision::BF16}) {
+      Case c = cases()[k];
+      SCOPED_TRACE(std::string(c.name) + " " + precision_name(p));
+      setenv("UNET_CAT_NORM", "0", 1);
+      Fixture plain(c.cfg, p);
+      setenv("UNET_CAT_NORM", "1", 1);
+      Fixture cat(c.cfg, p);
+      unsetenv("UNET_CAT_NORM");
+      EXPECT_EQ(plain.model->plan_report().find("skip concatenations written"), std::string::npos);
+      // (every decoder block: after a concatenation, a ResBlock first)
+      const size_t blocks = c.cfg.channel_mult.size() * (size_t)(c.cfg.num_res_blocks + 1);
+      EXPECT_NE(cat.model->plan_report().find(std::to_string(blocks) + " skip concatenations written by the GroupNorm"),
+                std::string::npos)
+          << cat.model->plan_report();
+      const std::vector<float> ya = plain.out(), yb = cat.out();
+      const std::vector<float> ga = plain.grads(), gb = cat.grads();
+      EXPECT_GT(test::rel_l2(ya, std::vector<float>(ya.size(), 0.f)), 0.1);
+      EXPECT_EQ(yb, ya);
+      EXPECT_EQ(gb, ga);
+    }
+}
+
 // UNET_FUSE_NORM=1: a ResBlock's convs apply the GroupNorm + SiLU in front of them as they read
 // their input (ConvFwd / ConvBwdFilter norm; on the CPU every variant materialises it with the
 // reference apply first), so the normalised activations are neither written in the forward nor

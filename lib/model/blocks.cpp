@@ -106,7 +106,9 @@ bool Blocks::gn1_writes_cat(const L& s, int64_t b, int64_t ca) {
   GroupNormFwd f{t(A, {b, r, r, ca}),    t(DType::F32, {l.cin}), t(DType::F32, {l.cin}), {},
                  t(A, {b, r, r, l.cin}), t(DType::F32, {b, g}),  t(DType::F32, {b, g}),  true};
   f.x2 = t(A, {b, r, r, l.cin - ca}), f.xcat = t(A, {b, r, r, l.cin});
-  return takes(f);
+  if (!takes(f)) return false;
+  ++cat_norms;
+  return true;
 }
 
 // Probes the engine with the ops the ResBlock's convs will run (shapes and dtypes; no data yet).
@@ -188,7 +190,7 @@ void Blocks::declare_embedding(Planner& pl, int Bp, Mode mode, bool mlp) {
   }
   semb = f32("semb", {b, ed});
   group_emb_ = mlp;
-  fused_norms = 0;
+  fused_norms = cat_norms = 0;
   emb_users_.clear();
   if (mode == Mode::Train) {
     d_semb = f32("d_semb", {b, ed});

@@ -86,6 +86,9 @@ void Network::plan(int B, Mode m) {
     report_ += std::to_string(bk->bias_links) + " conv bias gradients from the next layer's norm backward\n";
   if (const Blocks* bk = blocks(); bk && bk->filter_sums)
     report_ += std::to_string(bk->filter_sums) + " ResBlocks' bias gradients from their filter gradients\n";
+  if (const Blocks* bk = blocks(); bk && bk->cat_norms)
+    report_ += std::to_string(bk->cat_norms) +
+               " skip concatenations written by the GroupNorm after them (UNET_CAT_NORM)\n";
   if (const Blocks* bk = blocks(); bk && bk->fused_norms)
     report_ += std::to_string(bk->fused_norms) +
                " ResBlock convs apply their GroupNorm + SiLU as they read (not stored; UNET_FUSE_NORM)\n";
