@@ -106,9 +106,7 @@ bool Blocks::gn1_writes_cat(const L& s, int64_t b, int64_t ca) {
   GroupNormFwd f{t(A, {b, r, r, ca}),    t(DType::F32, {l.cin}), t(DType::F32, {l.cin}), {},
                  t(A, {b, r, r, l.cin}), t(DType::F32, {b, g}),  t(DType::F32, {b, g}),  true};
   f.x2 = t(A, {b, r, r, l.cin - ca}), f.xcat = t(A, {b, r, r, l.cin});
-  if (!takes(f)) return false;
-  ++cat_norms;
-  return true;
+  return takes(f);
 }
 
 // Probes the engine with the ops the ResBlock's convs will run (shapes and dtypes; no data yet).
@@ -376,7 +374,7 @@ Tensor Blocks::res_conv1_input(L& s, const Tensor& n1, const Tensor& n1r, bool r
   }
   if (have_stats) {
     run(norm_apply(n, at(s.in), at(n1)));
-  } else if (s.cat_a.defined() && !recompute) {  // (writes in, from its parts)
+  } else if (s.cat_a.defined()) {  // (writes in, from its parts; a recompute has the statistics)
     GroupNormFwd f = norm_fwd(n, s.cat_a, at(n1));
     f.x2 = s.cat_b, f.xcat = at(s.in);
     run(f);
@@ -430,7 +428,7 @@ void Blocks::res_fwd(L& s) {
       run(c);
   };
   // (after GN1 where GN1 writes the concatenation the skip conv reads: in_layers is two ranges)
-  const bool cat_by_gn1 = s.cat_a.defined() && !s.fuse1 && !s.stats_in;
+  const bool cat_by_gn1 = s.cat_a.defined();
   if (skip_side && !cat_by_gn1) skip_conv();
   Tensor c1in;
   if (cat_by_gn1) {

@@ -52,7 +52,8 @@ struct Blocks {
     Tensor in;                              // input of the last forward (owned elsewhere)
     // A ResBlock after a skip concatenation whose GN1 reads the concatenation's two parts where
     // they lie and writes `in` (the concatenation itself, which the backward and the skip conv
-    // read) as it goes: those parts, set per forward by the network (its cat_by_norm).
+    // read) as it goes: those parts, set per forward by the network (its cat_by_norm, only where
+    // gn1_writes_cat: GN1 a pass of its own that computes its statistics).
     Tensor cat_a, cat_b;
     // saved
     Tensor out, h1, e, xu, mean1, rstd1, mean2, rstd2, qkv, att, lse;
@@ -138,7 +139,7 @@ struct Blocks {
   // it. (Sampling keeps the copy pass, which gives GN1 its statistics: the same bytes either way.)
   bool cat_norm = true;
   int fused_norms = 0;  // how many convs the last declaration fused (reset by declare_embedding)
-  int cat_norms = 0;    // how many concatenations GN1 writes (gn1_writes_cat; reset there too)
+  int cat_norms = 0;    // how many concatenations GN1 writes (set by the network; reset there too)
   // Filter gradients (wgrad, bias and embedding sums) run on the side lane (Ops::lane), beside the
   // data gradient and what follows it on the main lane, joined at the end of each layer's
   // backward, and the forward's skip-connection convs beside in_layers: small levels'

@@ -128,6 +128,7 @@ struct Model::Impl {
     for (size_t bi = 0; bi < out_blocks.size() && mode == Mode::Train; ++bi) {
       const L& src = in_blocks[in_blocks.size() - 1 - bi].back();
       cat_by_norm[bi] = bk.gn1_writes_cat(out_blocks[bi][0], b, out_blocks[bi][0].l.cin - src.l.cout);
+      bk.cat_norms += cat_by_norm[bi];
     }
   }
   std::vector<bool> cat_by_norm;  // concatenation bi is written by out_blocks[bi][0]'s GN1
