@@ -118,17 +118,17 @@ int resident_blocks(K* kernel, int nt, size_t smem = 0) {
 // The geometry for `kernel`: as many splits per sample as fill one wave of resident blocks (all
 // blocks start together and none waits for a second wave: measured, a 1.4-wave grid cost a third
 // more), at least rows_per_thread rows per thread (its loop's unroll), at most max_splits (the
-// partials' room).
+// partials' room); with wave_div, as many as fill 1 / wave_div of that wave.
 template <class K>
 Plan plan(K* kernel, int B, int R, int C, int V, int rows_per_thread, long long max_splits = 1 << 20,
-          size_t smem = 0) {
+          size_t smem = 0, int wave_div = 1) {
   Plan p;
   p.B = B, p.R = R, p.C = C, p.V = V;
   p.Cv = C / V;
   p.Cl = std::max(1, std::min(p.Cv, kThreads));
   p.L = kThreads / p.Cl;
   p.nt = p.L * p.Cl;
-  const long long want = resident_blocks(kernel, p.nt, smem) / std::max(1, B);
+  const long long want = resident_blocks(kernel, p.nt, smem) / std::max(1, wave_div) / std::max(1, B);
   const long long most = std::max(1LL, ((long long)R + (long long)p.L * rows_per_thread - 1) /
                                            ((long long)p.L * rows_per_thread));
   const long long S = std::max(1LL, std::min({want, most, max_splits}));

@@ -74,6 +74,14 @@ constexpr int kRingApply = V == 4   ? 16
                                     : 0;
 template <int V>
 constexpr int kRingDx = V == 8 ? 4 : 0;
+// The backward sums of f32's 4-channel vectors split for half a wave of resident blocks: in the
+// training step they run beside the side lane's filter gradients, which hold half the SMs, so half
+// a wave starts at once and fewer partials meet. H200, same run, tf32 step (4 alternated rounds):
+// 10.860 / 10.808 / 10.846 / 10.849 -> 10.785 / 10.820 / 10.804 / 10.822 ms; bf16 (8-channel
+// vectors) took 6.844 / 6.853 -> 6.871 / 6.881 with it, so keeps the whole wave (also 2x and 4x
+// the wave measured for both backward passes: tf32 +0.06 .. +0.30 ms).
+template <int V>
+constexpr int kSumsWaveDiv = V == 4 ? 2 : 1;
 // f32: the element kernels load their first rows before their per-channel coefficients (or the
 // statistics' shifts), so that the two round trips overlap. H100, same run: tf32 step 14.922 /
 // 14.882 / 14.903 -> 14.851 / 14.871 / 14.875 ms; for bf16 it cost 8.370 / 8.376 / 8.375 -> 8.383 /
@@ -124,23 +132,37 @@ __device__ __forceinline__ void for_rows(const T* col, int C, int rf, int r1, in
   }
 }
 
-// Sample b of an NHWC input given as one tensor [B, R, C] (x2 null, C1 = C) or as two channel
-// parts, x [B, R, C1] then x2 [B, R, C - C1] (a skip concatenation read where its parts lie; C1 a
-// multiple of the vector width): channel c's column, its row pitch, its value in row 0.
-template <class T>
+// Sample b of an NHWC input given as one tensor [B, R, C] (P2 false: x2 unused, C1 = C) or as two
+// channel parts (P2), x [B, R, C1] then x2 [B, R, C - C1] (a skip concatenation read where its
+// parts lie; C1 a multiple of the vector width): channel c's column, its row pitch, its value in
+// row 0. The one-part kernels are instances of their own: with the parts' branches in them,
+// sampling's forward at batch 64 (tf32, H200, same run) took 6.10 -> 6.19 ms.
+template <class T, bool P2>
 struct Parts {
   const T *a, *b;
   int C1, C2;
   __device__ Parts(const T* x, const T* x2, int C1_, int C, int R, int s)
-      : a(x + (size_t)s * R * C1_), b(x2 ? x2 + (size_t)s * R * (C - C1_) : nullptr), C1(C1_), C2(C - C1_) {}
-  __device__ const T* col(int c) const { return c < C1 ? a + c : b + (c - C1); }
-  __device__ int pitch(int c) const { return c < C1 ? C1 : C2; }
-  __device__ float at0(int c) const { return c < C1 ? ldf(a, (size_t)c) : ldf(b, (size_t)(c - C1)); }
+      : a(x + (size_t)s * R * (P2 ? C1_ : C)),
+        b(P2 ? x2 + (size_t)s * R * (C - C1_) : nullptr),
+        C1(P2 ? C1_ : C),
+        C2(C - C1) {}
+  __device__ const T* col(int c) const {
+    if constexpr (P2) return c < C1 ? a + c : b + (c - C1);
+    return a + c;
+  }
+  __device__ int pitch(int c) const {
+    if constexpr (P2) return c < C1 ? C1 : C2;
+    return C1;
+  }
+  __device__ float at0(int c) const {
+    if constexpr (P2) return c < C1 ? ldf(a, (size_t)c) : ldf(b, (size_t)(c - C1));
+    return ldf(a, (size_t)c);
+  }
 };
 
 // Forward sums of (x - K, (x - K)^2) per (b, split, c); the last block of sample b writes its
 // mean and rstd. x in one or two parts (Parts).
-template <class T, int V>
+template <class T, int V, bool P2>
 __global__ void __launch_bounds__(kThreads, 2)
     fwd_sums_kernel(const T* __restrict__ x, const T* __restrict__ x2, int C1,
                     const float* __restrict__ xbias, const float* __restrict__ xemb, int R, int C, int G,
@@ -152,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
   const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x, Cv = C / V, Cg = C / G, w = Cl * V;
   const int r0 = s * rps, r1 = min(R, r0 + rps);
-  const Parts<T> xb(x, x2, C1, C, R, b);
+  const Parts<T, P2> xb(x, x2, C1, C, R, b);
   for (int j0 = 0; j0 < Cv; j0 += Cl) {  // trip count uniform over the block (it syncs inside)
     const int j = j0 + cl;
     float s1[V], s2[V];
@@ -202,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // y = act((x - m) a + bb) from saved statistics; x in one or two parts (Parts), and with two,
 // xcat (when given) = their concatenation [B, R, C], written as read.
-template <class T, int V>
+template <class T, int V, bool P2>
 __global__ void __launch_bounds__(kThreads, kBlocks<V>)
     apply_kernel(const T* __restrict__ x, const T* __restrict__ x2, int C1, T* __restrict__ xcat,
                  T* __restrict__ y, const float* __restrict__ gamma, const float* __restrict__ beta,
@@ -215,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
   const int s = blockIdx.x, b = blockIdx.y, Cv = C / V;
   const int r1 = min(R, s * rps + rps);
   const size_t base = (size_t)b * R * C;
-  const Parts<T> xb(x, x2, C1, C, R, b);
+  const Parts<T, P2> xb(x, x2, C1, C, R, b);
   for (int j = cl; j < Cv; j += Cl) {
     float m[V], a[V], bb[V];
     for_rows<T, V, kUA<V>, kRingApply<V>>(
@@ -230,7 +252,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks<V>)
         [&](const typename Vec<T, V>::Raw& raw, int r) {
           float v[V];
           Vec<T, V>::unpack(raw, v);
-          if (xcat) Vec<T, V>::store(xcat + base + (size_t)r * C + j * V, v);  // (exact: T's values)
+          if constexpr (P2)
+            if (xcat) Vec<T, V>::store(xcat + base + (size_t)r * C + j * V, v);  // (exact: T's values)
 #pragma unroll
           for (int k = 0; k < V; ++k) {
             const float z = fmaf(v[k] - m[k], a[k], bb[k]);
@@ -552,30 +575,45 @@ size_t ring_smem(int nin) {
   }
 }
 
+// f(std::true_type{}) if `on`, else f(std::false_type{}): a kernel instance per value of a flag.
+template <class F>
+void with_flag(bool on, F&& f) {
+  if (on)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 // x2, C1, xcat: the input's second part, the first part's channels, the concatenation written
 // (apply_kernel; none: x is the whole input).
 template <class T, int V>
 void apply(CudaCtx& ctx, const Dims& d, const T* x, T* y, const GroupNormApply& o, const T* x2 = nullptr,
            int C1 = 0, T* xcat = nullptr) {
-  constexpr auto k = apply_kernel<T, V>;
-  const size_t sm = ring_smem<kRingApply<V>, k>(1);
-  const Plan p = plan(k, d.B, d.R, d.C, V, kUA<V>, 1 << 20, sm);
-  k<<<p.grid(), p.nt, sm, ctx.stream>>>(x, x2, x2 ? C1 : d.C, xcat, y, dptr<float>(o.gamma),
-                                        dptr<float>(o.beta), dptr<float>(o.ss), dptr<float>(o.mean),
-                                        dptr<float>(o.rstd), dptr<float>(o.xbias), dptr<float>(o.xemb), d.R,
-                                        d.C, d.G, p.Cl, p.L, p.rps, o.silu);
-  KERNEL_CHECK();
+  const auto launch = [&](auto p2) {
+    constexpr auto k = apply_kernel<T, V, decltype(p2)::value>;
+    const size_t sm = ring_smem<kRingApply<V>, k>(1);
+    const Plan p = plan(k, d.B, d.R, d.C, V, kUA<V>, 1 << 20, sm);
+    k<<<p.grid(), p.nt, sm, ctx.stream>>>(x, x2, x2 ? C1 : d.C, xcat, y, dptr<float>(o.gamma),
+                                          dptr<float>(o.beta), dptr<float>(o.ss), dptr<float>(o.mean),
+                                          dptr<float>(o.rstd), dptr<float>(o.xbias), dptr<float>(o.xemb), d.R,
+                                          d.C, d.G, p.Cl, p.L, p.rps, o.silu);
+    KERNEL_CHECK();
+  };
+  with_flag(x2 != nullptr, launch);
 }
 
 template <class T, int V>
 void stats(CudaCtx& ctx, const Dims& d, const T* x, const Tensor& mean, const Tensor& rstd,
            const float* xbias = nullptr, const float* xemb = nullptr, const T* x2 = nullptr, int C1 = 0) {
-  const Plan p = plan(fwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kUS, max_splits(d));
-  fwd_sums_kernel<T, V>
-      <<<p.grid(), p.nt, 0, ctx.stream>>>(x, x2, x2 ? C1 : d.C, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps,
-                                          reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), ctx.tickets,
-                                          dptr<float>(mean), dptr<float>(rstd));
-  KERNEL_CHECK();
+  const auto launch = [&](auto p2) {
+    constexpr auto k = fwd_sums_kernel<T, V, decltype(p2)::value>;
+    const Plan p = plan(k, d.B, d.R, d.C, V, kUS, max_splits(d));
+    k<<<p.grid(), p.nt, 0, ctx.stream>>>(x, x2, x2 ? C1 : d.C, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps,
+                                         reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), ctx.tickets,
+                                         dptr<float>(mean), dptr<float>(rstd));
+    KERNEL_CHECK();
+  };
+  with_flag(x2 != nullptr, launch);
 }
 
 // With x2: the input in two parts (Parts), and xcat written by the apply pass.
@@ -615,7 +653,7 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
     const int C1 = split_at(o);
     with_width<T>(bwd_wide<T>(o), [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      const Plan p = plan(bwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU2, max_splits(d));
+      const Plan p = plan(bwd_sums_kernel<T, V>, d.B, d.R, d.C, V, kU2, max_splits(d), 0, kSumsWaveDiv<V>);
       const float *gamma = dptr<float>(o.gamma), *beta = dptr<float>(o.beta), *ss = dptr<float>(o.ss),
                   *mean = dptr<float>(o.mean), *rstd = dptr<float>(o.rstd), *xbias = dptr<float>(o.xbias),
                   *xemb = dptr<float>(o.xemb);
@@ -644,10 +682,7 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
             dptr<float>(o.dx_total), dptr<float>(o.add_total), d.B, sums_of(ctx), dgamma, dbeta);
         KERNEL_CHECK();
       };
-      if (o.dx_sums.defined() || o.dx_total.defined() || o.add_total.defined())
-        dx_pass(std::true_type{});
-      else
-        dx_pass(std::false_type{});
+      with_flag(o.dx_sums.defined() || o.dx_total.defined() || o.add_total.defined(), dx_pass);
     });
   });
 }
@@ -656,8 +691,8 @@ void gn_bwd(const GroupNormBwd& o, CudaCtx& ctx) {
 // KB; bf16 dx's 48 KB beside 20 KB of static reduction room).
 bool rings_fit() {
   static const size_t most =
-      std::max({kernel_smem(apply_kernel<float, 4>, Ring<kRingApply<4>>::bytes(kThreads, 1)),
-                kernel_smem(apply_kernel<bf16, 8>, Ring<kRingApply<8>>::bytes(kThreads, 1)),
+      std::max({kernel_smem(apply_kernel<float, 4, true>, Ring<kRingApply<4>>::bytes(kThreads, 1)),
+                kernel_smem(apply_kernel<bf16, 8, true>, Ring<kRingApply<8>>::bytes(kThreads, 1)),
                 kernel_smem(dx_kernel<bf16, 8, true>, Ring<kRingDx<8>>::bytes(kThreads, 3)),
                 kernel_smem(dx_kernel<bf16, 8, false>, Ring<kRingDx<8>>::bytes(kThreads, 3))});
   return device_smem_fits(most);
