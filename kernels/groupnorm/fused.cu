@@ -132,7 +132,7 @@ __device__ __forceinline__ void for_rows(const T* col, int C, int rf, int r1, in
   }
 }
 
-// Sample b of an NHWC input given as one tensor [B, R, C] (P2 false: x2 unused, C1 = C) or as two
+// Sample b of an NHWC input given as one tensor [B, R, C] (P2 false: x2 and C1 unused) or as two
 // channel parts (P2), x [B, R, C1] then x2 [B, R, C - C1] (a skip concatenation read where its
 // parts lie; C1 a multiple of the vector width): channel c's column, its row pitch, its value in
 // row 0. The one-part kernels are instances of their own: with the parts' branches in them,
@@ -593,10 +593,10 @@ void apply(CudaCtx& ctx, const Dims& d, const T* x, T* y, const GroupNormApply& 
     constexpr auto k = apply_kernel<T, V, decltype(p2)::value>;
     const size_t sm = ring_smem<kRingApply<V>, k>(1);
     const Plan p = plan(k, d.B, d.R, d.C, V, kUA<V>, 1 << 20, sm);
-    k<<<p.grid(), p.nt, sm, ctx.stream>>>(x, x2, x2 ? C1 : d.C, xcat, y, dptr<float>(o.gamma),
-                                          dptr<float>(o.beta), dptr<float>(o.ss), dptr<float>(o.mean),
-                                          dptr<float>(o.rstd), dptr<float>(o.xbias), dptr<float>(o.xemb), d.R,
-                                          d.C, d.G, p.Cl, p.L, p.rps, o.silu);
+    k<<<p.grid(), p.nt, sm, ctx.stream>>>(x, x2, C1, xcat, y, dptr<float>(o.gamma), dptr<float>(o.beta),
+                                          dptr<float>(o.ss), dptr<float>(o.mean), dptr<float>(o.rstd),
+                                          dptr<float>(o.xbias), dptr<float>(o.xemb), d.R, d.C, d.G, p.Cl, p.L,
+                                          p.rps, o.silu);
     KERNEL_CHECK();
   };
   with_flag(x2 != nullptr, launch);
@@ -608,7 +608,7 @@ void stats(CudaCtx& ctx, const Dims& d, const T* x, const Tensor& mean, const Te
   const auto launch = [&](auto p2) {
     constexpr auto k = fwd_sums_kernel<T, V, decltype(p2)::value>;
     const Plan p = plan(k, d.B, d.R, d.C, V, kUS, max_splits(d));
-    k<<<p.grid(), p.nt, 0, ctx.stream>>>(x, x2, x2 ? C1 : d.C, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps,
+    k<<<p.grid(), p.nt, 0, ctx.stream>>>(x, x2, C1, xbias, xemb, d.R, d.C, d.G, p.Cl, p.L, p.rps,
                                          reinterpret_cast<float2*>(ctx.partial()), sums_of(ctx), ctx.tickets,
                                          dptr<float>(mean), dptr<float>(rstd));
     KERNEL_CHECK();

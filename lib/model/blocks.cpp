@@ -427,17 +427,15 @@ void Blocks::res_fwd(L& s) {
     else
       run(c);
   };
-  // (after GN1 where GN1 writes the concatenation the skip conv reads: in_layers is two ranges)
+  // The skip conv on the side lane goes first, but after GN1 where GN1 writes the concatenation
+  // it reads (in_layers is two ranges then).
   const bool cat_by_gn1 = s.cat_a.defined();
-  if (skip_side && !cat_by_gn1) skip_conv();
   Tensor c1in;
   if (cat_by_gn1) {
-    {
-      ScopedRange r(d, "in_layers");
-      c1in = res_conv1_input(s, s.f_n1, s.f_n1r);
-    }
-    if (skip_side) skip_conv();
+    ScopedRange r(d, "in_layers");
+    c1in = res_conv1_input(s, s.f_n1, s.f_n1r);
   }
+  if (skip_side) skip_conv();
   {
     ScopedRange r(d, "in_layers");
     if (!cat_by_gn1) c1in = res_conv1_input(s, s.f_n1, s.f_n1r);

@@ -139,7 +139,7 @@ struct Blocks {
   // it. (Sampling keeps the copy pass, which gives GN1 its statistics: the same bytes either way.)
   bool cat_norm = true;
   int fused_norms = 0;  // how many convs the last declaration fused (reset by declare_embedding)
-  int cat_norms = 0;    // how many concatenations GN1 writes (set by the network; reset there too)
+  int cat_norms = 0;    // concatenations GN1 writes (counted by the network, reset by declare_embedding)
   // Filter gradients (wgrad, bias and embedding sums) run on the side lane (Ops::lane), beside the
   // data gradient and what follows it on the main lane, joined at the end of each layer's
   // backward, and the forward's skip-connection convs beside in_layers: small levels'
