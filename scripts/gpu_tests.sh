@@ -21,7 +21,10 @@
 #                 (test_conv's EverySeed64ShapeAtBatch32 alone takes ~300 s, and its shard's other
 #                 tests compile cuDNN kernels at run time: that shard passed 450 s beside four other
 #                 jobs; the rest of test_conv ~60-90 s a shard; test_model's halves 256 / 272 s
-#                 beside three other jobs)
+#                 beside three other jobs; 2026-11-30, a fresh H200, 7 jobs: test_model's halves
+#                 500 / 432 s, test_groupnorm 514, test_classifier_free 425, and test_conv=3's
+#                 third shard past 550 s; test_conv=6 alone on a warm plan cache: 331 s, the
+#                 other five shards 4-39 s; the other 20 CUDA binaries 8 at a time: 197 s)
 #   ALONE="test_profile_gpu"  run first, one at a time, before the pool (the default: its timing
 #                 checks compare CUDA events with kernel times, which other processes' kernels upset)
 #   FIRST="test_model test_conv"  these enter the pool first, in this order (the default: the
