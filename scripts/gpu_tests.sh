@@ -138,6 +138,12 @@ for j in "${alone[@]}" "${pool[@]}"; do
     bad=1
     # brief mode logs only failures: show them (bounded), indented
     grep -vE '^\[==========\]|^\[  PASSED  \]|^\[  SKIPPED \]|^$' "$log" | head -60 | sed 's/^/    /'
+  elif [ "$skip" -gt 0 ]; then
+    # why (each reason once): a skip for a missing tool on this machine is a check not made here
+    # (2026-11-30: the PyTorch comparisons skipped on the GPU machine for want of torch in
+    # /usr/bin/python3, unnoticed until the logs were read)
+    grep -A1 -E ': Skipped$' "$log" | grep -vE ': Skipped$|^--$' | sort | uniq -c | head -5 |
+      sed 's/^ */    skipped: /'
   fi
   tot_pass=$((tot_pass + pass)) tot_fail=$((tot_fail + fail)) tot_skip=$((tot_skip + skip))
   nrun=$((nrun + 1))
