@@ -16,11 +16,3 @@ gpu_libs=$(python3 -c "import os, $gpu_libs_mods
 print(':'.join(os.path.join(p, 'lib') for m in ($gpu_libs_mods,) for p in m.__path__))" 2>/dev/null)
 [ -n "$gpu_libs" ] && export LD_LIBRARY_PATH="$gpu_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset gpu_libs gpu_libs_mods gpu_libs_sys
-# The tests' PyTorch comparisons (test_classifier, test_objective) run /usr/bin/python3 unless
-# UNET_PYTHON names another. The GPU machine's /usr/bin/python3 has neither torch nor h5py (its
-# PyTorch is the python3 on PATH, a venv), so there they skipped until 2026-11-30.
-if [ -z "${UNET_PYTHON:-}" ] && ! /usr/bin/python3 -c 'import torch, h5py, numpy' 2>/dev/null; then
-  gpu_libs_py=$(command -v python3) && "$gpu_libs_py" -c 'import torch, h5py, numpy' 2>/dev/null &&
-    export UNET_PYTHON=$gpu_libs_py
-  unset gpu_libs_py
-fi

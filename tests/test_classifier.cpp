@@ -38,20 +38,8 @@ using test::rel_l2;
 
 namespace {
 
-std::string python() {
-  if (const char* p = std::getenv("UNET_PYTHON")) return p;
-  return test::file_exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-}
-bool have_torch() {
-  static const bool ok =
-      std::system((python() + " -c 'import torch, h5py, numpy' >/dev/null 2>&1").c_str()) == 0;
-  return ok;
-}
-int run_python(const std::string& args) {
-  const std::string cmd = python() + " " + args;
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
+bool have_torch() { return !test::torch_python().empty(); }
+using test::run_python;
 std::string script() { return test::source_dir() + "/scripts/classifier_torch.py"; }
 
 // Golden configurations (classifier_torch.py flags). Every feature map has >= 64 channels (two

@@ -249,19 +249,9 @@ TEST(Objective, LossStats) {
 
 // ---- against the PyTorch transcription (scripts/diffusion_torch.py) ----
 
-std::string python() {
-  if (const char* p = std::getenv("UNET_PYTHON")) return p;
-  return file_exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-}
-bool have_torch() {
-  static const bool ok =
-      std::system((python() + " -c 'import torch, h5py, numpy' >/dev/null 2>&1").c_str()) == 0;
-  return ok;
-}
+bool have_torch() { return !torch_python().empty(); }
 int run_script(const std::string& args) {
-  const std::string cmd = python() + " " + source_dir() + "/scripts/diffusion_torch.py " + args;
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return run_python(source_dir() + "/scripts/diffusion_torch.py " + args);
 }
 // NHWC [B,P,C] <-> NCHW [B,C,P] in double.
 V to_nchw(const V& x, int B, size_t P, int C) {

@@ -136,6 +136,23 @@ RunResult run_unet(const std::string& args) {
 
 bool file_exists(const std::string& p) { return std::filesystem::exists(p); }
 
+std::string torch_python() {
+  static const std::string found = [] {
+    const char* env = std::getenv("UNET_PYTHON");
+    const std::vector<std::string> candidates =
+        env && *env ? std::vector<std::string>{env} : std::vector<std::string>{"/usr/bin/python3", "python3"};
+    for (const std::string& p : candidates)
+      if (std::system((p + " -c 'import torch, h5py, numpy' >/dev/null 2>&1").c_str()) == 0) return p;
+    return std::string();
+  }();
+  return found;
+}
+
+int run_python(const std::string& args) {
+  const int rc = std::system((torch_python() + " " + args).c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
 std::vector<std::string> list_dir(const std::string& d) {
   std::vector<std::string> v;
   for (auto& e : std::filesystem::directory_iterator(d)) v.push_back(e.path().filename().string());

@@ -60,6 +60,12 @@ struct RunResult {
 RunResult run_unet(const std::string& args);
 std::string source_dir();  // repository root
 bool file_exists(const std::string& p);
+// A python with torch, h5py and numpy for the PyTorch comparisons: UNET_PYTHON when set, else
+// /usr/bin/python3 (Debian's, what CI has), else the python3 on PATH (the GPU machine's PyTorch is
+// a venv's); empty when none has them (the tests skip). Looked up once a process.
+std::string torch_python();
+// Runs torch_python() with the given argument string; its exit status, -1 when it did not exit.
+int run_python(const std::string& args);
 std::vector<std::string> list_dir(const std::string& d);
 
 }  // namespace unet::test
