@@ -334,9 +334,10 @@ __global__ void __launch_bounds__(kTcThreads, 2)
         for (int f = 0; f < kTcFrags; ++f) {
           uint32_t a[4];
           ldsm_x4(arow + (uint32_t)(f * 16 * kTcPixelBytes + ks * 32), a);
-          if constexpr (std::is_same_v<T, float>)
+          if constexpr (std::is_same_v<T, float>) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[e] = tf32_bits(__uint_as_float(a[e]));
+          }
           mma_step<T>(acc[f], a, bw);
         }
       }

@@ -127,9 +127,10 @@ __global__ void __launch_bounds__(256)
   float a[V];
   if constexpr (K == Block::kUp || K == Block::kPoolBwd) {  // small -> 2x2 large
     Vt::load(in + sm, a);
-    if constexpr (K == Block::kPoolBwd)
+    if constexpr (K == Block::kPoolBwd) {
 #pragma unroll
       for (int k = 0; k < V; ++k) a[k] *= 0.25f;
+    }
     Vt::store(out + lg, a);
     Vt::store(out + lg + C, a);
     Vt::store(out + lg + rs, a);
