@@ -290,7 +290,7 @@ TEST(Checkpoint, ValidationErrors) {
 // value where the engine layout puts it. Tensor k (state_dict order), element i (PyTorch order)
 // holds k * 4099 + i % 4093, exact in float32.
 TEST(Checkpoint, LoadsPythonWrittenCheckpoint) {
-  if (test::torch_python().empty()) GTEST_SKIP() << "no python3 with torch and h5py";
+  if (!test::have_torch()) GTEST_SKIP() << "no python3 with torch and h5py";
   const std::string dir = test::temp_dir("py");
   const std::string path = dir + "/py.h5", script = dir + "/make.py";
   std::ofstream(script)

@@ -38,7 +38,7 @@ using test::rel_l2;
 
 namespace {
 
-bool have_torch() { return !test::torch_python().empty(); }
+using test::have_torch;
 using test::run_python;
 std::string script() { return test::source_dir() + "/scripts/classifier_torch.py"; }
 

@@ -76,17 +76,17 @@ def statement(T, i, found):
         return j + 1, pragma or inner
     if t == "if":
         constexpr = i + 1 < len(T) and T[i + 1][0] == "constexpr"
-        j = balanced(T, i + 1 + constexpr, "(", ")")
-        branches = [j]
-        j, p = statement(T, j, found)
-        pragma |= p
+        b = balanced(T, i + 1 + constexpr, "(", ")")
+        j, p = statement(T, b, found)
+        branches = [(b, p)]  # (first token, holds a #pragma)
         if j < len(T) and T[j][0] == "else":
-            branches.append(j + 1)
-            j, p = statement(T, j + 1, found)
-            pragma |= p
+            e = j + 1
+            j, p = statement(T, e, found)
+            branches.append((e, p))
+        pragma |= any(p for _, p in branches)
         if constexpr:
-            for b in branches:
-                if T[b][0] != "{" and statement(T, b, [])[1]:
+            for b, p in branches:
+                if p and T[b][0] != "{":
                     found.append((T[b][1], "an unbraced branch of the if constexpr at line %d holds a #pragma"
                                   % T[i][1]))
         return j, pragma

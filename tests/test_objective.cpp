@@ -249,7 +249,6 @@ TEST(Objective, LossStats) {
 
 // ---- against the PyTorch transcription (scripts/diffusion_torch.py) ----
 
-bool have_torch() { return !torch_python().empty(); }
 int run_script(const std::string& args) {
   return run_python(source_dir() + "/scripts/diffusion_torch.py " + args);
 }

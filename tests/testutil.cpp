@@ -148,6 +148,8 @@ std::string torch_python() {
   return found;
 }
 
+bool have_torch() { return !torch_python().empty(); }
+
 int run_python(const std::string& args) {
   const int rc = std::system((torch_python() + " " + args).c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;

@@ -64,6 +64,7 @@ bool file_exists(const std::string& p);
 // /usr/bin/python3 (Debian's, what CI has), else the python3 on PATH (the GPU machine's PyTorch is
 // a venv's); empty when none has them (the tests skip). Looked up once a process.
 std::string torch_python();
+bool have_torch();  // torch_python() found one
 // Runs torch_python() with the given argument string; its exit status, -1 when it did not exit.
 int run_python(const std::string& args);
 std::vector<std::string> list_dir(const std::string& d);
