@@ -389,7 +389,8 @@ TEST(Kernels, EveryKernelBeginsWithPdlEntry) {
 #include <cstdlib>
 
 namespace unet {
-void graph_memsets_as_kernels(cudaGraph_t g);  // kernels/device/cuda_engine.cu
+void graph_memsets_as_kernels(cudaGraph_t g);         // kernels/device/cuda_engine.cu
+void foreign_programmatic_edges_full(cudaGraph_t g);  // kernels/device/cuda_engine.cu
 }
 
 namespace {
@@ -480,6 +481,146 @@ TEST(CudaGraphs, MemsetNodesBecomeFillKernels) {
   cudaFree(copy);
 }
 
+// Two kernels that are not unet's, as PTX (loaded at run time: this file has no device code).
+// pdl_producer lets its dependents launch at once, spins `cycles`, then stores `value`;
+// pdl_reader copies *in to *out without waiting on any programmatic predecessor (griddepcontrol.wait):
+// launched with programmatic stream serialization, it runs as soon as its predecessor lets it.
+constexpr const char* kPdlPtx = R"(.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry pdl_producer(.param .u64 out, .param .u32 value, .param .u64 cycles)
+{
+  .reg .pred %p<2>;
+  .reg .b32 %r<2>;
+  .reg .b64 %rd<6>;
+  griddepcontrol.launch_dependents;
+  ld.param.u64 %rd1, [out];
+  ld.param.u32 %r1, [value];
+  ld.param.u64 %rd2, [cycles];
+  cvta.to.global.u64 %rd1, %rd1;
+  mov.u64 %rd3, %clock64;
+  add.s64 %rd4, %rd3, %rd2;
+$L_spin:
+  mov.u64 %rd5, %clock64;
+  setp.lt.u64 %p1, %rd5, %rd4;
+  @%p1 bra $L_spin;
+  st.global.u32 [%rd1], %r1;
+  ret;
+}
+.visible .entry pdl_reader(.param .u64 in, .param .u64 out)
+{
+  .reg .b32 %r<2>;
+  .reg .b64 %rd<3>;
+  ld.param.u64 %rd1, [in];
+  ld.param.u64 %rd2, [out];
+  cvta.to.global.u64 %rd1, %rd1;
+  cvta.to.global.u64 %rd2, %rd2;
+  ld.volatile.global.u32 %r1, [%rd1];
+  st.global.u32 [%rd2], %r1;
+  ret;
+}
+)";
+
+// Programmatic edges of g (between any two nodes).
+size_t programmatic_edge_count(cudaGraph_t g) {
+  size_t n = 0;
+  EXPECT_EQ(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), cudaSuccess);
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  EXPECT_EQ(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n), cudaSuccess);
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) k += data[i].type == cudaGraphDependencyTypeProgrammatic;
+  return k;
+}
+
+// The lanes' join in a captured graph: a kernel launched with programmatic stream serialization
+// (as cuDNN launches its kernels) right after the main lane waits for the side lane. Eagerly the
+// wait is a full dependency on the side lane's kernel; the capture makes that edge programmatic
+// (H200, CUDA 13.0: one such edge), which broke the seed64 step's graph with one of cuDNN's engines
+// (cuda_engine.cu). After foreign_programmatic_edges_full (graph_end applies it to every capture)
+// no programmatic edge is left between these two kernels that are not unet's, and every replay
+// reads the value the side lane's kernel wrote. Hopper and later (programmatic launch). The
+// unconverted graph's edges and result are printed, not checked: whether a reader that does not
+// wait reads early depends on the edge's port and on timing (on the H200 it read the value).
+TEST(CudaGraphs, ForeignProgrammaticEdgesAfterAJoinBecomeFull) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "programmatic dependent launch needs sm_90";
+  cudaLibrary_t lib = nullptr;
+  ASSERT_EQ(cudaLibraryLoadData(&lib, kPdlPtx, nullptr, nullptr, 0, nullptr, nullptr, 0), cudaSuccess);
+  cudaKernel_t producer = nullptr, reader = nullptr;
+  ASSERT_EQ(cudaLibraryGetKernel(&producer, lib, "pdl_producer"), cudaSuccess);
+  ASSERT_EQ(cudaLibraryGetKernel(&reader, lib, "pdl_reader"), cudaSuccess);
+  unsigned *flag = nullptr, *out = nullptr;
+  ASSERT_EQ(cudaMalloc(&flag, 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, 4), cudaSuccess);
+  cudaStream_t main = nullptr, side = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&main, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t fork = nullptr, join = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  std::mt19937 rng((unsigned)test::test_seed());
+  unsigned value = 1 + rng() % 1000000;
+  unsigned long long cycles = 4000000;  // ~2 ms: the reader, if let go early, reads long before
+  auto capture = [&]() {
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamBeginCapture(main, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(flag, 0, 4, main), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(fork, main), cudaSuccess);
+    EXPECT_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
+    void* pargs[] = {&flag, &value, &cycles};
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(1), c.blockDim = dim3(32), c.stream = side;
+    EXPECT_EQ(cudaLaunchKernelExC(&c, reinterpret_cast<const void*>(producer), pargs), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(join, side), cudaSuccess);
+    EXPECT_EQ(cudaStreamWaitEvent(main, join, 0), cudaSuccess);
+    cudaLaunchAttribute a = {};
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
+    c.stream = main, c.attrs = &a, c.numAttrs = 1;
+    void* rargs[] = {&flag, &out};
+    EXPECT_EQ(cudaLaunchKernelExC(&c, reinterpret_cast<const void*>(reader), rargs), cudaSuccess);
+    EXPECT_EQ(cudaStreamEndCapture(main, &g), cudaSuccess);
+    return g;
+  };
+  auto replay = [&](cudaGraph_t g) {
+    cudaGraphExec_t ge = nullptr;
+    EXPECT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+    unsigned got = 0;
+    EXPECT_EQ(cudaMemset(out, 0xff, 4), cudaSuccess);  // poison
+    EXPECT_EQ(cudaGraphLaunch(ge, main), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(main), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(&got, out, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaGraphExecDestroy(ge);
+    return got;
+  };
+  cudaGraph_t raw = capture();
+  ASSERT_NE(raw, nullptr);
+  const size_t before = programmatic_edge_count(raw);
+  const unsigned raw_got = replay(raw);
+  std::printf("[pdl] as captured: %zu programmatic edge(s), the reader read %u (written: %u)\n", before,
+              raw_got, value);
+  cudaGraphDestroy(raw);
+  for (int rep = 0; rep < 3; ++rep) {
+    value = 1 + rng() % 1000000;
+    cudaGraph_t g = capture();
+    ASSERT_NE(g, nullptr);
+    foreign_programmatic_edges_full(g);
+    EXPECT_EQ(programmatic_edge_count(g), 0u);
+    EXPECT_EQ(replay(g), value) << "replay " << rep;
+    cudaGraphDestroy(g);
+  }
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(main);
+  cudaStreamDestroy(side);
+  cudaFree(flag);
+  cudaFree(out);
+  cudaLibraryUnload(lib);
+}
 
 // Stream priorities: the engine's main lane is the most urgent stream (UNET_STREAM_PRIORITY=0: the
 // default priority); a captured graph's kernel nodes keep their stream's priority, and a memset

@@ -132,8 +132,9 @@ TEST(ModelGolden, CudaMatchesPyTorchFloat64) {
 namespace {
 // seed64's model at batch 4, random weights and inputs, one training forward + backward on a CUDA
 // engine: its output and every parameter gradient; with `graph`, forward and backward captured as
-// one CUDA graph and replayed twice (the second replay's results).
-std::vector<float> seed64_grads(Precision prec, bool graph, uint64_t seed, std::string* bad = nullptr) {
+// one CUDA graph (programmatic edges as `pdl` says) and replayed twice (the second replay's results).
+std::vector<float> seed64_grads(Precision prec, bool graph, uint64_t seed, std::string* bad = nullptr,
+                                Device::GraphPdl pdl = Device::GraphPdl::Off) {
   std::string why;
   auto eng = make_cuda_engine(prec, &why);
   if (!eng) ADD_FAILURE() << why;
@@ -165,7 +166,7 @@ std::vector<float> seed64_grads(Precision prec, bool graph, uint64_t seed, std::
   if (graph) {
     dev.graph_begin();
     step();
-    dev.graph_end();
+    dev.graph_end(pdl);
     dev.graph_launch();
     eng->ops().run(Fill{model.grads(), NAN});
     dev.graph_launch();
@@ -199,8 +200,9 @@ size_t bitwise_differences(const std::vector<float>& a, const std::vector<float>
 // gradients, and the forward's skip convs beside in_layers; with UNET_SKIP_BRANCH (default: bf16)
 // the backward's skip connections on a third. The streams share nothing but read-only inputs and
 // reductions never depend on timing, so the output and every gradient are bitwise those of one
-// stream, eager and as a replayed CUDA graph, in tf32 and bf16, with and without the third
-// stream; the golden tests above check the values themselves.
+// stream, eager and as a replayed CUDA graph (without programmatic edges, with `unet train`'s and
+// with them into every unet kernel), in tf32 and bf16, with and without the third stream; the
+// golden tests above check the values themselves.
 TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device found";
   const uint64_t seed = test::test_seed();
@@ -217,11 +219,22 @@ TEST(ModelGolden, CudaLanesGiveTheSameResultsBitwise) {
     double norm = 0;
     for (float v : one) norm += std::isfinite(v) ? std::fabs(v) : 0.0;
     EXPECT_GT(norm, 0.0);
-    for (bool graph : {false, true})
+    // eager; graphs without programmatic edges, with them where `unet train` puts them (tf32:
+    // into the kernels nothing runs beside), and into every unet kernel (UNET_PDL=1)
+    using P = Device::GraphPdl;
+    const struct {
+      bool graph;
+      P pdl;
+      const char* name;
+    } modes[] = {{false, P::Off, "eager"},
+                 {true, P::Off, "graph"},
+                 {true, step_graph_pdl(prec), "graph as unet train"},
+                 {true, P::All, "graph, programmatic edges into every kernel"}};
+    for (const auto& m : modes)
       for (const char* branch : {"0", "1"}) {
-        SCOPED_TRACE(std::string(graph ? "graph" : "eager") + ", UNET_SKIP_BRANCH=" + branch);
+        SCOPED_TRACE(std::string(m.name) + ", UNET_SKIP_BRANCH=" + branch);
         test::ScopedEnv skip_branch("UNET_SKIP_BRANCH", branch);
-        const std::vector<float> two = seed64_grads(prec, graph, seed);
+        const std::vector<float> two = seed64_grads(prec, m.graph, seed, nullptr, m.pdl);
         ASSERT_EQ(two.size(), one.size());
         EXPECT_EQ(bitwise_differences(one, two), 0u);
       }
@@ -257,7 +270,7 @@ std::vector<float> seed64_steps(Precision prec, uint64_t seed, bool* early, floa
   Device& dev = eng->device();
   dev.graph_begin();
   step.enqueue(12);
-  dev.graph_end();
+  dev.graph_end(step_graph_pdl(prec));  // as `unet train` captures its step
   dev.graph_launch();
   dev.graph_launch();
   const size_t n = model.arena_floats();

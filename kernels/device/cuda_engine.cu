@@ -165,6 +165,34 @@ __global__ void fill_kernel(char* dst, size_t pitch, unsigned value, unsigned es
 
 }  // namespace
 
+// Every programmatic edge between two kernels that are not unet's (cuDNN's, which launches its
+// kernels with programmatic stream serialization) becomes a full edge. A stream capture gives such
+// a launch a programmatic edge from the stream's capture dependencies, and after a join those
+// include the other lane's last kernel, where the eager run had a cudaStreamWaitEvent, a full
+// dependency; one of cuDNN's engines evidently does not tolerate that. None of these edges
+// appears without lanes. Found with one of cuDNN 9.14's runtime-fused engines (H200, seed64 at batch 4, tf32,
+// the 1x1 skip conv 128 -> 64 + bias at 64x64, on the side lane): the training step's graph replays gave
+// outputs off by up to 100 (of 300) against the same step run eagerly (test_model_golden's lanes
+// tests, when the plan cache picked that engine). 13 such edges in the seed64 tf32 step, 11 in
+// sampling's forward; making them full measured level (H200: step 10.86 -> 10.84 ms, sampling's
+// forward 6.05 -> 6.06, noise). unet's own kernels wait first thing (pdl_entry), so edges into
+// them keep their type.
+void foreign_programmatic_edges_full(cudaGraph_t g) {
+  size_t n = 0;
+  CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
+  for (size_t i = 0; i < n; ++i) {
+    if (data[i].type != cudaGraphDependencyTypeProgrammatic || !kernel_node(to[i]) || unet_kernel(to[i]) ||
+        unet_kernel(from[i]))
+      continue;
+    const cudaGraphEdgeData full = {};
+    CUDA_CHECK(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1));
+    CUDA_CHECK(cudaGraphAddDependencies(g, &from[i], &to[i], &full, 1));
+  }
+}
+
 // Every memset node of a captured graph becomes a kernel node doing the same (same dependencies
 // both ways). cuDNN's engines memset their workspace before some kernels; in a replayed graph a
 // memset node cost 3-10 us of idle GPU around it (H100, CUPTI timelines of seed64's step and
@@ -345,6 +373,7 @@ class CudaDevice final : public Device {
     ctx.capturing = false;
     cudaGraph_t g = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
+    foreign_programmatic_edges_full(g);
     if (env_graph_fill()) graph_memsets_as_kernels(g);
     const int forced = env_pdl();
     if (forced >= 0) pdl = forced ? GraphPdl::All : GraphPdl::Off;

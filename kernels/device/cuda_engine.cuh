@@ -58,6 +58,9 @@ using bf16 = __nv_bfloat16;
 // Replaces every memset node of a captured graph (cuDNN memsets its workspace before some of its
 // kernels) by a kernel node doing the same, with the same edges (cuda_engine.cu says why).
 void graph_memsets_as_kernels(cudaGraph_t g);
+// Makes every programmatic edge between two kernels that are not unet's a full edge (cuDNN's
+// kernels after a lane join; cuda_engine.cu says why). graph_end applies it to every capture.
+void foreign_programmatic_edges_full(cudaGraph_t g);
 
 // The first statement of every unet kernel. In the CUDA graphs (programmatic_edges() in
 // cuda_engine.cu) an edge into a unet kernel lets it launch while its predecessor still runs
