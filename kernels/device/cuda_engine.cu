@@ -97,20 +97,39 @@ bool kernel_node(cudaGraphNode_t n) {
   return cudaGraphNodeGetType(n, &t) == cudaSuccess && t == cudaGraphNodeTypeKernel;
 }
 
+// A captured graph's edges, index by index (cudaGraphGetEdges).
+struct Edges {
+  std::vector<cudaGraphNode_t> from, to;
+  std::vector<cudaGraphEdgeData> data;
+};
+Edges graph_edges(cudaGraph_t g) {
+  size_t n = 0;
+  CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
+  Edges e{std::vector<cudaGraphNode_t>(n), std::vector<cudaGraphNode_t>(n),
+          std::vector<cudaGraphEdgeData>(n)};
+  CUDA_CHECK(cudaGraphGetEdges(g, e.from.data(), e.to.data(), e.data.data(), &n));
+  return e;
+}
+// Edge i of e in g, given the type (and port) of `type`.
+void retype_edge(cudaGraph_t g, const Edges& e, size_t i, const cudaGraphEdgeData& type) {
+  CUDA_CHECK(cudaGraphRemoveDependencies(g, &e.from[i], &e.to[i], &e.data[i], 1));
+  CUDA_CHECK(cudaGraphAddDependencies(g, &e.from[i], &e.to[i], &type, 1));
+}
+
 // Programmatic dependent launch inside a captured graph: every edge from a kernel into a unet
 // kernel that has no other predecessor becomes programmatic, so the unet kernel's blocks are
 // launched while its predecessor drains (once that one's blocks have all started or exited) and
 // wait in pdl_entry() for its completion, instead of being launched after it. cuDNN's kernels
-// are launched that way by cuDNN itself. Memory order is unchanged: pdl_entry() waits for the
-// predecessor's completion and memory flush before the kernel touches memory.
-// only_alone: only into the kernels no other kernel can run beside (alone_nodes); blocks
-// launched early wait on their SMs, which slowed the other lane's kernels beside them.
+// are launched that way by cuDNN itself (but a capture's programmatic edges between two of them
+// become full ones: foreign_programmatic_edges_full, below). Memory order is unchanged: pdl_entry() waits for
+// the predecessor's completion and memory flush before the kernel touches memory. only_alone: only into the
+// kernels no other kernel can run beside (alone_nodes); blocks launched early wait on their SMs, which slowed
+// the other lane's kernels beside them.
 void programmatic_edges(cudaGraph_t g, bool only_alone) {
-  size_t n = 0;
-  CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
-  std::vector<cudaGraphNode_t> from(n), to(n);
-  std::vector<cudaGraphEdgeData> data(n);
-  CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
+  const Edges es = graph_edges(g);
+  const auto &from = es.from, &to = es.to;
+  const auto& data = es.data;
+  const size_t n = from.size();
   std::unordered_map<cudaGraphNode_t, int> preds;
   for (size_t i = 0; i < n; ++i) ++preds[to[i]];
   std::unordered_map<cudaGraphNode_t, size_t> id;  // (only_alone) node -> index into alone
@@ -133,8 +152,7 @@ void programmatic_edges(cudaGraph_t g, bool only_alone) {
     cudaGraphEdgeData e = {};
     e.from_port = cudaGraphKernelNodePortProgrammatic;
     e.type = cudaGraphDependencyTypeProgrammatic;
-    CUDA_CHECK(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1));
-    CUDA_CHECK(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1));
+    retype_edge(g, es, i, e);
   }
 }
 
@@ -170,27 +188,19 @@ __global__ void fill_kernel(char* dst, size_t pitch, unsigned value, unsigned es
 // a launch a programmatic edge from the stream's capture dependencies, and after a join those
 // include the other lane's last kernel, where the eager run had a cudaStreamWaitEvent, a full
 // dependency; one of cuDNN's engines evidently does not tolerate that. None of these edges
-// appears without lanes. Found with one of cuDNN 9.14's runtime-fused engines (H200, seed64 at batch 4, tf32,
-// the 1x1 skip conv 128 -> 64 + bias at 64x64, on the side lane): the training step's graph replays gave
-// outputs off by up to 100 (of 300) against the same step run eagerly (test_model_golden's lanes
-// tests, when the plan cache picked that engine). 13 such edges in the seed64 tf32 step, 11 in
-// sampling's forward; making them full measured level (H200: step 10.86 -> 10.84 ms, sampling's
+// appears without lanes. Found with one of cuDNN 9.14's runtime-fused engines (H200, seed64 at
+// batch 4, tf32, the 1x1 skip conv 128 -> 64 + bias at 64x64, on the side lane): the training
+// step's graph replays gave outputs off by up to 100 (of 300) against the same step run eagerly
+// (test_model_golden's lanes tests, when the plan cache picked that engine). 13 such edges in the seed64 tf32
+// step, 11 in sampling's forward; making them full measured level (H200: step 10.86 -> 10.84 ms, sampling's
 // forward 6.05 -> 6.06, noise). unet's own kernels wait first thing (pdl_entry), so edges into
 // them keep their type.
 void foreign_programmatic_edges_full(cudaGraph_t g) {
-  size_t n = 0;
-  CUDA_CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
-  std::vector<cudaGraphNode_t> from(n), to(n);
-  std::vector<cudaGraphEdgeData> data(n);
-  CUDA_CHECK(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n));
-  for (size_t i = 0; i < n; ++i) {
-    if (data[i].type != cudaGraphDependencyTypeProgrammatic || !kernel_node(to[i]) || unet_kernel(to[i]) ||
-        unet_kernel(from[i]))
-      continue;
-    const cudaGraphEdgeData full = {};
-    CUDA_CHECK(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1));
-    CUDA_CHECK(cudaGraphAddDependencies(g, &from[i], &to[i], &full, 1));
-  }
+  const Edges e = graph_edges(g);
+  for (size_t i = 0; i < e.from.size(); ++i)
+    if (e.data[i].type == cudaGraphDependencyTypeProgrammatic && kernel_node(e.to[i]) &&
+        !unet_kernel(e.to[i]) && !unet_kernel(e.from[i]))
+      retype_edge(g, e, i, cudaGraphEdgeData{});
 }
 
 // Every memset node of a captured graph becomes a kernel node doing the same (same dependencies
