@@ -407,6 +407,13 @@ inline bool gn_bwd_column_sums_fit(const GroupNormBwd& o) {
 }
 
 // ---- a row pass that also gives GroupNorm statistics ----
+// A source's Ring slots (Src::kRing, 0 without it): with D > 0 its rows are streamed through
+// shared memory (ring_rows, from Src::col / Src::pitch of a channel) instead of registers.
+template <class S, class = void>
+struct src_ring : std::integral_constant<int, 0> {};
+template <class S>
+struct src_ring<S, std::void_t<decltype(S::kRing)>> : std::integral_constant<int, S::kRing> {};
+
 // Writes y [B, R, C] from a source (src.load(ch, b R + r, j, v): the V values of channel vector j
 // of row r, ch = src.chan(b, j) its per-thread constants; e.g. a conv's epilogue, in place, or a
 // concatenation) and the GroupNorm statistics of y as stored (mean, rstd [B, G]), for the norm
@@ -425,6 +432,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float2 red[kThreads * V];
   __shared__ float ks[kThreads * V];
   __shared__ double2 tmp[kThreads];
+  extern __shared__ uint4 ring[];
+  constexpr int D = src_ring<Src>::value;
   const int t = threadIdx.x, cl = t % Cl, rl = t / Cl, nt = blockDim.x;
   const int s = blockIdx.x, b = blockIdx.y, S = gridDim.x, Cv = C / V, w = Cl * V, Cg = C / G;
   const int r0 = s * rps, r1 = min(R, r0 + rps);
@@ -449,24 +458,43 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();  // row r0 is read by all before it is written (the source may be y)
-    if (j < Cv)
-      for (int r = r0 + rl; r < r1; r += U * L) {
-        float v[U][V];
+    if constexpr (D > 0) {
+      if (j < Cv) {
+        const T* const col[1] = {src.col(ch) + row0 * (size_t)src.pitch(ch)};  // the sample's first row
+        ring_rows<T, V, D, 1>(
+            col, 0, src.pitch(ch), r0 + rl, r1, L, false, ring, [] {},
+            [&](const typename Vec<T, V>::Raw(&raw)[1], int r) {
+              float v[V];
+              Vec<T, V>::unpack(raw[0], v);
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (r + u * L < r1) src.load(ch, row0 + r + u * L, j, v[u]);
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (r + u * L < r1) {
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-              const float d = as_stored<T>(v[u][k]) - K[k];
-              s1[k] += d;
-              s2[k] = fmaf(d, d, s2[k]);
-            }
-            Vec<T, V>::store(y + (row0 + r + u * L) * C + j * V, v[u]);
-          }
+              for (int k = 0; k < V; ++k) {
+                const float d = as_stored<T>(v[k]) - K[k];
+                s1[k] += d;
+                s2[k] = fmaf(d, d, s2[k]);
+              }
+              Vec<T, V>::store(y + (row0 + r) * C + j * V, v);
+            });
       }
+    } else {  // (braced: see tests/test_constexpr_pragma.py)
+      if (j < Cv)
+        for (int r = r0 + rl; r < r1; r += U * L) {
+          float v[U][V];
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            if (r + u * L < r1) src.load(ch, row0 + r + u * L, j, v[u]);
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            if (r + u * L < r1) {
+#pragma unroll
+              for (int k = 0; k < V; ++k) {
+                const float d = as_stored<T>(v[u][k]) - K[k];
+                s1[k] += d;
+                s2[k] = fmaf(d, d, s2[k]);
+              }
+              Vec<T, V>::store(y + (row0 + r + u * L) * C + j * V, v[u]);
+            }
+        }
+    }
 #pragma unroll
     for (int k = 0; k < V; ++k) red[rl * w + cl * V + k] = make_float2(s1[k], s2[k]);
     __syncthreads();
@@ -536,8 +564,16 @@ inline bool stats_rows_fit(const Tensor& y, const Tensor& mean) {
 template <class T, int V, class Src>
 void stats_rows(CudaCtx& ctx, const Src& src, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const int B = (int)y.dim[0], R = (int)(y.dim[1] * y.dim[2]), C = (int)y.dim[3];
-  const Plan p = plan(stats_rows_kernel<T, V, Src>, B, R, C, V, 2, stats_rows_splits(y));
-  stats_rows_kernel<T, V, Src><<<p.grid(), p.nt, 0, ctx.stream>>>(
+  constexpr auto k = stats_rows_kernel<T, V, Src>;
+  constexpr int D = src_ring<Src>::value;
+  size_t sm = 0;
+  if constexpr (D > 0) {
+    sm = Ring<D>::bytes(kThreads, 1);
+    static size_t set = 0;  // (per kernel)
+    allow_dynamic_smem(k, sm, set);
+  }
+  const Plan p = plan(k, B, R, C, V, 2, stats_rows_splits(y), sm);
+  k<<<p.grid(), p.nt, sm, ctx.stream>>>(
       src, dptr<T>(y), R, C, (int)mean.dim[1], p.Cl, p.L, p.rps, reinterpret_cast<float4*>(ctx.partial()),
       reinterpret_cast<double2*>(ctx.aux()), ctx.tickets, dptr<float>(mean), dptr<float>(rstd));
   KERNEL_CHECK();
