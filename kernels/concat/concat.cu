@@ -147,8 +147,9 @@ struct ConcatSrc {
     rowblock::Vec<T, V>::load(ch.p + row * ch.ld + ch.k, v);
   }
   // f32 rows streamed through shared memory (16 slots), as GroupNorm's apply pass streams them:
-  // sampling's tf32 forward at batch 64 6.080 -> 6.044 ms (H200, same run, 3 rounds); bf16's 8 slots measured slower (sampling's forward 3.84 -> 3.90 ms, H200), so bf16 keeps its
-  // rows in registers.
+  // sampling's tf32 forward at batch 64 6.080 -> 6.044 ms (H200, same run, 3 rounds); bf16's 8
+  // slots measured slower (sampling's forward 3.84 -> 3.90 ms, H200), so bf16 keeps its rows in
+  // registers.
   static constexpr int kRing = V == 4 ? 16 : 0;
   __device__ const T* col(const Chan& ch) const { return ch.p + ch.k; }
   __device__ int pitch(const Chan& ch) const { return ch.ld; }

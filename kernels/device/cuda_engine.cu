@@ -121,10 +121,10 @@ void retype_edge(cudaGraph_t g, const Edges& e, size_t i, const cudaGraphEdgeDat
 // launched while its predecessor drains (once that one's blocks have all started or exited) and
 // wait in pdl_entry() for its completion, instead of being launched after it. cuDNN's kernels
 // are launched that way by cuDNN itself (but a capture's programmatic edges between two of them
-// become full ones: foreign_programmatic_edges_full, below). Memory order is unchanged: pdl_entry() waits for
-// the predecessor's completion and memory flush before the kernel touches memory. only_alone: only into the
-// kernels no other kernel can run beside (alone_nodes); blocks launched early wait on their SMs, which slowed
-// the other lane's kernels beside them.
+// become full ones: foreign_programmatic_edges_full, below). Memory order is unchanged:
+// pdl_entry() waits for the predecessor's completion and memory flush before the kernel touches
+// memory. only_alone: only into the kernels no other kernel can run beside (alone_nodes); blocks
+// launched early wait on their SMs, which slowed the other lane's kernels beside them.
 void programmatic_edges(cudaGraph_t g, bool only_alone) {
   const Edges es = graph_edges(g);
   const auto &from = es.from, &to = es.to;
@@ -191,10 +191,10 @@ __global__ void fill_kernel(char* dst, size_t pitch, unsigned value, unsigned es
 // appears without lanes. Found with one of cuDNN 9.14's runtime-fused engines (H200, seed64 at
 // batch 4, tf32, the 1x1 skip conv 128 -> 64 + bias at 64x64, on the side lane): the training
 // step's graph replays gave outputs off by up to 100 (of 300) against the same step run eagerly
-// (test_model_golden's lanes tests, when the plan cache picked that engine). 13 such edges in the seed64 tf32
-// step, 11 in sampling's forward; making them full measured level (H200: step 10.86 -> 10.84 ms, sampling's
-// forward 6.05 -> 6.06, noise). unet's own kernels wait first thing (pdl_entry), so edges into
-// them keep their type.
+// (test_model_golden's lanes tests, when the plan cache picked that engine). 13 such edges in the
+// seed64 tf32 step, 11 in sampling's forward; making them full measured level (H200: step 10.86
+// -> 10.84 ms, sampling's forward 6.05 -> 6.06, noise). unet's own kernels wait first thing
+// (pdl_entry), so edges into them keep their type.
 void foreign_programmatic_edges_full(cudaGraph_t g) {
   const Edges e = graph_edges(g);
   for (size_t i = 0; i < e.from.size(); ++i)
