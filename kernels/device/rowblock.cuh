@@ -180,6 +180,19 @@ struct Ring {
   }
 };
 
+// The dynamic shared memory of kernel K's Ring<D> over nin inputs (none for D = 0), K allowed it.
+template <int D, auto K>
+size_t ring_smem(int nin) {
+  if constexpr (D == 0) {
+    return 0;
+  } else {
+    const size_t bytes = Ring<D>::bytes(kThreads, nin);
+    static size_t set = 0;  // (per kernel)
+    allow_dynamic_smem(K, bytes, set);
+    return bytes;
+  }
+}
+
 // f(raw, r) for a thread's rows r = rf, rf + L, ... below r1 (backwards with rev) of NIN tensors
 // at element offset col of each row (rows of C; a null tensor is skipped, its raw[] unset; nin:
 // the slots' inputs, NIN or fewer where the last are null),
@@ -565,13 +578,7 @@ template <class T, int V, class Src>
 void stats_rows(CudaCtx& ctx, const Src& src, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const int B = (int)y.dim[0], R = (int)(y.dim[1] * y.dim[2]), C = (int)y.dim[3];
   constexpr auto k = stats_rows_kernel<T, V, Src>;
-  constexpr int D = src_ring<Src>::value;
-  size_t sm = 0;
-  if constexpr (D > 0) {
-    sm = Ring<D>::bytes(kThreads, 1);
-    static size_t set = 0;  // (per kernel)
-    allow_dynamic_smem(k, sm, set);
-  }
+  const size_t sm = ring_smem<src_ring<Src>::value, k>(1);
   const Plan p = plan(k, B, R, C, V, 2, stats_rows_splits(y), sm);
   k<<<p.grid(), p.nt, sm, ctx.stream>>>(
       src, dptr<T>(y), R, C, (int)mean.dim[1], p.Cl, p.L, p.rps, reinterpret_cast<float4*>(ctx.partial()),

@@ -562,19 +562,6 @@ double2* dx_sums_of(CudaCtx& ctx, const Dims& d) {
   return reinterpret_cast<double2*>(reinterpret_cast<char*>(coef_buf(ctx, d)) + (size_t)d.B * d.G * 8);
 }
 
-// The dynamic shared memory of kernel K's Ring<D> over nin inputs (none for D = 0), K allowed it.
-template <int D, auto K>
-size_t ring_smem(int nin) {
-  if constexpr (D == 0) {
-    return 0;
-  } else {
-    const size_t bytes = Ring<D>::bytes(kThreads, nin);
-    static size_t set = 0;  // (per kernel)
-    allow_dynamic_smem(K, bytes, set);
-    return bytes;
-  }
-}
-
 // f(std::true_type{}) if `on`, else f(std::false_type{}): a kernel instance per value of a flag.
 template <class F>
 void with_flag(bool on, F&& f) {
