@@ -73,6 +73,12 @@ bool env_graph_fill() {
                     "nodes)");
 }
 
+bool env_sample_step() {
+  return switch_var("UNET_SAMPLE_STEP", false,
+                    "must be 1 (a sampler step's arithmetic as one op, in the forward's CUDA graph) or 0 "
+                    "(as separate ops after it; the default)");
+}
+
 bool env_conv_stats() {
   return switch_var("UNET_CONV_STATS", false,
                     "must be 1 (a convolution gives the statistics of the GroupNorm after it) or 0 (off; the "

@@ -3,6 +3,8 @@
 // samplers' arithmetic and their noise (lib/ops/diffusion_ops.h, NormalFill); CPU in
 // lib/ops/*.cpp, CUDA in kernels/loss/ and kernels/diffusion/.
 #include <algorithm>
+#include <cstring>
+#include <tuple>
 
 #include "ops_common.h"
 #include "rng.h"
@@ -296,3 +298,110 @@ TEST(LossVariants, AllOps) {
 }
 
 }  // namespace
+
+namespace {
+// One sampler step two ways on engine e: the op sequence sampler.cpp runs (predict_x0's Copy,
+// Axpbypcz and Clamp; NormalFill; LearnedRangeNoise with v; the update's Axpbypcz) and the op
+// SampleStep reading the same numbers from coef. x0, z (the noise added) and x of each.
+struct StepCase {
+  bool xstart, clip, learned, noise;
+  uint64_t index0;
+};
+struct StepOut {
+  F x0, z, x;
+};
+std::pair<StepOut, StepOut> sample_step_both(unet::Engine& e, const StepCase& c, const F& x, const F& eps,
+                                             const F& v, uint64_t key) {
+  const int64_t n = (int64_t)x.size();
+  auto put = [&](const F& h) {
+    Tensor t = e.alloc(DType::F32, {n});
+    e.upload(t, h.data());
+    return t;
+  };
+  auto get = [&](const Tensor& t) {
+    F h(t.numel());
+    e.download(h.data(), t);
+    return h;
+  };
+  auto nan = [&] {
+    Tensor t = e.alloc(DType::F32, {n});
+    poison(e, t);
+    return t;
+  };
+  // made-up step numbers of the size a sampler's take (the op reads them, whatever they are)
+  F coef(unet::kSampleStepCoefs, 0.f);
+  coef[0] = 1.7f, coef[1] = -1.3f, coef[2] = 0.31f, coef[3] = 0.93f,
+  coef[4] = c.noise ? (c.learned ? 1.f : 0.12f) : 0.f;
+  coef[5] = -6.1f, coef[6] = -4.2f;
+  unet::sample_step_put_u64(coef.data(), 7, key);
+  unet::sample_step_put_u64(coef.data(), 9, c.index0);
+  const auto stream = (uint64_t)unet::Stream::SampleStep;
+  Tensor X = put(x), E = put(eps), V1 = put(v), X0 = nan(), Z = nan(), N = nan();
+  auto& ops = e.ops();
+  if (c.xstart) {
+    ops.run(unet::Copy{E, X0});
+  } else {
+    ops.run(unet::Copy{X, X0});
+    ops.run(unet::Axpbypcz{E, X0, {}, coef[1], coef[0], 0.f});
+  }
+  if (c.clip) ops.run(unet::Clamp{X0, -1.f, 1.f});
+  ops.run(unet::NormalFill{Z, key, stream, c.index0});
+  Tensor noise = Z;
+  if (c.learned) ops.run(unet::LearnedRangeNoise{V1, Z, N, coef[5], coef[6]}), noise = N;
+  ops.run(unet::Axpbypcz{X0, X, c.noise ? noise : Tensor{}, coef[2], coef[3], c.noise ? coef[4] : 0.f});
+  const StepOut seq{get(X0), get(noise), get(X)};
+  Tensor X2 = put(x), X02 = nan(), Z2 = nan(), C = e.alloc(DType::F32, {unet::kSampleStepCoefs});
+  e.upload(C, coef.data());
+  ops.run(unet::SampleStep{X2, E, c.learned ? V1 : Tensor{}, X02, Z2, C, stream, c.xstart, c.clip});
+  return {seq, StepOut{get(X02), get(Z2), get(X2)}};
+}
+const StepCase kStepCases[] = {{false, true, false, true, 0},  {false, true, true, true, 6},
+                               {true, false, false, true, 3},  {false, false, true, true, 1},
+                               {false, true, false, false, 0}, {true, true, true, false, 5}};
+}  // namespace
+
+// SampleStep (one op for a sampler step, its numbers on the device) is the op sequence it
+// replaces, bit for bit on the CPU: eps or x0 predictions, with and without clipping, fixed and
+// learned-range noise, the last step's (none), even and odd noise offsets, a size that is not a
+// multiple of 4.
+TEST(DiffusionOps, SampleStepIsTheOpSequence) {
+  const uint64_t key = unet::test::test_seed();
+  const size_t n = 1003;
+  const F x = tof(rnd(n, -2, 2)), eps = tof(rnd(n, -2, 2)), v = tof(rnd(n));
+  for (const StepCase& c : kStepCases) {
+    SCOPED_TRACE(::testing::Message() << "xstart " << c.xstart << " clip " << c.clip << " learned "
+                                      << c.learned << " noise " << c.noise << " index0 " << c.index0);
+    const auto [seq, one] = sample_step_both(cpu_engine(), c, x, eps, v, key);
+    EXPECT_EQ(std::memcmp(one.x0.data(), seq.x0.data(), n * 4), 0);
+    EXPECT_EQ(std::memcmp(one.z.data(), seq.z.data(), n * 4), 0);
+    EXPECT_EQ(std::memcmp(one.x.data(), seq.x.data(), n * 4), 0);
+    EXPECT_NE(one.x, x);  // (the step moved x)
+  }
+}
+
+// The CUDA kernel: against the same sequence on the GPU (its kernels) and against the CPU, within
+// NormalFill's tolerance (CUDA's and the host's libm can round a draw one float ulp apart) and
+// expf's; both vector paths (even offsets: the draws in pairs), the scalar tail.
+TEST(DiffusionOps, SampleStepCudaMatchesTheSequenceAndTheCpu) {
+  if (!have_gpu()) GTEST_SKIP() << no_gpu_reason();
+  unet::Engine* gpu = gpu_engine(unet::Precision::FP32);
+  ASSERT_NE(gpu, nullptr);
+  const uint64_t key = unet::test::test_seed();
+  const size_t n = 64 * 64 * 3 * 2 + 3;
+  const F x = tof(rnd(n, -2, 2)), eps = tof(rnd(n, -2, 2)), v = tof(rnd(n));
+  auto close = [](const F& a, const F& b) {
+    size_t far = 0;
+    for (size_t i = 0; i < a.size(); ++i) far += !(std::fabs(a[i] - b[i]) <= 4e-7f * (1 + std::fabs(b[i])));
+    return far;
+  };
+  for (const StepCase& c : kStepCases) {
+    SCOPED_TRACE(::testing::Message() << "xstart " << c.xstart << " clip " << c.clip << " learned "
+                                      << c.learned << " noise " << c.noise << " index0 " << c.index0);
+    const auto [seq, one] = sample_step_both(*gpu, c, x, eps, v, key);
+    const auto [cpu_seq, cpu_one] = sample_step_both(cpu_engine(), c, x, eps, v, key);
+    for (const auto& [got, want, what] :
+         {std::tuple{one.x, seq.x, "x"}, std::tuple{one.x0, seq.x0, "x0"}, std::tuple{one.z, seq.z, "z"},
+          std::tuple{one.x, cpu_one.x, "x vs cpu"}, std::tuple{one.z, cpu_one.z, "z vs cpu"}})
+      EXPECT_EQ(close(got, want), 0u) << what;
+  }
+}

@@ -195,6 +195,37 @@ TEST(Sampler, DeterministicAndIndependentOfBatchSize) {
   }
 }
 
+// UNET_SAMPLE_STEP=1 (a step's arithmetic as the one op SampleStep, its numbers uploaded with
+// the timesteps) gives the images of the op sequence bit for bit on the CPU: DDPM with fixed and
+// learned variance, DDIM with noise, x0 predictions, over batches of 2, 2 and 1.
+TEST(Sampler, OneOpStepIsTheOpSequence) {
+  auto be = make_cpu_engine();
+  const uint64_t seed = test::test_seed();
+  const int n = 5;
+  struct Case {
+    const char* sampler;
+    bool learn_sigma, xstart, clip;
+  };
+  for (const Case& c : {Case{"ddpm", false, false, true}, Case{"ddpm", true, false, true},
+                        Case{"ddim", true, false, false}, Case{"ddpm", false, true, true}}) {
+    SCOPED_TRACE(std::string(c.sampler) + (c.learn_sigma ? " learned" : "") + (c.xstart ? " xstart" : ""));
+    FakeNet f;
+    f.learn_sigma = c.learn_sigma;
+    const size_t numel = size_t(f.S) * f.S * f.C;
+    SampleOptions o;
+    o.sampler = c.sampler, o.steps = 9, o.eta = 0.6f, o.seed = seed, o.batch_size = 2, o.clip = c.clip;
+    SamplerNet net = f.net(60, "cosine");
+    net.predict_xstart = c.xstart;
+    std::vector<float> seq(n * numel), one(n * numel, std::numeric_limits<float>::quiet_NaN());
+    sample(*be, net, o, n, nullptr, nullptr, seq.data(), nullptr);
+    setenv("UNET_SAMPLE_STEP", "1", 1);
+    sample(*be, net, o, n, nullptr, nullptr, one.data(), nullptr);
+    unsetenv("UNET_SAMPLE_STEP");
+    EXPECT_TRUE(one == seq) << "rel l2 " << test::rel_l2(one, seq);
+    EXPECT_GT(test::rel_l2(seq, std::vector<float>(seq.size(), 0.f)), 0.1);
+  }
+}
+
 TEST(Sampler, LabelsAndProgress) {
   auto be = make_cpu_engine();
   const uint64_t seed = test::test_seed();
@@ -402,6 +433,13 @@ TEST(Sampler, CudaGraphMatchesEager) {
           EXPECT_TRUE(graphed == eager) << "rel l2 " << test::rel_l2(graphed, eager);
         }
         unsetenv("UNET_PDL");
+        // the step as one op in the forward's graph (UNET_SAMPLE_STEP; classifier-free guidance's
+        // wrapper too): its kernel against the op sequence's kernels
+        setenv("UNET_SAMPLE_STEP", "1", 1);
+        std::fill(graphed.begin(), graphed.end(), std::numeric_limits<float>::quiet_NaN());
+        sample(*gpu, net, o, n, nullptr, labels.data(), graphed.data(), nullptr);
+        unsetenv("UNET_SAMPLE_STEP");
+        EXPECT_LT(test::rel_l2(graphed, eager), 1e-6);
         EXPECT_GT(test::rel_l2(eager, std::vector<float>(eager.size(), 0.f)), 0.1);  // not all zero
       }
   }

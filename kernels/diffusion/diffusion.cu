@@ -96,6 +96,53 @@ struct NormalF {
   __device__ void scalar(size_t i) const { z[i] = normal(seed, s, index0 + i); }
 };
 
+// SampleStep: each element as the op sequence it replaces computes it (AxpbypczF's, ClampF's and
+// LearnedRangeF's expressions, NormalF's draws), the step's numbers read from coef on the device.
+struct SampleStepF {
+  float* x;
+  const float* eps;
+  const float* v;
+  float* x0;
+  float* z;
+  const float* coef;
+  Stream s;
+  bool xstart, clip;
+  // element i with its normal draw zz
+  __device__ void one(size_t i, float zz, const float* c) const {
+    const float xv = x[i];
+    float a = eps[i];
+    if (!xstart) {  // AxpbypczF{x = eps, y = x0 = x}: b*y, then a*x + that
+      const float bx = c[0] * xv;
+      a = c[1] * a + bx;
+    }
+    if (clip) a = ClampF{nullptr, -1.0f, 1.0f}.one(a);
+    x0[i] = a;
+    if (v) zz = LearnedRangeF{nullptr, nullptr, nullptr, c[5], c[6]}.one(v[i], zz);
+    z[i] = zz;
+    float r = c[3] * xv;
+    r = c[2] * a + r;
+    if (c[4] != 0.0f) r = r + c[4] * zz;
+    x[i] = r;
+  }
+  __device__ void vec4(size_t j) const {
+    const uint64_t key = sample_step_u64(coef, 7), index0 = sample_step_u64(coef, 9);
+    float zz[4];
+    if (index0 % 2 == 0) {  // NormalF's pairs
+      double a0, a1, b0, b1;
+      const uint64_t p = (index0 >> 1) + 2 * j;
+      box_muller_pair(rng_bits(key, s, p), &a0, &a1);
+      box_muller_pair(rng_bits(key, s, p + 1), &b0, &b1);
+      zz[0] = (float)a0, zz[1] = (float)a1, zz[2] = (float)b0, zz[3] = (float)b1;
+    } else {
+      for (int e = 0; e < 4; ++e) zz[e] = normal(key, s, index0 + 4 * j + e);
+    }
+    for (int e = 0; e < 4; ++e) one(4 * j + e, zz[e], coef);
+  }
+  __device__ void scalar(size_t i) const {
+    one(i, normal(sample_step_u64(coef, 7), s, sample_step_u64(coef, 9) + i), coef);
+  }
+};
+
 void qsample(const QSample& o, CudaCtx& ctx) {
   const size_t n = o.x0.numel(), n_per = o.x0.per_sample();
   const int B = (int)o.x0.dim[0];
@@ -122,6 +169,12 @@ void normal_noise(const NormalFill& o, CudaCtx& ctx) {
              aligned16(o.z.data) && o.index0 % 2 == 0, ctx.stream);
 }
 
+void sample_step(const SampleStep& o, CudaCtx& ctx) {
+  launch_map(SampleStepF{dptr<float>(o.x), dptr<float>(o.eps), dptr<float>(o.v), dptr<float>(o.x0),
+                         dptr<float>(o.z), dptr<float>(o.coef), (Stream)o.stream, o.xstart, o.clip},
+             o.x.numel(), true, ctx.stream);
+}
+
 }  // namespace
 
 void register_diffusion_cuda(CudaOps& ops) {
@@ -130,6 +183,7 @@ void register_diffusion_cuda(CudaOps& ops) {
   ops.variants<Clamp>().push_back({"cuda", nullptr, clamp, nullptr});
   ops.variants<LearnedRangeNoise>().push_back({"cuda", nullptr, lrn, nullptr});
   ops.variants<NormalFill>().push_back({"cuda", nullptr, normal_noise, nullptr});
+  ops.variants<SampleStep>().push_back({"cuda", nullptr, sample_step, nullptr});
 }
 
 }  // namespace unet

@@ -513,6 +513,15 @@ void LearnedRangeNoise::check() const {
 double LearnedRangeNoise::flops() const { return 8.0 * y.numel(); }
 void NormalFill::check() const { req(*this, f32(z) && z.defined(), "f32 output"); }
 double NormalFill::flops() const { return 0; }
+void SampleStep::check() const {
+  const size_t n = x.numel();
+  req(*this,
+      f32(x) && f32(eps) && f32(v) && f32(x0) && f32(z) && f32(coef) && x.defined() && eps.numel() == n &&
+          x0.numel() == n && z.numel() == n && (!v.defined() || v.numel() == n) &&
+          coef.numel() >= (size_t)kSampleStepCoefs,
+      "f32 of one size; coef [11]");
+}
+double SampleStep::flops() const { return 12.0 * x.numel(); }
 
 // ---- optimizer ----
 void SumSquares::check() const { req(*this, f32(x) && f32(out) && out.numel() >= 1, "f32; out [1]"); }

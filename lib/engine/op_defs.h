@@ -19,6 +19,7 @@
 // optimizer state, weight gradients) f32.
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -612,6 +613,39 @@ struct NormalFill {
   }
 };
 
+// One sampler step after the model's output (DDPM or DDIM, no guidance) as one op, its per-step
+// numbers read from the device (coef), so a CUDA graph holds the step with the forward and the
+// host writes them with the timesteps before each replay. The arithmetic of the op sequence it
+// replaces (Copy, Axpbypcz, Clamp, NormalFill, LearnedRangeNoise, Axpbypcz), in their order:
+//   x0 = eps (xstart), else coef[0] x + coef[1] eps; clamped to [-1, 1] when clip;
+//   z = normal(key, stream, index0 + i), times exp(0.5 (f coef[6] + (1 - f) coef[5])), f = (v + 1) / 2,
+//     with v (learned sigma);
+//   x = coef[2] x0 + coef[3] x (+ coef[4] z unless coef[4] is 0).
+// coef [kSampleStepCoefs] f32: those 7, then the 64-bit key and index0 as 32-bit halves, low first
+// (bit patterns in f32 slots: only this op reads them).
+constexpr int kSampleStepCoefs = 11;
+// coef's 64-bit values at slots i and i + 1.
+UNET_HD inline uint64_t sample_step_u64(const float* c, int i) {
+  uint32_t lo, hi;
+  std::memcpy(&lo, c + i, 4), std::memcpy(&hi, c + i + 1, 4);
+  return lo | (uint64_t)hi << 32;
+}
+inline void sample_step_put_u64(float* c, int i, uint64_t v) {
+  const uint32_t lo = (uint32_t)v, hi = (uint32_t)(v >> 32);
+  std::memcpy(c + i, &lo, 4), std::memcpy(c + i + 1, &hi, 4);
+}
+struct SampleStep {
+  UNET_OP("sample_step", "diffusion")
+  Tensor x, eps, v, x0, z, coef;
+  uint64_t stream = 0;
+  bool xstart = false, clip = true;
+  template <class S, class V>
+  static void fields(S& s, V& v) {
+    v.inout("x", s.x), v.in("eps", s.eps), v.in("v", s.v), v.out("x0", s.x0), v.out("z", s.z);
+    v.in("coef", s.coef), v.param("stream", s.stream), v.param("xstart", s.xstart), v.param("clip", s.clip);
+  }
+};
+
 // ---------------------------------------------------------------- optimizer (flat f32 arenas)
 struct SumSquares {  // out[0] = sum x^2 (fixed order)
   UNET_OP("sum_squares", "optimizer")
@@ -679,13 +713,15 @@ struct AdamW {
   X(ConvFwd)                                                                                                \
   X(ConvBwdData)                                                                                            \
   X(ConvBwdFilter)                                                                                          \
-  X(LinearFwd) X(LinearBwd) X(LinearGroupFwd) X(LinearGroupBwd) X(GroupNormFwd) X(GroupNormApply) X(GroupNormBwd) X(SiluFwd) X(SiluBwd) X(Add)  \
-      X(Cast) X(Copy) X(Fill) X(UpsampleFwd) X(UpsampleBwd) X(AvgPoolFwd) X(AvgPoolBwd) X(ConcatFwd)        \
-          X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd) X(AttentionBwd) \
-              X(PoolTokensFwd) X(PoolTokensBwd) X(PoolSelectFwd) X(PoolSelectBwd) X(DropoutFwd)             \
-                  X(DropoutBwd) X(MseLoss) X(DiffusionLoss) X(LossStats) X(CrossEntropy) X(ClassifierStats) \
-                      X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(NormalFill) X(SumSquares)      \
-                          X(ClipScale) X(AdamWSchedule) X(AdamW)
+  X(LinearFwd)                                                                                              \
+  X(LinearBwd)                                                                                              \
+  X(LinearGroupFwd) X(LinearGroupBwd) X(GroupNormFwd) X(GroupNormApply) X(GroupNormBwd) X(SiluFwd)          \
+      X(SiluBwd) X(Add) X(Cast) X(Copy) X(Fill) X(UpsampleFwd) X(UpsampleBwd) X(AvgPoolFwd) X(AvgPoolBwd)   \
+          X(ConcatFwd) X(ConcatBwd) X(TimestepEmbedding) X(EmbeddingAdd) X(EmbeddingBwd) X(AttentionFwd)    \
+              X(AttentionBwd) X(PoolTokensFwd) X(PoolTokensBwd) X(PoolSelectFwd) X(PoolSelectBwd)           \
+                  X(DropoutFwd) X(DropoutBwd) X(MseLoss) X(DiffusionLoss) X(LossStats) X(CrossEntropy)      \
+                      X(ClassifierStats) X(QSample) X(Axpbypcz) X(Clamp) X(LearnedRangeNoise) X(NormalFill) \
+                          X(SampleStep) X(SumSquares) X(ClipScale) X(AdamWSchedule) X(AdamW)
 
 // ---- generic views of an op, from fields() ----
 enum class Role { In, Out, InOut };

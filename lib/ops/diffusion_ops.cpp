@@ -36,6 +36,24 @@ void normal_noise(const NormalFill& o) {
   }
 }
 
+// The op sequence SampleStep stands for, on the reference helpers (so the same bits).
+void sample_step(const SampleStep& o) {
+  const float* c = o.coef.f32();
+  const size_t n = o.x.numel();
+  float *x = o.x.f32(), *x0 = o.x0.f32(), *z = o.z.f32();
+  const float* eps = o.eps.f32();
+  if (o.xstart) {
+    std::copy(eps, eps + n, x0);
+  } else {
+    std::copy(x, x + n, x0);
+    ref::axpbypcz<float>(c[1], eps, c[0], x0, 0.0f, nullptr, n);
+  }
+  if (o.clip) ref::clamp<float>(x0, -1.0f, 1.0f, n);
+  normal_noise(NormalFill{o.z, sample_step_u64(c, 7), o.stream, sample_step_u64(c, 9)});
+  if (o.v.defined()) ref::learned_range_noise<float>(o.v.f32(), z, z, c[5], c[6], n);
+  ref::axpbypcz<float>(c[2], x0, c[3], x, c[4], c[4] != 0.0f ? z : nullptr, n);
+}
+
 }  // namespace
 
 void register_diffusion_cpu(CpuOps& ops) {
@@ -44,6 +62,7 @@ void register_diffusion_cpu(CpuOps& ops) {
   ops.variants<Clamp>().push_back(cpu_ref<Clamp, clamp>());
   ops.variants<LearnedRangeNoise>().push_back(cpu_ref<LearnedRangeNoise, lrn>());
   ops.variants<NormalFill>().push_back(cpu_ref<NormalFill, normal_noise>());
+  ops.variants<SampleStep>().push_back(cpu_ref<SampleStep, sample_step>());
 }
 
 }  // namespace unet

@@ -285,6 +285,26 @@ void Diffusion::ddpm_step(Ops& ops, int k, const Tensor& x, const Tensor& eps, c
                    static_cast<float>(c.mean_xt), add ? noise_scale : 0.0f});
 }
 
+void Diffusion::sample_step_coefs(int k, bool ddim, double eta, float* c) const {
+  // predict_x0's Axpbypcz{eps, x0 = x, -b, a}
+  c[0] = static_cast<float>(sqrt_recip_alphas_cumprod.at(k));
+  c[1] = static_cast<float>(-sqrt_recipm1_alphas_cumprod[k]);
+  c[5] = c[6] = 0.0f;
+  if (ddim) {
+    const DdimCoeffs d = ddim_coeffs(k, eta);
+    c[2] = static_cast<float>(d.out_x0), c[3] = static_cast<float>(d.out_xt);
+    c[4] = d.noise ? static_cast<float>(d.sigma) : 0.0f;
+    return;
+  }
+  const DdpmCoeffs d = ddpm_coeffs(k);
+  c[2] = static_cast<float>(d.mean_x0), c[3] = static_cast<float>(d.mean_xt);
+  c[4] = !d.noise ? 0.0f : learn_sigma_ ? 1.0f : static_cast<float>(fixed_large_std(k));
+  if (learn_sigma_) {
+    const LogRange r = learned_range_bounds(k);
+    c[5] = r.min_log, c[6] = r.max_log;
+  }
+}
+
 double Diffusion::fixed_large_variance(int k) const { return std::exp(ddpm_coeffs(k).fixed_large_log_var); }
 
 void Diffusion::ddim_step(Ops& ops, int k, double eta, const Tensor& x, const Tensor& eps, const Tensor& x0,

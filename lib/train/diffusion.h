@@ -119,6 +119,9 @@ class Diffusion {
   // sqrt(1/abar - 1) sqrt(1 - abar) grad, unclipped, before the update.
   void ddim_step(Ops& ops, int k, double eta, const Tensor& x, const Tensor& eps, const Tensor& x0,
                  const Tensor& z, bool clip, const Tensor& guide_grad = {}) const;
+  // The numbers of the op SampleStep (op_defs.h) at k, c[0..6]: the same floats ddpm_step
+  // (learned sigma: its LearnedRangeNoise bounds, noise scale 1) or ddim_step passes its ops.
+  void sample_step_coefs(int k, bool ddim, double eta, float* c) const;
   // The DDPM guidance term variance * grad for the fixed-large variance: the scalar variance
   // (guide = grad, guide_scale = this). With learned sigma the variance is per element:
   // LearnedRangeNoise{v, grad, guide, 2 min_log, 2 max_log} gives exp(logvar) * grad (scale 1).

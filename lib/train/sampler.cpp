@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "env_vars.h"
 #include "rng.h"
 #include "util.h"
 
@@ -21,13 +22,15 @@ Sampler::Sampler(Engine& eng, SamplerNet net, int max_batch)
   if (net_.learn_sigma) var_ = img(C), noise_ = img(C);
   x0_ = img(C);
   z_ = img(C);
-  t_ = eng_.alloc(DType::F32, {Bm});
+  // the timesteps, then SampleStep's numbers: one upload a step
+  step_ = eng_.alloc(DType::F32, {Bm + kSampleStepCoefs});
+  t_ = step_.flat(0, (size_t)Bm);
   if (net_.class_cond || net_.cond_fn) y_ = eng_.alloc(DType::I32, {Bm});
   if (net_.cond_fn) {
     grad_ = img(C);
     if (net_.learn_sigma) vgrad_ = img(C);
   }
-  ht_ = static_cast<float*>(eng_.device().alloc_host((size_t)Bm * sizeof(float)));
+  ht_ = static_cast<float*>(eng_.device().alloc_host((size_t)(Bm + kSampleStepCoefs) * sizeof(float)));
   hy_.resize(bmax_);
 }
 
@@ -82,6 +85,8 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
   // capture), the second is captured and replayed from then on.
   Device& dev = eng_.device();
   const bool graph = opt.cuda_graph && dev.supports_graphs() && !net_.cond_fn;
+  // Unguided steps may run as one op after the forward (SampleStep), in its graph.
+  const bool one_op = !net_.cond_fn && env_sample_step();
   int eager_batch = 0, graph_batch = 0;
   struct DropGraph {  // also on an exception: the device's one graph slot is left empty
     Device& d;
@@ -99,15 +104,17 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       if (f) f(false);
     }
   } hold{net_.hold_weights};
-  auto denoise = [&](const Tensor& x, const Tensor& t, const Tensor& y, const Tensor& out, int B) {
+  // body: the forward (and with one_op the step after it), run as a graph from the second step
+  // at a batch size on
+  auto graphed = [&](const std::function<void()>& body, int B) {
     if (!graph || (eager_batch != B && graph_batch != B)) {
-      net_.denoise(x, t, y, out);
+      body();
       eager_batch = B;
       return;
     }
     if (graph_batch != B) {
       dev.graph_begin();
-      net_.denoise(x, t, y, out);
+      body();
       dev.graph_end(Device::GraphPdl::All);
       graph_batch = B;
     }
@@ -139,18 +146,39 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       const float t_model = net_.rescale_timesteps
                                 ? static_cast<float>(t_orig) * static_cast<float>(1000.0 / T)
                                 : static_cast<float>(t_orig);
+      const uint64_t step_key = rng_key(opt.seed, Stream::SampleStep, static_cast<uint64_t>(t_orig));
       eng_.device().fence_wait(tfence_);
       std::fill(ht_, ht_ + B, t_model);
-      eng_.upload(t, ht_);
+      if (one_op) {
+        std::fill(ht_ + B, ht_ + bmax_, t_model);  // (not read)
+        float* c = ht_ + bmax_;
+        d.sample_step_coefs(k, ddim, opt.eta, c);
+        sample_step_put_u64(c, 7, step_key);
+        sample_step_put_u64(c, 9, static_cast<uint64_t>(first) * numel);
+        eng_.upload(step_, ht_);
+      } else {
+        eng_.upload(t, ht_);
+      }
       tfence_ = eng_.device().fence();
-      denoise(x, t, y_model, out, B);
-      // Model output is NHWC with [eps | variance value] along channels when sigma is learned.
-      if (net_.learn_sigma) ops.run(ConcatBwd{out, eps, var_.batch(B)});
+      graphed(
+          [&] {
+            net_.denoise(x, t, y_model, out);
+            // Model output is NHWC with [eps | variance value] along channels when sigma is learned.
+            if (net_.learn_sigma) ops.run(ConcatBwd{out, eps, var_.batch(B)});
+            if (one_op)
+              ops.run(SampleStep{x, eps, net_.learn_sigma && !ddim ? var_.batch(B) : Tensor{}, x0, z,
+                                 step_.flat((size_t)bmax_, kSampleStepCoefs),
+                                 static_cast<uint64_t>(Stream::SampleStep), d.predict_xstart, opt.clip});
+          },
+          B);
+      if (one_op) {
+        if (progress) progress(++done, total);
+        continue;
+      }
       // Classifier guidance: s * d log p(y | x_t) / d x_t, at x_t (before the step).
       const Tensor grad = net_.cond_fn ? grad_.batch(B) : Tensor{};
       if (net_.cond_fn) net_.cond_fn(x, t, y, grad);
 
-      const uint64_t step_key = rng_key(opt.seed, Stream::SampleStep, static_cast<uint64_t>(t_orig));
       if (ddim) {
         const Diffusion::DdimCoeffs c = d.ddim_coeffs(k, opt.eta);
         if (c.noise) {

@@ -82,9 +82,9 @@ class Sampler {
   Engine& eng_;
   SamplerNet net_;
   int bmax_;
-  Tensor x_, out_, eps_, var_, x0_, z_, noise_, t_, y_, grad_, vgrad_;
-  // Host staging (pinned on CUDA, so uploads run asynchronously) of the timesteps; the fence says
-  // when it may be written again.
+  Tensor x_, out_, eps_, var_, x0_, z_, noise_, step_, t_, y_, grad_, vgrad_;
+  // Host staging (pinned on CUDA, so uploads run asynchronously) of step_ (the timesteps, t_, then
+  // SampleStep's numbers); the fence says when it may be written again.
   float* ht_ = nullptr;
   uint64_t tfence_ = 0;
   // Draws the noise of the batch starting at sample `first` into z, on the device.
