@@ -160,21 +160,25 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
         eng_.upload(t, ht_);
       }
       tfence_ = eng_.device().fence();
-      graphed(
-          [&] {
-            net_.denoise(x, t, y_model, out);
-            // Model output is NHWC with [eps | variance value] along channels when sigma is learned.
-            if (net_.learn_sigma) ops.run(ConcatBwd{out, eps, var_.batch(B)});
-            if (one_op)
+      // Model output is NHWC with [eps | variance value] along channels when sigma is learned.
+      auto split = [&] {
+        if (net_.learn_sigma) ops.run(ConcatBwd{out, eps, var_.batch(B)});
+      };
+      if (one_op) {
+        graphed(
+            [&] {
+              net_.denoise(x, t, y_model, out);
+              split();
               ops.run(SampleStep{x, eps, net_.learn_sigma && !ddim ? var_.batch(B) : Tensor{}, x0, z,
                                  step_.flat((size_t)bmax_, kSampleStepCoefs),
                                  static_cast<uint64_t>(Stream::SampleStep), d.predict_xstart, opt.clip});
-          },
-          B);
-      if (one_op) {
+            },
+            B);
         if (progress) progress(++done, total);
         continue;
       }
+      graphed([&] { net_.denoise(x, t, y_model, out); }, B);
+      split();
       // Classifier guidance: s * d log p(y | x_t) / d x_t, at x_t (before the step).
       const Tensor grad = net_.cond_fn ? grad_.batch(B) : Tensor{};
       if (net_.cond_fn) net_.cond_fn(x, t, y, grad);
