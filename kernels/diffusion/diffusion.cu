@@ -108,7 +108,8 @@ struct SampleStepF {
   Stream s;
   bool xstart, clip;
   // element i with its normal draw zz
-  __device__ void one(size_t i, float zz, const float* c) const {
+  __device__ void one(size_t i, float zz) const {
+    const float* c = coef;
     const float xv = x[i];
     float a = eps[i];
     if (!xstart) {  // AxpbypczF{x = eps, y = x0 = x}: b*y, then a*x + that
@@ -136,10 +137,10 @@ struct SampleStepF {
     } else {
       for (int e = 0; e < 4; ++e) zz[e] = normal(key, s, index0 + 4 * j + e);
     }
-    for (int e = 0; e < 4; ++e) one(4 * j + e, zz[e], coef);
+    for (int e = 0; e < 4; ++e) one(4 * j + e, zz[e]);
   }
   __device__ void scalar(size_t i) const {
-    one(i, normal(sample_step_u64(coef, 7), s, sample_step_u64(coef, 9) + i), coef);
+    one(i, normal(sample_step_u64(coef, 7), s, sample_step_u64(coef, 9) + i));
   }
 };
 
