@@ -74,9 +74,9 @@ bool env_graph_fill() {
 }
 
 bool env_sample_step() {
-  return switch_var("UNET_SAMPLE_STEP", false,
-                    "must be 1 (a sampler step's arithmetic as one op, in the forward's CUDA graph) or 0 "
-                    "(as separate ops after it; the default)");
+  return switch_var("UNET_SAMPLE_STEP", true,
+                    "must be 1 (a sampler step's arithmetic as one op, in the forward's CUDA graph; the "
+                    "default) or 0 (as separate ops after it)");
 }
 
 bool env_conv_stats() {

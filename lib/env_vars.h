@@ -44,7 +44,7 @@ int env_pdl();
 bool env_graph_fill();
 // UNET_CONV_STATS: true for "1"; false when unset, empty or "0".
 bool env_conv_stats();
-// UNET_SAMPLE_STEP: true for "1"; false when unset, empty or "0".
+// UNET_SAMPLE_STEP: false for "0"; true when unset, empty or "1".
 bool env_sample_step();
 // UNET_FUSE_NORM: true for "1"; false when unset, empty or "0".
 bool env_fuse_norm();

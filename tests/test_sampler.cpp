@@ -196,8 +196,9 @@ TEST(Sampler, DeterministicAndIndependentOfBatchSize) {
 }
 
 // UNET_SAMPLE_STEP=1 (a step's arithmetic as the one op SampleStep, its numbers uploaded with
-// the timesteps) gives the images of the op sequence bit for bit on the CPU: DDPM with fixed and
-// learned variance, DDIM with noise, x0 predictions, over batches of 2, 2 and 1.
+// the timesteps; the default) gives the images of the op sequence (UNET_SAMPLE_STEP=0) bit for bit
+// on the CPU: DDPM with fixed and learned variance, DDIM with noise, x0 predictions, over batches
+// of 2, 2 and 1.
 TEST(Sampler, OneOpStepIsTheOpSequence) {
   auto be = make_cpu_engine();
   const uint64_t seed = test::test_seed();
@@ -217,11 +218,15 @@ TEST(Sampler, OneOpStepIsTheOpSequence) {
     SamplerNet net = f.net(60, "cosine");
     net.predict_xstart = c.xstart;
     std::vector<float> seq(n * numel), one(n * numel, std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> dflt(one);
+    setenv("UNET_SAMPLE_STEP", "0", 1);
     sample(*be, net, o, n, nullptr, nullptr, seq.data(), nullptr);
     setenv("UNET_SAMPLE_STEP", "1", 1);
     sample(*be, net, o, n, nullptr, nullptr, one.data(), nullptr);
     unsetenv("UNET_SAMPLE_STEP");
+    sample(*be, net, o, n, nullptr, nullptr, dflt.data(), nullptr);
     EXPECT_TRUE(one == seq) << "rel l2 " << test::rel_l2(one, seq);
+    EXPECT_TRUE(dflt == one);
     EXPECT_GT(test::rel_l2(seq, std::vector<float>(seq.size(), 0.f)), 0.1);
   }
 }
@@ -433,9 +438,10 @@ TEST(Sampler, CudaGraphMatchesEager) {
           EXPECT_TRUE(graphed == eager) << "rel l2 " << test::rel_l2(graphed, eager);
         }
         unsetenv("UNET_PDL");
-        // the step as one op in the forward's graph (UNET_SAMPLE_STEP; classifier-free guidance's
-        // wrapper too): its kernel against the op sequence's kernels
-        setenv("UNET_SAMPLE_STEP", "1", 1);
+        // the step as the op sequence after the forward's graph (UNET_SAMPLE_STEP=0; the default
+        // puts it in the graph as one op, classifier-free guidance's wrapper too): the sequence's
+        // kernels against the one op's
+        setenv("UNET_SAMPLE_STEP", "0", 1);
         std::fill(graphed.begin(), graphed.end(), std::numeric_limits<float>::quiet_NaN());
         sample(*gpu, net, o, n, nullptr, labels.data(), graphed.data(), nullptr);
         unsetenv("UNET_SAMPLE_STEP");

@@ -80,19 +80,23 @@ struct LearnedRangeF {
   __device__ void scalar(size_t i) const { y[i] = one(v[i], z[i]); }
 };
 
-// z[i] = normal(seed, s, index0 + i). vec4 (index0 even): elements 4j..4j+3 are the two Box-Muller
-// pairs of hashes index0/2 + 2j and + 2j + 1, each hash computed once as normal_fill() does.
+// Normal draws index0 + 4j .. 4j + 3 for an even index0: the two Box-Muller pairs of hashes
+// index0/2 + 2j and + 2j + 1, each hash computed once as normal_fill() does (NormalFill's vectorised
+// path and SampleStep's).
+__device__ inline float4 normal4(uint64_t key, Stream s, uint64_t index0, size_t j) {
+  double a0, a1, b0, b1;
+  const uint64_t p = (index0 >> 1) + 2 * j;
+  box_muller_pair(rng_bits(key, s, p), &a0, &a1);
+  box_muller_pair(rng_bits(key, s, p + 1), &b0, &b1);
+  return make_float4((float)a0, (float)a1, (float)b0, (float)b1);
+}
+
+// z[i] = normal(seed, s, index0 + i); vec4 when index0 is even.
 struct NormalF {
   float* z;
   uint64_t seed, index0;
   Stream s;
-  __device__ void vec4(size_t j) const {
-    double a0, a1, b0, b1;
-    const uint64_t p = (index0 >> 1) + 2 * j;
-    box_muller_pair(rng_bits(seed, s, p), &a0, &a1);
-    box_muller_pair(rng_bits(seed, s, p + 1), &b0, &b1);
-    st4(z, j, make_float4((float)a0, (float)a1, (float)b0, (float)b1));
-  }
+  __device__ void vec4(size_t j) const { st4(z, j, normal4(seed, s, index0, j)); }
   __device__ void scalar(size_t i) const { z[i] = normal(seed, s, index0 + i); }
 };
 
@@ -129,11 +133,8 @@ struct SampleStepF {
     const uint64_t key = sample_step_u64(coef, 7), index0 = sample_step_u64(coef, 9);
     float zz[4];
     if (index0 % 2 == 0) {  // NormalF's pairs
-      double a0, a1, b0, b1;
-      const uint64_t p = (index0 >> 1) + 2 * j;
-      box_muller_pair(rng_bits(key, s, p), &a0, &a1);
-      box_muller_pair(rng_bits(key, s, p + 1), &b0, &b1);
-      zz[0] = (float)a0, zz[1] = (float)a1, zz[2] = (float)b0, zz[3] = (float)b1;
+      const float4 q = normal4(key, s, index0, j);
+      zz[0] = q.x, zz[1] = q.y, zz[2] = q.z, zz[3] = q.w;
     } else {
       for (int e = 0; e < 4; ++e) zz[e] = normal(key, s, index0 + 4 * j + e);
     }
