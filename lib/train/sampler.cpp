@@ -150,10 +150,10 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       const uint64_t step_key = rng_key(opt.seed, Stream::SampleStep, static_cast<uint64_t>(t_orig));
       eng_.device().fence_wait(tfence_);
       std::fill(ht_, ht_ + B, t_model);
+      // the step's numbers: SampleStep reads them on the device, the op sequence below its noise's
+      float* c = ht_ + bmax_;
+      d.sample_step_coefs(k, ddim, opt.eta, c);
       if (one_op) {
-        std::fill(ht_ + B, ht_ + bmax_, t_model);  // (not read)
-        float* c = ht_ + bmax_;
-        d.sample_step_coefs(k, ddim, opt.eta, c);
         sample_step_put_u64(c, 7, step_key);
         sample_step_put_u64(c, 9, static_cast<uint64_t>(first) * numel);
         eng_.upload(step_, ht_);
@@ -185,25 +185,19 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
       if (net_.cond_fn) net_.cond_fn(x, t, y, grad);
 
       if (ddim) {
-        const Diffusion::DdimCoeffs c = d.ddim_coeffs(k, opt.eta);
-        if (c.noise) {
-          draw_noise(step_key, Stream::SampleStep, first, z);
-        }
-        d.ddim_step(ops, k, opt.eta, x, eps, x0, c.noise ? z : Tensor{}, opt.clip, grad);
+        const bool add_noise = d.ddim_coeffs(k, opt.eta).noise;
+        if (add_noise) draw_noise(step_key, Stream::SampleStep, first, z);
+        d.ddim_step(ops, k, opt.eta, x, eps, x0, add_noise ? z : Tensor{}, opt.clip, grad);
       } else {
-        const bool add_noise = d.ddpm_coeffs(k).noise;
-        float scale = 0.0f;
+        // the noise and its scale: with learned sigma the range's std applied per element (scale
+        // c[4] = 1), else the fixed-large std c[4]
         Tensor noise;
-        if (add_noise) {
+        if (d.ddpm_coeffs(k).noise) {
           draw_noise(step_key, Stream::SampleStep, first, z);
+          noise = z;
           if (net_.learn_sigma) {
-            const Diffusion::LogRange r = d.learned_range_bounds(k);
             noise = noise_.batch(B);
-            ops.run(LearnedRangeNoise{var_.batch(B), z, noise, r.min_log, r.max_log});
-            scale = 1.0f;
-          } else {
-            noise = z;
-            scale = static_cast<float>(d.fixed_large_std(k));
+            ops.run(LearnedRangeNoise{var_.batch(B), z, noise, c[5], c[6]});
           }
         }
         // Guidance: the mean gains variance * grad (condition_mean).
@@ -219,7 +213,7 @@ void Sampler::run(const SampleOptions& opt, int n, const float* noise_nhwc, cons
             guide_scale = static_cast<float>(d.fixed_large_variance(k));
           }
         }
-        d.ddpm_step(ops, k, x, eps, x0, noise, scale, opt.clip, guide, guide_scale);
+        d.ddpm_step(ops, k, x, eps, x0, noise, c[4], opt.clip, guide, guide_scale);
       }
       if (progress) progress(++done, total);
     }
