@@ -248,6 +248,28 @@ TEST(ConvVariants, SmallOddShapes) {
   check_conv("1x1 wgmma_tap", 2, 16, 40, 200, 1, 1, false, true);
   check_conv("3x3 wgmma_tap wide", 1, 256, 32, 16, 3, 1, false, true);
   check_conv("3x3 wgmma_tap 128", 1, 128, 64, 200, 3, 1, true, false);
+  // "wgmma_t" (tf32, 3x3 at width 64, at most 64 outputs, blocks of 4 rows): the shapes above (48
+  // outputs, a partial M tile; the data gradient's 40 outputs with 72 inputs, a partial K block),
+  // 128 -> 64 with every epilogue term over two images, and 30 rows (a last block of 2 rows).
+  check_conv("3x3 wgmma_t 128 -> 64", 2, 64, 128, 64, 3, 1, true, true);
+  check_variants<ConvFwd>(
+      "3x3 wgmma_t 30 rows fwd",
+      [](const Alloc& A, DType act) {
+        return ConvFwd{A(act, {2, 30, 64, 64}),
+                       A(act, {64, 3, 3, 64}),
+                       A(DType::F32, {64}),
+                       A(DType::F32, {2, 64}),
+                       A(act, {2, 30, 64, 64}),
+                       A(act, {2, 30, 64, 64}),
+                       1};
+      },
+      Tol{});
+  check_variants<ConvBwdData>(
+      "3x3 wgmma_t 30 rows dgrad",
+      [](const Alloc& A, DType act) {
+        return ConvBwdData{A(act, {2, 30, 64, 64}), A(act, {64, 3, 3, 56}), A(act, {2, 30, 64, 56}), 1};
+      },
+      Tol{});
   // "wgmma"'s filter gradient (tf32 and bf16, 64 x 64-channel blocks, about 66 blocks in all): K blocks of
   // whole 8x8 images (3 splits of 1; 67 images: 33 splits of 2 and a last of 1), of 4 rows x 16 (8
   // splits of 1), of 1 row x 64 (64 splits of 2) and of half rows at W = 128 (64 of 4), with the
@@ -365,9 +387,10 @@ TEST(ConvVariants, SmallSharedMemoryGpu) {
   EXPECT_TRUE(has(g->base_ops().variants_for(out), "narrow_tc"));
 }
 
-// "wgmma"'s forwards and data gradient (and "wgmma_tap") run only when forced: by default cuDNN
-// keeps the 64x64 level's forwards and data gradients in tf32 and bf16; forced, the forward takes
-// "wgmma" on an H100 / H200. Its filter gradient (tf32 and bf16) is the default there.
+// "wgmma"'s forwards and data gradient (and "wgmma_tap") run only when forced: by default the 64x64
+// level's forwards and data gradients with at most 64 outputs take "wgmma_t" in tf32, cuDNN the
+// rest and bf16's; forced, the forward takes "wgmma" on an H100 / H200. Its filter gradient (tf32
+// and bf16) is the default there.
 TEST(ConvVariants, WgmmaOnlyWhenForced) {
   SKIP_WITHOUT_GPU();
   for (Precision p : {Precision::TF32, Precision::BF16}) {
@@ -379,10 +402,21 @@ TEST(ConvVariants, WgmmaOnlyWhenForced) {
       GTEST_SKIP() << "not an H100 / H200: " << dev;
     auto A = [&](DType t, std::initializer_list<int64_t> d) { return g->alloc(t, d); };
     const DType act = g->act_dtype();
-    EXPECT_EQ(g->base_ops().variant(fwd_op(A, act, 2, 64, 128, 64, 3, 1, true, true)).rfind("wgmma", 0),
+    const bool tf32 = p == Precision::TF32;
+    const std::string f64 = g->base_ops().variant(fwd_op(A, act, 2, 64, 128, 64, 3, 1, true, true));
+    if (tf32)
+      EXPECT_EQ(f64, "wgmma_t");
+    else
+      EXPECT_EQ(f64.rfind("wgmma", 0), std::string::npos) << f64;
+    EXPECT_EQ(g->base_ops().variant(fwd_op(A, act, 2, 64, 64, 128, 3, 1, true, true)).rfind("wgmma", 0),
               std::string::npos);
     const ConvBwdData d64{A(act, {2, 64, 64, 64}), A(act, {64, 3, 3, 128}), A(act, {2, 64, 64, 128}), 1};
-    EXPECT_NE(g->base_ops().variant(d64), "wgmma");
+    EXPECT_EQ(g->base_ops().variant(d64).rfind("wgmma", 0), std::string::npos);
+    const ConvBwdData d128{A(act, {2, 64, 64, 128}), A(act, {128, 3, 3, 64}), A(act, {2, 64, 64, 64}), 1};
+    if (tf32)
+      EXPECT_EQ(g->base_ops().variant(d128), "wgmma_t");
+    else
+      EXPECT_EQ(g->base_ops().variant(d128).rfind("wgmma", 0), std::string::npos);
     const ConvBwdFilter w64{A(act, {2, 64, 64, 128}), A(act, {2, 64, 64, 64}), A(DType::F32, {64, 3, 3, 128}),
                             A(DType::F32, {64}), {}, 1};
     EXPECT_EQ(g->base_ops().variant(w64), "wgmma");

@@ -5,7 +5,8 @@
 // which cuDNN cannot; measured slower than the separate pass so far (UNET_FUSE_NORM, blocks.h).
 // The 3x3 filter gradient ("wgmma" of ConvBwdFilter: filter_kernel in tf32, filter16_kernel in
 // bf16, below) is the default on Hopper: tf32 step 14.28 -> 12.87 ms, bf16 7.92 -> 7.81 against
-// cuDNN 9.19's (H100, same runs).
+// cuDNN 9.19's (H100, same runs); so is "wgmma_t" (halo_t_kernel: tf32 forwards and data gradients
+// at width 64 with at most 64 outputs, the output channels as the GEMM's M).
 //
 //  * A block computes 128 output pixels x BN output channels with 2 consumer warpgroups (64 pixel
 //    rows each, m64nBNk8 tf32 / k16 bf16, f32 accumulators in registers) and 1 producer warp whose
@@ -181,15 +182,15 @@ __device__ __forceinline__ void rounded(int g) {
 // One specialization: T, N, the instruction's shape and types, R = N / 2 accumulators, and the
 // operand numbers of the A and B descriptors and of the scale-d flag (R, R + 1, R + 2); bf16 adds
 // its two transpose flags (both K-major: 0).
-#define WG_SS(T, N, SHAPE, R, NA, NB, NP, TAIL)                                                        \
-  template <>                                                                                        \
-  struct Wgmma<T, N> {                                                                               \
-    static __device__ __forceinline__ void mma(float (&d)[R], uint64_t a, uint64_t b) {             \
+#define WG_SS(T, N, SHAPE, R, NA, NB, NP, TAIL)                                                         \
+  template <>                                                                                           \
+  struct Wgmma<T, N> {                                                                                  \
+    static __device__ __forceinline__ void mma(float (&d)[R], uint64_t a, uint64_t b, int acc = 1) {    \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #NP ", 0;\nwgmma.mma_async.sync.aligned." SHAPE \
-                   " {" WG_R##R "}, %" #NA ", %" #NB ", p, 1, 1" TAIL ";\n}\n"                         \
-                   : WG_ACC##R(d)                                                                    \
-                   : "l"(a), "l"(b), "r"(1));                                                        \
-    }                                                                                                \
+                   " {" WG_R##R "}, %" #NA ", %" #NB ", p, 1, 1" TAIL ";\n}\n"                          \
+                   : WG_ACC##R(d)                                                                       \
+                   : "l"(a), "l"(b), "r"(acc));                                                         \
+    }                                                                                                   \
   };
 template <class T, int N>
 struct Wgmma;
@@ -199,6 +200,10 @@ WG_SS(float, 192, "m64n192k8.f32.tf32.tf32", 96, 96, 97, 98, "")
 WG_SS(float, 256, "m64n256k8.f32.tf32.tf32", 128, 128, 129, 130, "")
 WG_SS(bf16, 64, "m64n64k16.f32.bf16.bf16", 32, 32, 33, 34, ", 0, 0")
 WG_SS(bf16, 128, "m64n128k16.f32.bf16.bf16", 64, 64, 65, 66, ", 0, 0")
+// wgmma_t's width: 2 padded image rows of 66 pixels, rounded up to 8
+#define WG_R68 WG_R64 ", %64, %65, %66, %67"
+#define WG_ACC68(d) WG_ACC64(d), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+WG_SS(float, 136, "m64n136k8.f32.tf32.tf32", 68, 68, 69, 70, "")
 
 // D[64 x 64] += A[64 x 8] B[64 x 8]^T in tf32 with A from registers (a0..a3: rows l / 4 and
 // l / 4 + 8 of the warp's 16, columns l % 4 and l % 4 + 4: the layout of mma.sync's m16n8k8) and B
@@ -690,6 +695,153 @@ void run_halo(CudaCtx& ctx, const Geo& g, const Io& io) {
   g.Co <= 64 ? launch_halo<T, 64, 4>(ctx, g, io) : launch_halo<T, 128, 2>(ctx, g, io);
 }
 
+// ---- "wgmma_t" (tf32; the default on Hopper where it runs): the width-64 3x3 forward with the
+// output channels (at most 64) as the GEMM's M and the pixels as its N. With 64 output channels
+// the halo kernel's wgmma's are m64n64: each reads 4 KB of operands from shared memory per 32
+// tensor-core cycles, all of the 128 bytes a cycle shared memory delivers (cuDNN's 64-channel
+// tiles likewise: ~130-180 TFLOP/s at seed64's 64x64 level). Here A is the filter's tap tile
+// (64 output x 32 input channels) and B the halo tile read from the tap's shifted start, N = 2
+// padded image rows (132 pixels, 136 with the rounding up): ~95 bytes a cycle. The sums of the
+// padding columns (and of the 4 extra pixels) are computed and dropped.
+//  * A block: 4 output rows of one image, warpgroup g rows 2g and 2g + 1, every output channel;
+//    its input tile per 32-channel K block is 6 x 66 pixels (zeros outside the image, from the
+//    copy engine), in one slot (refilled once both warpgroups' wgmma's on it are done); the
+//    filter's tap tiles stream through T_STAGES stages. ~100 KB of shared memory and 94 registers:
+//    two blocks an SM, each one's loads, rounding and epilogue beside the other's wgmma's (at one
+//    block an SM with two slots and 3 rows a warpgroup, m64n200: 0.057 ms at 64 -> 64, batch 32,
+//    against 0.049 here and cuDNN's 0.052; H200).
+//  * The last taps' windows run a few rows past the tile (into the filter's stages): only dropped
+//    sums read them.
+//  * Epilogue: the accumulators (channel x pixel) go transposed into the freed slot and stages
+//    (pixel rows 68 floats apart: conflict-free both ways), then 16-byte stores along the NHWC
+//    rows, bias, embedding and residual added in that order.
+constexpr int T_ROWS = 2, T_RB = 2 * T_ROWS;          // output rows a warpgroup, a block
+constexpr int T_N = (T_ROWS * (TW + 2) + 7) / 8 * 8;  // a warpgroup's pixels (wgmma's N)
+constexpr int T_TILE = (T_RB + 2) * (TW + 2) * ROW;   // input tile bytes per K block
+constexpr int T_SLOT = (T_TILE + 1023) / 1024 * 1024;
+constexpr int T_STAGES = 6, T_BM = 64, T_LD = 68;  // filter stages; channels; staged row (floats)
+constexpr int T_SMEM = T_SLOT + T_STAGES * T_BM * ROW + 1024 + 16 * T_STAGES + 32;
+static_assert(2 * T_N * T_LD * 4 <= T_SLOT + T_STAGES * T_BM * ROW, "the staged sums fit");
+
+__global__ void __launch_bounds__(THREADS, 2)
+    halo_t_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
+                  const Args a) {
+  pdl_entry();
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (the host pass parses it too)
+  constexpr uint32_t A_BYTES = T_BM * ROW;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (saddr(smem_raw) + 1023) & ~1023u, wbase = base + T_SLOT;
+  const uint32_t full = wbase + T_STAGES * A_BYTES, empty = full + 8 * T_STAGES, afull = empty + 8 * T_STAGES,
+                 aempty = afull + 8;
+  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  const int rblocks = (a.H + T_RB - 1) / T_RB, b0 = blockIdx.x / rblocks, y0 = (blockIdx.x % rblocks) * T_RB;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < T_STAGES; ++s) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 2);
+    mbar_init(afull, 1), mbar_init(aempty, 2);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (wg == 2) {
+    if (t == 0) {
+      for (int cb = 0, kb = 0; cb < a.Cb; ++cb) {
+        if (cb > 0) mbar_wait(aempty, (cb - 1) & 1);
+        mbar_expect_tx(afull, T_TILE);
+        tma4(base, &xmap, afull, cb * kBK<float>, -1, y0 - 1, b0);
+        for (int tap = 0; tap < 9; ++tap, ++kb) {
+          const int s = kb % T_STAGES;
+          if (kb >= T_STAGES) mbar_wait(empty + 8 * s, ((kb / T_STAGES) - 1) & 1);
+          mbar_expect_tx(full + 8 * s, A_BYTES);
+          tma2(wbase + s * A_BYTES, &wmap, full + 8 * s, tap * a.Ci + cb * kBK<float>, 0);
+        }
+      }
+    }
+    return;
+  }
+  const int g = wg;
+  float d[T_N / 2];  // (no zeros written: the first wgmma does not add; zeroing them made ptxas
+                     // serialise the wgmma's, C7515)
+  for (int cb = 0, kb = 0; cb < a.Cb; ++cb) {
+    mbar_wait(afull, cb & 1);
+    round_tf32<float>(base + g * T_ROWS * (TW + 2) * ROW, (T_ROWS + 2) * (TW + 2) * ROW,
+                      t);  // the rows it reads
+    rounded<float>(g);
+    for (int tap = 0; tap < 9; ++tap, ++kb) {
+      const int s = kb % T_STAGES, ky = tap / 3, kx = tap - ky * 3;
+      mbar_wait(full + 8 * s, (kb / T_STAGES) & 1);
+      const uint32_t sa = wbase + s * A_BYTES,
+                     sb = base + (uint32_t)(((g * T_ROWS + ky) * (TW + 2) + kx) * ROW);
+      wg_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        Wgmma<float, T_N>::mma(d, sdesc(sa + 32 * k), sdesc(sb + 32 * k), kb + k > 0);
+      wg_commit();
+      wg_wait<1>();
+      if (t == 0 && kb > 0) mbar_arrive(empty + 8 * ((kb - 1) % T_STAGES));
+    }
+    wg_wait<0>();  // the slot is refilled once this K block's wgmma's are done
+    if (t == 0) mbar_arrive(aempty);
+  }
+
+  // Thread (warp w, lane l) holds channels 16 w + l / 4 (+ 8) of pixels 8 j + 2 (l % 4) (+ 1).
+  float* stage = reinterpret_cast<float*>(smem_raw + (base - saddr(smem_raw))) + g * T_N * T_LD;
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both warpgroups' wgmma's are done with the slot
+  const int w = t >> 5, l = t & 31, c = 16 * w + (l >> 2);
+#pragma unroll
+  for (int j = 0; j < T_N / 8; ++j) {
+    float* p = stage + (8 * j + 2 * (l & 3)) * T_LD + c;
+    p[0] = d[4 * j], p[T_LD] = d[4 * j + 1], p[8] = d[4 * j + 2], p[T_LD + 8] = d[4 * j + 3];
+  }
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+  const float* res = static_cast<const float*>(a.res);
+  float* y = static_cast<float*>(a.y);
+  constexpr int CV = T_BM / 4, PER = T_ROWS * TW * CV / 128, U = 8;  // float4s a thread
+  static_assert(PER % U == 0, "whole rounds");
+#pragma unroll 1
+  for (int i0 = 0; i0 < PER; i0 += U) {
+    float4 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int idx = t + (i0 + u) * 128, q = idx / CV, n = (idx % CV) * 4, yy = y0 + g * T_ROWS + q / TW;
+      r[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (res && yy < a.H && n < a.N)
+        r[u] = ld4(res, ((((size_t)b0 * a.H + yy) * TW + q % TW) * a.N + n) / 4);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int idx = t + (i0 + u) * 128, q = idx / CV, n = (idx % CV) * 4, yy = y0 + g * T_ROWS + q / TW;
+      if (yy >= a.H || n >= a.N) continue;
+      float4 o = *reinterpret_cast<const float4*>(stage + ((q / TW) * (TW + 2) + q % TW) * T_LD + n);
+      if (a.bias) {
+        const float4 b = *reinterpret_cast<const float4*>(a.bias + n);
+        o.x += b.x, o.y += b.y, o.z += b.z, o.w += b.w;
+      }
+      if (a.emb) {
+        const float4 e = *reinterpret_cast<const float4*>(a.emb + (size_t)b0 * a.N + n);
+        o.x += e.x, o.y += e.y, o.z += e.z, o.w += e.w;
+      }
+      if (res) o.x += r[u].x, o.y += r[u].y, o.z += r[u].z, o.w += r[u].w;
+      st4(y, ((((size_t)b0 * a.H + yy) * TW + q % TW) * a.N + n) / 4, o);
+    }
+  }
+#endif
+}
+
+void launch_halo_t(CudaCtx& ctx, const Geo& g, const Io& io) {
+  static const bool attr = (allow_dynamic_smem(halo_t_kernel, T_SMEM), true);
+  (void)attr;
+  CUtensorMap xmap, wmap;
+  encode_x<float>(&xmap, io.x, g, TW + 2, T_RB + 2, 1);
+  encode_w<float>(&wmap, io.w, g, T_BM);
+  const dim3 grid((unsigned)(g.B * ((g.H + T_RB - 1) / T_RB)));
+  halo_t_kernel<<<grid, THREADS, T_SMEM, ctx.stream>>>(xmap, wmap, args<float>(g, io));
+  KERNEL_CHECK();
+}
+// tf32, 3x3 at width 64, at most 64 output channels (T_BM), any height. (bf16: slower than cuDNN
+// in the model, sampling's forward at batch 64 3.81 -> 3.90 ms, so not offered.)
+bool halo_t_ok(const CudaCtx& c, const Geo& g) {
+  return c.prec == Precision::TF32 && common_ok(c, g) && g.KS == 3 && g.W == TW && g.Co <= T_BM;
+}
+
 // A forward through run(tag) with tag float (tf32) or bf16, then the norm's statistics if asked.
 template <class Run>
 void run_fwd(const ConvFwd& o, CudaCtx& ctx, const char* variant, Run run) {
@@ -704,6 +856,11 @@ void run_fwd(const ConvFwd& o, CudaCtx& ctx, const char* variant, Run run) {
 void conv_fwd(const ConvFwd& o, CudaCtx& ctx) {
   run_fwd(o, ctx, "wgmma", [&](auto tag, const Geo& g, const Io& io) { run_halo<decltype(tag)>(ctx, g, io); });
 }
+
+void conv_fwd_t(const ConvFwd& o, CudaCtx& ctx) {
+  run_fwd(o, ctx, "wgmma_t", [&](auto, const Geo& g, const Io& io) { launch_halo_t(ctx, g, io); });
+}
+bool fwd_t_ok(const ConvFwd& o, const CudaCtx& c) { return fwd_shape_ok(o, c) && halo_t_ok(c, fwd_geo(o)); }
 
 // Per-tap loads: two blocks per SM up to 128 output channels, else one with the widest tile
 // (tf32; bf16 has the 64- and 128-channel tiles only).
@@ -726,6 +883,19 @@ void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
   float* wt = static_cast<float*>(ctx.ws);
   flip_filter<true>(ctx.stream, dptr<float>(o.w), wt, g);
   run_halo<float>(ctx, as_forward(g), {o.dy.data, wt, nullptr, nullptr, nullptr, o.dx.data});
+}
+
+// The same through wgmma_t where dx has at most 64 channels.
+bool data_t_ok(const ConvBwdData& o, const CudaCtx& c) {
+  return o.stride == 1 && typed(DType::F32, {&o.dy, &o.w, &o.dx}) && o.w.dim[1] == o.w.dim[2] &&
+         same_size(o.dy, o.dx) && halo_t_ok(c, as_forward(data_geo(o)));
+}
+void conv_data_t(const ConvBwdData& o, CudaCtx& ctx) {
+  need_aligned("wgmma_t", {o.dy.data, o.w.data, o.dx.data, ctx.ws});
+  const Geo g = data_geo(o);
+  float* wt = static_cast<float*>(ctx.ws);
+  flip_filter<true>(ctx.stream, dptr<float>(o.w), wt, g);
+  launch_halo_t(ctx, as_forward(g), {o.dy.data, wt, nullptr, nullptr, nullptr, o.dx.data});
 }
 
 // ---- the filter gradient (tf32): dw[co][ky][kx][ci] = sum over pixels p of dy[p][co] x[p + tap][ci]
@@ -1270,9 +1440,12 @@ void register_conv_wgmma(CudaOps& ops) {
   ops.variants<ConvBwdData>().push_back({"wgmma", data_ok, conv_data, data_ws});
 }
 
-// Ahead of cuDNN: the tf32 and bf16 filter gradients (the tops of filter_kernel and filter16_kernel).
-void register_conv_wgmma_filter(CudaOps& ops) {
+// Ahead of cuDNN: the tf32 and bf16 filter gradients (the tops of filter_kernel and filter16_kernel),
+// and wgmma_t's tf32 forwards and data gradients (above halo_t_kernel).
+void register_conv_wgmma_first(CudaOps& ops) {
   ops.variants<ConvBwdFilter>().push_back({"wgmma", filter_ok, conv_filter, filter_ws});
+  ops.variants<ConvFwd>().push_back({"wgmma_t", no_norm<ConvFwd, fwd_t_ok>, conv_fwd_t, fwd_ws});
+  ops.variants<ConvBwdData>().push_back({"wgmma_t", data_t_ok, conv_data_t, data_ws});
 }
 
 }  // namespace unet

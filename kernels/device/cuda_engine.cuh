@@ -287,7 +287,7 @@ void register_conv_simt(CudaOps& ops);
 void register_conv_mma(CudaOps& ops);
 void register_conv_pointwise(CudaOps& ops);
 void register_conv_wgmma(CudaOps& ops);         // sm_90a builds only (UNET_HAVE_SM90A)
-void register_conv_wgmma_filter(CudaOps& ops);  // (the same)
+void register_conv_wgmma_first(CudaOps& ops);   // (the same)
 void register_conv_cudnn_epi(CudaOps& ops);
 void register_conv_cudnn_fused(CudaOps& ops);
 void register_conv_cudnn(CudaOps& ops);
