@@ -26,7 +26,8 @@
 // Deterministic: every output's K sum is one thread's, in K order, whatever the GPU. tf32 operands
 // are rounded to nearest first (round_tf32), as cuDNN's tf32 kernels do.
 //
-// The forwards and the data gradient only when forced (registered last): with tf32 rounded as
+// The "wgmma" / "wgmma_tap" forwards and data gradient only when forced (registered last; "wgmma_t"
+// below is not, and with at most 64 outputs is faster than both): with tf32 rounded as
 // cuDNN rounds, the width-64 forwards are at par with cuDNN 9.19 (H100, batch 32, one launch with
 // the filter's rounding: 64 -> 64 0.058 vs
 // 0.059 ms, 128 -> 64 0.095 vs 0.100, 192 -> 64 0.134 vs 0.144; tf32 step 14.28 / 14.30 / 14.26
@@ -1433,7 +1434,7 @@ void conv_filter(const ConvBwdFilter& o, CudaCtx& ctx) {
 }  // namespace
 
 // Last in the tables: only when forced (--kernels conv_fwd=wgmma, conv_fwd=wgmma_tap,
-// conv_bwd_data=wgmma), as none beats cuDNN in the step yet (the top of this file).
+// conv_bwd_data=wgmma), as none of these beats cuDNN in the step yet (the top of this file).
 void register_conv_wgmma(CudaOps& ops) {
   ops.variants<ConvFwd>().push_back({"wgmma", fwd_ok, conv_fwd, fwd_ws});
   ops.variants<ConvFwd>().push_back({"wgmma_tap", no_norm<ConvFwd, tap_ok>, conv_fwd_tap, fwd_ws});
