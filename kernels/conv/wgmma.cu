@@ -282,6 +282,20 @@ __device__ __forceinline__ void norm_tile(uint32_t tile, int atoms, uint32_t ast
   }
 }
 
+// o (channels n .. n + 3 of an output pixel of image img) += bias + embedding + r (the residual's
+// values, loaded ahead), each when given, in that order (the other variants' order).
+__device__ __forceinline__ void add_epilogue(float4& o, const Args& a, size_t img, int n, const float4& r) {
+  if (a.bias) {
+    const float4 b = *reinterpret_cast<const float4*>(a.bias + n);
+    o.x += b.x, o.y += b.y, o.z += b.z, o.w += b.w;
+  }
+  if (a.emb) {
+    const float4 e = *reinterpret_cast<const float4*>(a.emb + img * a.N + n);
+    o.x += e.x, o.y += e.y, o.z += e.z, o.w += e.w;
+  }
+  if (a.res) o.x += r.x, o.y += r.y, o.z += r.z, o.w += r.w;
+}
+
 // The epilogue of both kernels, once every consumer's wgmma's are done: the accumulators go to
 // shared memory (the freed input stages, `stage`), then all 256 consumer threads add bias,
 // embedding and residual and store, as 16-byte vectors along the rows (coalesced, 8 loads in
@@ -322,15 +336,7 @@ __device__ __forceinline__ void store_tile(const Args& a, const float (&d)[BN / 
       const int idx = tid + (i0 + u) * 256, rr = idx / V, c = (idx % V) * 4, m = m0 + rr, n = n0 + c;
       if (m >= a.M || n >= a.N) continue;
       float4 o = v[u];
-      if (a.bias) {
-        const float4 b = *reinterpret_cast<const float4*>(a.bias + n);
-        o.x += b.x, o.y += b.y, o.z += b.z, o.w += b.w;
-      }
-      if (a.emb) {
-        const float4 e = *reinterpret_cast<const float4*>(a.emb + (size_t)(m / a.HW) * a.N + n);
-        o.x += e.x, o.y += e.y, o.z += e.z, o.w += e.w;
-      }
-      if (res) o.x += r[u].x, o.y += r[u].y, o.z += r[u].z, o.w += r[u].w;
+      add_epilogue(o, a, (size_t)(m / a.HW), n, r[u]);
       st4(y, ((size_t)m * a.N + n) / 4, o);
     }
   }
@@ -585,10 +591,13 @@ bool tap_ok(const ConvFwd& o, const CudaCtx& c) {
   Box b;
   return fwd_shape_ok(o, c) && common_ok(c, g) && (g.KS == 1 || g.KS == 3) && pixel_box(g.H, g.W, b);
 }
-// (tf32 only: the rotated filter is written by an f32 kernel)
-bool data_ok(const ConvBwdData& o, const CudaCtx& c) {
+// (data gradients, the forward of dy: tf32 only, as the rotated filter is written by an f32 kernel)
+bool data_shape_ok(const ConvBwdData& o, const CudaCtx& c) {
   return c.prec == Precision::TF32 && o.stride == 1 && typed(DType::F32, {&o.dy, &o.w, &o.dx}) &&
-         o.w.dim[1] == o.w.dim[2] && same_size(o.dy, o.dx) && halo_ok(c, as_forward(data_geo(o)));
+         o.w.dim[1] == o.w.dim[2] && same_size(o.dy, o.dx);
+}
+bool data_ok(const ConvBwdData& o, const CudaCtx& c) {
+  return data_shape_ok(o, c) && halo_ok(c, as_forward(data_geo(o)));
 }
 
 template <class T>
@@ -812,15 +821,7 @@ __global__ void __launch_bounds__(THREADS, 2)
       const int idx = t + (i0 + u) * 128, q = idx / CV, n = (idx % CV) * 4, yy = y0 + g * T_ROWS + q / TW;
       if (yy >= a.H || n >= a.N) continue;
       float4 o = *reinterpret_cast<const float4*>(stage + ((q / TW) * (TW + 2) + q % TW) * T_LD + n);
-      if (a.bias) {
-        const float4 b = *reinterpret_cast<const float4*>(a.bias + n);
-        o.x += b.x, o.y += b.y, o.z += b.z, o.w += b.w;
-      }
-      if (a.emb) {
-        const float4 e = *reinterpret_cast<const float4*>(a.emb + (size_t)b0 * a.N + n);
-        o.x += e.x, o.y += e.y, o.z += e.z, o.w += e.w;
-      }
-      if (res) o.x += r[u].x, o.y += r[u].y, o.z += r[u].z, o.w += r[u].w;
+      add_epilogue(o, a, (size_t)b0, n, r[u]);
       st4(y, ((((size_t)b0 * a.H + yy) * TW + q % TW) * a.N + n) / 4, o);
     }
   }
@@ -876,27 +877,25 @@ void conv_fwd_tap(const ConvFwd& o, CudaCtx& ctx) {
   run_fwd(o, ctx, "wgmma_tap", [&](auto tag, const Geo& g, const Io& io) { run_tap<decltype(tag)>(ctx, g, io); });
 }
 
-// dx = the forward of dy with the rotated filter (in the workspace).
+// dx = the forward of dy with the rotated filter (in the workspace), through launch(geo, io).
 size_t data_ws(const ConvBwdData& o, const CudaCtx&) { return flip_bytes(data_geo(o)); }
-void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
-  need_aligned("wgmma", {o.dy.data, o.w.data, o.dx.data, ctx.ws});
+template <class Launch>
+void run_data(const ConvBwdData& o, CudaCtx& ctx, const char* variant, Launch launch) {
+  need_aligned(variant, {o.dy.data, o.w.data, o.dx.data, ctx.ws});
   const Geo g = data_geo(o);
   float* wt = static_cast<float*>(ctx.ws);
   flip_filter<true>(ctx.stream, dptr<float>(o.w), wt, g);
-  run_halo<float>(ctx, as_forward(g), {o.dy.data, wt, nullptr, nullptr, nullptr, o.dx.data});
+  launch(as_forward(g), Io{o.dy.data, wt, nullptr, nullptr, nullptr, o.dx.data});
 }
-
+void conv_data(const ConvBwdData& o, CudaCtx& ctx) {
+  run_data(o, ctx, "wgmma", [&](const Geo& g, const Io& io) { run_halo<float>(ctx, g, io); });
+}
 // The same through wgmma_t where dx has at most 64 channels.
 bool data_t_ok(const ConvBwdData& o, const CudaCtx& c) {
-  return o.stride == 1 && typed(DType::F32, {&o.dy, &o.w, &o.dx}) && o.w.dim[1] == o.w.dim[2] &&
-         same_size(o.dy, o.dx) && halo_t_ok(c, as_forward(data_geo(o)));
+  return data_shape_ok(o, c) && halo_t_ok(c, as_forward(data_geo(o)));
 }
 void conv_data_t(const ConvBwdData& o, CudaCtx& ctx) {
-  need_aligned("wgmma_t", {o.dy.data, o.w.data, o.dx.data, ctx.ws});
-  const Geo g = data_geo(o);
-  float* wt = static_cast<float*>(ctx.ws);
-  flip_filter<true>(ctx.stream, dptr<float>(o.w), wt, g);
-  launch_halo_t(ctx, as_forward(g), {o.dy.data, wt, nullptr, nullptr, nullptr, o.dx.data});
+  run_data(o, ctx, "wgmma_t", [&](const Geo& g, const Io& io) { launch_halo_t(ctx, g, io); });
 }
 
 // ---- the filter gradient (tf32): dw[co][ky][kx][ci] = sum over pixels p of dy[p][co] x[p + tap][ci]
