@@ -24,7 +24,9 @@
 #                 beside three other jobs; 2026-11-30, a fresh H200, 7 jobs: test_model's halves
 #                 500 / 432 s, test_groupnorm 514, test_classifier_free 425, and test_conv=3's
 #                 third shard past 550 s; test_conv=6 alone on a warm plan cache: 331 s, the
-#                 other five shards 4-39 s; the other 20 CUDA binaries 8 at a time: 197 s)
+#                 other five shards 4-39 s; the other 20 CUDA binaries 8 at a time: 197 s;
+#                 2026-11-30, 13 jobs: test_groupnorm=2's second shard past 540 s, its
+#                 EverySeed64ShapeAtBatch32 183 s beside one other job: test_groupnorm=3)
 #   ALONE="test_profile_gpu"  run first, one at a time, before the pool (the default: its timing
 #                 checks compare CUDA events with kernel times, which other processes' kernels upset)
 #   FIRST="test_model test_conv"  these enter the pool first, in this order (the default: the
@@ -121,7 +123,9 @@ for j in "${alone[@]}" "${pool[@]}"; do
   log="$LOG_DIR/$tag.log"
   read -r rc secs <"$LOG_DIR/$tag.rc" || { rc=255 secs=0; }
   pass=$(count '^\[  PASSED  \] [0-9]+ test' "$log")
-  fail=$(count '^\[  FAILED  \] [0-9]+ test' "$log")
+  # Failed tests by their own lines: brief mode prints no "[  FAILED  ] N tests" summary, so a
+  # failure showed as CRASH(1) with 0 failed (2026-11-30)
+  fail=$(grep -cE '^\[  FAILED  \] [^ ]+.* \([0-9]+ ms\)$' "$log")
   skip=$(count '^\[  SKIPPED \] [0-9]+ test' "$log")
   status=ok
   if [ "$fail" -gt 0 ]; then
@@ -136,8 +140,11 @@ for j in "${alone[@]}" "${pool[@]}"; do
   printf '%-30s %-10s %6d %6d %6d %9s\n' "$tag" "$status" "$pass" "$fail" "$skip" "$secs"
   if [ "$status" != ok ] && [ "$status" != skipped ]; then
     bad=1
-    # brief mode logs only failures: show them (bounded), indented
-    grep -vE '^\[==========\]|^\[  PASSED  \]|^\[  SKIPPED \]|^$' "$log" | head -60 | sed 's/^/    /'
+    # brief mode logs only failures (and what tests print): from the first failure or error on,
+    # bounded, indented; the whole log when none is found (a crash, a timeout)
+    first=$(grep -nE ': Failure$|^\[  FAILED  \]|rror|Segmentation|Abort|terminate called' "$log" | head -1 | cut -d: -f1)
+    tail -n +"$(( ${first:-1} > 3 ? ${first:-1} - 3 : 1 ))" "$log" |
+      grep -vE '^\[==========\]|^\[  PASSED  \]|^\[  SKIPPED \]|^$' | head -60 | sed 's/^/    /'
   elif [ "$skip" -gt 0 ]; then
     # why (each reason once): a skip for a missing tool on this machine is a check not made here
     # (2026-11-30: the PyTorch comparisons skipped on the GPU machine for want of torch in
