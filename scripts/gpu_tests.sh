@@ -7,8 +7,9 @@
 #
 # Environment:
 #   BINARIES="test_conv test_model_golden"  only those
-#   JOBS=3        binaries (and shards) run 3 at a time (default 1). The GPU machine's CPU reference
-#                 work dominates most binaries, and one at a time the 24 CUDA binaries exceed a
+#   JOBS=3        binaries (and shards) run 3 at a time (default 1; then each gets nproc / JOBS
+#                 OpenMP threads with passive waits, see below; the timings here are from before
+#                 that). The GPU machine's CPU reference work dominates most binaries, and one at a time the 24 CUDA binaries exceed a
 #                 10-minute device call (2026-11-28, one H200, 16 cores, 3 at a time: test_model 405 s,
 #                 test_groupnorm 235, test_classifier_free 233). 5 at a time does not fit one call
 #                 either (the same day: test_model and test_conv's shard holding
@@ -32,8 +33,9 @@
 #   FIRST="test_model test_conv"  these enter the pool first, in this order (the default: the
 #                 longest four of 2026-11-28, so that none starts last)
 #   TLIM=540      seconds per binary or shard (timeout; default none): TIMEOUT in its line
-# Full logs go to $LOG_DIR (default BUILD_DIR/gpu-test-logs); failures are echoed below their
-# line. Exit status: 0 when nothing failed, crashed or timed out, 1 otherwise.
+# Full logs go to $LOG_DIR (default BUILD_DIR/gpu-test-logs), each run's GoogleTest JSON report
+# beside its log; failures are echoed below their line, the slowest tests after the totals.
+# Exit status: 0 when nothing failed, crashed or timed out, 1 otherwise.
 set -u
 BUILD=${1:-build}
 FILTER=${2:-*}
@@ -49,9 +51,29 @@ JOBS=${JOBS:-1}
 SHARDS=${SHARDS:-}
 ALONE=${ALONE-test_profile_gpu}
 TLIM=${TLIM:-0}
+# Several jobs at once: each binary's OpenMP threads would otherwise spin at every barrier as if
+# the machine were its own (libgomp spins when a process's threads do not exceed the cores), and
+# the CPU reference work of the others starves: test_model (~7 s alone on 2 cores) took 450 s a
+# shard beside 12 other jobs on the GPU machine's 16 cores (2026-11-30); here 4 copies at 2
+# threads on 2 cores took 90 s each, with passive waits 15, at one thread 5-6 s for 2 copies.
+# So: passive waits and the cores shared out, unless the caller set them.
+# The cores: nproc, or fewer where a cgroup's CPU quota says so (nproc and OpenMP see every core
+# the container's affinity allows, not its quota).
+ncores=$(nproc 2>/dev/null || echo 1)
+if read -r quota period </sys/fs/cgroup/cpu.max 2>/dev/null && [ "$quota" != max ] && [ "$period" -gt 0 ]; then
+  q=$(( (quota + period - 1) / period ))
+  [ "$q" -ge 1 ] && [ "$q" -lt "$ncores" ] && ncores=$q
+fi
+if [ "$JOBS" -gt 1 ]; then
+  export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( ncores / JOBS > 1 ? ncores / JOBS : 1 ))}
+elif [ "$ncores" -lt "$(nproc 2>/dev/null || echo 1)" ]; then
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$ncores}
+fi
+echo "CPU: $ncores cores for $JOBS job(s) at a time, OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}, OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset}"
 FIRST=${FIRST-test_model test_conv test_groupnorm test_classifier_free}
 mkdir -p "$LOG_DIR"
-rm -f "$LOG_DIR"/*.rc
+rm -f "$LOG_DIR"/*.rc "$LOG_DIR"/*.json
 
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
@@ -73,7 +95,8 @@ run_one() {
   local lim=()
   [ "$TLIM" -gt 0 ] && lim=(timeout -s TERM "$TLIM")
   (cd "$BUILD" && GTEST_TOTAL_SHARDS=$tot GTEST_SHARD_INDEX=$idx GTEST_BRIEF=1 \
-    "${lim[@]}" "$BIN/$name" --gtest_brief=1 --gtest_filter="$FILTER") >"$LOG_DIR/$tag.log" 2>&1
+    "${lim[@]}" "$BIN/$name" --gtest_brief=1 --gtest_filter="$FILTER" \
+    --gtest_output="json:$LOG_DIR/$tag.json") >"$LOG_DIR/$tag.log" 2>&1
   rc=$?
   echo "$rc $(elapsed "$t0")" >"$LOG_DIR/$tag.rc"
   echo "  done: $tag (exit $rc)" >&2
@@ -158,5 +181,24 @@ done
 secs=$(elapsed "$t_all")
 printf '%-30s %-10s %6d %6d %6d %9s\n' "TOTAL ($nrun runs)" "$([ $bad = 0 ] && echo ok || echo FAILED)" \
   "$tot_pass" "$tot_fail" "$tot_skip" "$secs"
+# The slowest tests (from each finished run's GoogleTest JSON report): what to shard next
+if command -v python3 >/dev/null 2>&1; then
+  python3 - "$LOG_DIR" <<'PY' || true
+import glob, json, os, sys
+rows = []
+for f in glob.glob(os.path.join(sys.argv[1], "*.json")):
+    try:
+        j = json.load(open(f))
+    except (OSError, ValueError):
+        continue
+    for suite in j.get("testsuites", []):
+        for t in suite.get("testsuite", []):
+            rows.append((float(t.get("time", "0s").rstrip("s")), suite["name"] + "." + t["name"],
+                         os.path.basename(f)[:-5]))
+rows.sort(reverse=True)
+if rows:
+    print("slowest tests: " + "; ".join(f"{n} {s:.0f} s ({r})" for s, n, r in rows[:8]))
+PY
+fi
 echo "logs: $LOG_DIR"
 exit $bad
