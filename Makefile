@@ -46,7 +46,7 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Passive OpenMP waits: JOBS test processes share the cores, and libgomp's threads would spin at
-# each barrier as if they had the machine (2 cores: ctest 419 -> 375 s, test_model 15.5 -> 8.0 s)
+# each barrier as if they had the machine (2 cores: ctest 419 -> 305-375 s, test_model 15.5 -> 8.0 s)
 test: build
 	cd $(BUILD) && OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-passive} ctest --output-on-failure -j $(JOBS)
 

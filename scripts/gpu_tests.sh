@@ -9,9 +9,10 @@
 #   BINARIES="test_conv test_model_golden"  only those
 #   JOBS=3        binaries (and shards) run 3 at a time (default 1; then each gets nproc / JOBS
 #                 OpenMP threads with passive waits, see below; the timings here are from before
-#                 that). The GPU machine's CPU reference work dominates most binaries, and one at a time the 24 CUDA binaries exceed a
-#                 10-minute device call (2026-11-28, one H200, 16 cores, 3 at a time: test_model 405 s,
-#                 test_groupnorm 235, test_classifier_free 233). 5 at a time does not fit one call
+#                 that). The GPU machine's CPU reference work dominates most binaries, and one at
+#                 a time the 24 CUDA binaries exceed a 10-minute device call (2026-11-28, one
+#                 H200, 16 cores, 3 at a time: test_model 405 s, test_groupnorm 235,
+#                 test_classifier_free 233). 5 at a time does not fit one call
 #                 either (the same day: test_model and test_conv's shard holding
 #                 EverySeed64ShapeAtBatch32 past 510 s, test_groupnorm 383, test_classifier_free 322,
 #                 the other 20 binaries and shards done by 550 s): two calls, or three. 6 at a
