@@ -60,7 +60,8 @@ TLIM=${TLIM:-0}
 # So: passive waits and the cores shared out, unless the caller set them.
 # The cores: nproc, or fewer where a cgroup's CPU quota says so (nproc and OpenMP see every core
 # the container's affinity allows, not its quota).
-ncores=$(nproc 2>/dev/null || echo 1)
+nproc_=$(nproc 2>/dev/null || echo 1)
+ncores=$nproc_
 if read -r quota period </sys/fs/cgroup/cpu.max 2>/dev/null && [ "$quota" != max ] && [ "$period" -gt 0 ]; then
   q=$(( (quota + period - 1) / period ))
   [ "$q" -ge 1 ] && [ "$q" -lt "$ncores" ] && ncores=$q
@@ -68,7 +69,7 @@ fi
 if [ "$JOBS" -gt 1 ]; then
   export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( ncores / JOBS > 1 ? ncores / JOBS : 1 ))}
-elif [ "$ncores" -lt "$(nproc 2>/dev/null || echo 1)" ]; then
+elif [ "$ncores" -lt "$nproc_" ]; then
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$ncores}
 fi
 echo "CPU: $ncores cores for $JOBS job(s) at a time, OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}, OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset}"
