@@ -1120,13 +1120,17 @@ TEST(CudnnLibrary, NamesVersionAndFile) {
 
 // UNET_CUDNN naming a file that is not cuDNN: that file's loader error, not another cuDNN found on
 // the usual paths (this binary again, in a child process, as the library is loaded once per process).
+// The child drops the parent's sharding and report variables: inherited, a shard of it may hold none of
+// the one test asked for (it then runs 0 tests), and its report would overwrite the parent's.
 TEST(CudnnLibrary, AnExplicitChoiceIsNotReplaced) {
   if (cudnn_library().find("built without CUDA") != std::string::npos) GTEST_SKIP() << cudnn_library();
   char self[4096] = {};
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   ASSERT_GT(n, 0);
-  const std::string cmd = "UNET_CUDNN=/bin/sh '" + std::string(self, (size_t)n) +
-                          "' --gtest_filter=CudnnLibrary.NamesVersionAndFile 2>&1";
+  const std::string cmd =
+      "env -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX -u GTEST_SHARD_STATUS_FILE "
+      "-u GTEST_OUTPUT UNET_CUDNN=/bin/sh '" +
+      std::string(self, (size_t)n) + "' --gtest_filter=CudnnLibrary.NamesVersionAndFile 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
