@@ -62,7 +62,7 @@ TLIM=${TLIM:-0}
 # the container's affinity allows, not its quota).
 nproc_=$(nproc 2>/dev/null || echo 1)
 ncores=$nproc_
-if read -r quota period </sys/fs/cgroup/cpu.max 2>/dev/null && [ "$quota" != max ] && [ "$period" -gt 0 ]; then
+if read -r quota period 2>/dev/null </sys/fs/cgroup/cpu.max && [ "$quota" != max ] && [ "$period" -gt 0 ]; then
   q=$(( (quota + period - 1) / period ))
   [ "$q" -ge 1 ] && [ "$q" -lt "$ncores" ] && ncores=$q
 fi

@@ -930,54 +930,55 @@ def damaged_strings():
             "a format with control characters and bytes not UTF-8")
 
 
+def damage(rng, data):
+    """One random fault in a file's bytes: bits flipped, bytes overwritten or zeroed, or the file cut short."""
+    how = rng.choice(["flip", "overwrite", "zero", "cut"])
+    if how == "cut":
+        return how, data[:rng.randrange(len(data))]
+    if how == "zero":
+        at = rng.randrange(len(data))
+        n = min(rng.randint(1, 64), len(data) - at)
+        data[at:at + n] = bytes(n)
+        return how, data
+    for _ in range(rng.randint(1, 4)):
+        at = rng.randrange(len(data))
+        data[at] = data[at] ^ (1 << rng.randrange(8)) if how == "flip" else rng.randrange(256)
+    return how, data
+
+
 def random_damage():
-    """Files damaged at random (bits flipped, bytes overwritten or zeroed, the file cut short): every
-    run ends in exit 0, or in exit 1 with one line naming the damaged file and no output left behind.
-    Fresh damage each run (UNET_TEST_SEED repeats one); 300 such runs and 400 damaged images found
-    nothing (2026-11-30), so this keeps a sample of them."""
+    """Files damaged at random: every run ends in exit 0, or in exit 1 with one line naming the
+    damaged file and no output left behind. Fresh damage each run (UNET_TEST_SEED repeats one); 300
+    such runs and 400 damaged images found nothing (2026-11-30), so this keeps a sample of them."""
     global cases
     seed = int(os.environ.get("UNET_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 2**31)
     print(f"random_damage: UNET_TEST_SEED={seed}", flush=True)
     rng = random.Random(seed)
+    images_dir = os.path.join(SRC, "testdata", "images")
     sources = {"dataset": P("d.h5"), "init": P("i.h5")}
     sources.update((os.path.basename(c), c) for c in sorted(glob.glob(P("base", "*.h5"))))
     check(len(sources) >= 3, f"the 2-step run wrote checkpoints ({sorted(sources)})")
-    images = sorted(q for q in glob.glob(os.path.join(SRC, "testdata", "images", "*", "*")) if os.path.isfile(q))
+    images = sorted(q for q in glob.glob(os.path.join(images_dir, "*", "*")) if os.path.isfile(q))
     for it in range(40):
         cases += 1
         kind = rng.choice(sorted(sources) + ["image"])
         src = rng.choice(images) if kind == "image" else sources[kind]
-        data = bytearray(open(src, "rb").read())
-        how = rng.choice(["flip", "overwrite", "zero", "cut"])
-        if how == "cut":
-            data = data[:rng.randrange(len(data))]
-        elif how == "zero":
-            at = rng.randrange(len(data))
-            n = min(rng.randint(1, 64), len(data) - at)
-            data[at:at + n] = bytes(n)
-        else:
-            for _ in range(rng.randint(1, 4)):
-                at = rng.randrange(len(data))
-                data[at] = data[at] ^ (1 << rng.randrange(8)) if how == "flip" else rng.randrange(256)
-        out = P(f"damaged_out{it}")
-        if kind == "image":
-            tree_dir = P(f"damaged_imgs{it}")
-            shutil.copytree(os.path.join(SRC, "testdata", "images"), tree_dir)
-            bad = os.path.join(tree_dir, os.path.relpath(src, os.path.join(SRC, "testdata", "images")))
-            args = ["prepare", tree_dir, "-o", out + ".h5", "--image-size", "8", "--labels", "subdirs"]
-        else:
-            bad = P(f"damaged{it}.h5")
-            if kind == "dataset":
-                args = ["train", bad, "--init", P("i.h5"), "-o", out, "--steps", "1", "--batch-size", "2", *CPU]
-            elif kind == "init":
-                args = rng.choice([["train", P("d.h5"), "--init", bad, "-o", out, "--steps", "1", "--batch-size", "2",
-                                    *CPU], ["sample", bad, "-n", "2", "--steps", "2", "-o", out + ".png", *CPU]])
-            else:
-                args = rng.choice([["sample", bad, "-n", "2", "--steps", "2", "-o", out + ".png", *CPU],
-                                   ["train", P("d.h5"), "--resume", bad, "-o", out, "--steps", "3", "--batch-size",
-                                    "2", *CPU], ["eval", bad, P("d.h5"), "-n", "2", *CPU]])
-            if args[0] == "sample":
-                args += ["--class", "1"]  # (the model is class-conditional)
+        out, bad, tmp = P(f"damaged_out{it}"), P(f"damaged{it}.h5"), []
+        train = ["train", "-o", out, "--batch-size", "2", *CPU]
+        sample = ["sample", bad, "-n", "2", "--steps", "2", "--class", "1", "-o", out + ".png", *CPU]
+        if kind == "image":  # a copy of the image tree with one image damaged
+            tmp = [P(f"damaged_imgs{it}")]
+            shutil.copytree(images_dir, tmp[0])
+            bad = os.path.join(tmp[0], os.path.relpath(src, images_dir))
+            args = ["prepare", tmp[0], "-o", out + ".h5", "--image-size", "8", "--labels", "subdirs"]
+        elif kind == "dataset":
+            args = [*train, bad, "--init", P("i.h5"), "--steps", "1"]
+        elif kind == "init":
+            args = rng.choice([[*train, P("d.h5"), "--init", bad, "--steps", "1"], sample])
+        else:  # a training checkpoint
+            args = rng.choice([sample, [*train, P("d.h5"), "--resume", bad, "--steps", "3"],
+                               ["eval", bad, P("d.h5"), "-n", "2", *CPU]])
+        how, data = damage(rng, bytearray(open(src, "rb").read()))
         open(bad, "wb").write(data)
         what = f"{kind} damaged ({how}, seed {seed}, case {it}): unet {args[0]}"
         try:
@@ -990,7 +991,7 @@ def random_damage():
         ok = r.returncode == 0 or (r.returncode == 1 and len(lines) == 1 and lines[0].startswith("unet: ") and
                                    os.path.basename(bad) in lines[0] and not left)
         check(ok and "HDF5-DIAG" not in r.stderr, f"{what}: rc {r.returncode}, {lines[:3]}, left {left}")
-        for q in left + [bad] + ([tree_dir] if kind == "image" else []):
+        for q in left + tmp + ([] if tmp else [bad]):
             shutil.rmtree(q) if os.path.isdir(q) else os.remove(q)
 
 
