@@ -16,9 +16,13 @@
 #           images with --val-data: 2 GPUs x 16 vs 1 GPU x 32 after 50 steps, fp32 (1e-4) and bf16
 #           (1e-2); 2 GPUs to step 25 then 1 GPU to 50 vs 2 GPUs straight (fp32, 1e-4: AdamW turns
 #           the summation order of near-zero gradients into steps; 2 CPU ranks: 4e-5 after 8 steps)
-#   bench   images/s, seed64 at 32 images per GPU (tf32 and bf16): 1 GPU vs `unet train --gpus 2`,
-#           torchrun, mpirun (when installed: PATH or a carried .mpi/ of Debian OpenMPI .debs),
-#           and --gpus 2 without overlapping the all-reduce with backward (UNET_BUCKET_MB=0)
+#   equivn  every GPU of the host (4 GPUs x 8, ...) vs 1 GPU x 32 after 50 steps: fp32 (5e-5), bf16
+#           (1e-2) (not in the default parts)
+#   bench   images/s, seed64 at 32 images per GPU (tf32 and bf16): 1 GPU vs `unet train --gpus N`
+#           for N = 2, 4, 8 up to the host's GPUs, and at the largest N torchrun, mpirun (when
+#           installed: PATH or a carried .mpi/ of Debian OpenMPI .debs) and --gpus N without
+#           overlapping the all-reduce with backward (UNET_BUCKET_MB=0); speedup and efficiency
+#           (speedup / GPUs) against the 1-GPU run
 # Prints a summary table; logs go to $OUT (default /tmp/gpu-multi) as gpu_multi.txt and logs.tar.gz.
 set -u
 cd "$(dirname "$0")/.."
@@ -121,6 +125,16 @@ for p in $parts; do
       train eqo1 300 -- "$U" train "$W/d.h5" --init "$W/init_ls.h5" --seed 1 "${a[@]}" -o "$W/eqo1" &&
         train eqo2 300 -- "$U" train "$W/d.h5" --init "$W/init_ls.h5" --seed 1 "${a[@]}" --gpus 2 -o "$W/eqo2" &&
         compare "$W/eqo1/latest.h5" "$W/eqo2/latest.h5" 1e-4 "fp32 learned sigma + loss-second-moment + --microbatch 8: 2 GPUs vs 1 GPU" ;;
+    equivn)
+      say "=== equivn: $NGPU GPUs x $((32 / NGPU)) vs 1 GPU x 32, 50 steps (seed64)"
+      for pt in fp32:5e-5 bf16:1e-2; do
+        prec=${pt%%:*} tol=${pt##*:}
+        a=(--batch-size 32 --steps 50 --save-every 50 --log-every 10 --precision $prec)
+        train "eqn1_$prec" 300 -- $T "${a[@]}" -o "$W/eqn1_$prec" &&
+          train "eqn_$prec" 300 -- $T "${a[@]}" --gpus "$NGPU" -o "$W/eqn_$prec" &&
+          compare "$W/eqn1_$prec/latest.h5" "$W/eqn_$prec/latest.h5" "$tol" "$prec: $NGPU GPUs vs 1 GPU"
+      done
+      grep -h "^distributed:" "$W/logs/eqn_fp32.out" | tee -a "$SUM" ;;
     classifier)
       say "=== classifier: train-classifier 2 GPUs x 16 vs 1 GPU x 32, 50 steps (default 64x64 classifier)"
       timeout 120 "$U" prepare testdata/images -o "$W/dl.h5" --image-size 64 --labels subdirs > "$W/logs/prepare_l.txt" 2>&1
@@ -173,6 +187,10 @@ for p in $parts; do
         say "  FAIL killed rank 1 (launcher rc $lrc, wait rc $rc, $dt s): $msg"; kill -9 $L 2> /dev/null
       fi ;;
     bench)
+      # unet train --gpus N for N = 2, 4, 8 up to the host's GPUs; the other launchers and the
+      # all-reduce after backward at the largest N
+      ns=(2); [ "$NGPU" -ge 4 ] && ns+=(4); [ "$NGPU" -ge 8 ] && ns+=(8)
+      nm=${ns[-1]}
       say "=== bench: seed64, 32 images per GPU, images/s (mean of the last 5 of 8 windows of 25 steps)"
       ips() {  # mean images/s of the last 5 logged windows
         python3 -c "
@@ -184,30 +202,35 @@ print(f'{sum(float(x[\"images_per_s\"]) for x in r) / len(r):.0f}' if r else 'n/
         a=(--steps 200 --log-every 25 --save-every 0 --precision $prec)
         train b1_$prec 300 -- $T "${a[@]}" --batch-size 32 -o "$W/b1_$prec"
         one=$(ips "$W/b1_$prec")
-        printf "%-44s %5s %10s %8s\n" "launcher ($prec)" GPUs "images/s" speedup | tee -a "$SUM"
-        printf "%-44s %5s %10s %8s\n" "unet train (1 process)" 1 "$one" 1.00x | tee -a "$SUM"
-        row() {
-          local name=$1 dir=$2 v
+        printf "%-48s %5s %10s %8s %11s\n" "launcher ($prec)" GPUs "images/s" speedup "efficiency" | tee -a "$SUM"
+        printf "%-48s %5s %10s %8s %11s\n" "unet train (1 process)" 1 "$one" 1.00x 100.0% | tee -a "$SUM"
+        row() {  # NAME GPUS DIR; efficiency: speedup / GPUs
+          local name=$1 n=$2 dir=$3 v
           v=$(ips "$dir")
-          printf "%-44s %5s %10s %8s\n" "$name" 2 "$v" \
-            "$(python3 -c "print(f'{float(\"$v\") / float(\"$one\"):.2f}x')" 2> /dev/null || echo n/a)" | tee -a "$SUM"
+          printf "%-48s %5s %10s %8s %11s\n" "$name" "$n" "$v" \
+            "$(python3 -c "print(f'{float(\"$v\") / float(\"$one\"):.2f}x')" 2> /dev/null || echo n/a)" \
+            "$(python3 -c "print(f'{100 * float(\"$v\") / float(\"$one\") / $n:.1f}%')" 2> /dev/null || echo n/a)" |
+            tee -a "$SUM"
         }
-        train b2g_$prec 300 -- $T "${a[@]}" --batch-size 64 --gpus 2 -o "$W/b2g_$prec"
-        row "unet train --gpus 2" "$W/b2g_$prec"
+        for n in "${ns[@]}"; do
+          train b${n}g_$prec 300 -- $T "${a[@]}" --batch-size $((32 * n)) --gpus $n -o "$W/b${n}g_$prec"
+          row "unet train --gpus $n" $n "$W/b${n}g_$prec"
+        done
+        a+=(--batch-size $((32 * nm)))
         if [ -n "$TORCHRUN" ]; then
-          train b2t_$prec 300 -- $TORCHRUN --nproc-per-node 2 --no-python $T "${a[@]}" --batch-size 64 -o "$W/b2t_$prec"
-          row "torchrun --nproc-per-node 2 --no-python" "$W/b2t_$prec"
+          train bt_$prec 300 -- $TORCHRUN --nproc-per-node $nm --no-python $T "${a[@]}" -o "$W/bt_$prec"
+          row "torchrun --nproc-per-node $nm --no-python" $nm "$W/bt_$prec"
         else
           say "torchrun: not installed (skipped)"
         fi
         if [ -n "$MPIRUN" ]; then
-          train b2m_$prec 300 -- $MPIRUN $MPIARGS -np 2 $T "${a[@]}" --batch-size 64 -o "$W/b2m_$prec"
-          row "mpirun -np 2" "$W/b2m_$prec"
+          train bm_$prec 300 -- $MPIRUN $MPIARGS -np $nm $T "${a[@]}" -o "$W/bm_$prec"
+          row "mpirun -np $nm" $nm "$W/bm_$prec"
         else
           say "mpirun: not installed on this machine (skipped; carry Debian's OpenMPI .debs in .mpi/)"
         fi
-        train b2n_$prec 300 UNET_BUCKET_MB=0 -- $T "${a[@]}" --batch-size 64 --gpus 2 -o "$W/b2n_$prec"
-        row "unet train --gpus 2, all-reduce after backward" "$W/b2n_$prec"
+        train bn_$prec 300 UNET_BUCKET_MB=0 -- $T "${a[@]}" --gpus $nm -o "$W/bn_$prec"
+        row "unet train --gpus $nm, all-reduce after backward" $nm "$W/bn_$prec"
       done ;;
     *) say "unknown part $p" ;;
   esac

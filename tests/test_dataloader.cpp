@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <set>
@@ -336,16 +337,17 @@ TEST(DataLoader, NoiseDrawnByTheEngineIsTheLoaders) {
 }
 
 // The background thread's OpenMP loops take the count of the thread that made the loader
-// (omp_set_num_threads is per thread: a new thread would start from every core).
+// (omp_set_num_threads is per thread: a new thread would start from every core), at most
+// DataLoader::kMaxThreads.
 TEST(DataLoader, ThreadsAreTheCreators) {
   const uint64_t seed = test::test_seed();
   Toy t = toy(3, 8, false, seed);
   const int saved = omp_get_max_threads();
-  for (int n : {1, 3}) {
+  for (int n : {1, 3, DataLoader::kMaxThreads + 5}) {
     omp_set_num_threads(n);
     DataLoader dl(t.info, t.images, t.labels, 4, 1000, seed, true, 0);
     dl.next();  // the background thread has filled a batch
-    EXPECT_EQ(dl.threads(), n);
+    EXPECT_EQ(dl.threads(), std::min(n, DataLoader::kMaxThreads));  // (at most kMaxThreads)
   }
   omp_set_num_threads(saved);
 }

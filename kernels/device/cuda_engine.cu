@@ -298,7 +298,7 @@ class CudaDevice final : public Device {
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_fork_ev, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_join_ev, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&ctx.aside_side_ev, cudaEventDisableTiming));
-      for (auto& e : fences_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      for (auto& e : fences_) CUDA_CHECK(cudaEventCreate(&e));  // (timed: fence_ms)
     } catch (...) {
       release();  // a throwing constructor runs no destructor
       throw;
@@ -366,6 +366,15 @@ class CudaDevice final : public Device {
     if (id == 0 || id > fence_id_) return;
     // A slot re-recorded by a later fence is still correct to wait for (it comes after).
     CUDA_CHECK(cudaEventSynchronize(fences_[id % kFences]));
+  }
+  double fence_ms(uint64_t a, uint64_t b) override {
+    if (a == 0 || b <= a || b > fence_id_ || fence_id_ - a >= kFences) return -1.0;
+    float ms = 0.f;
+    if (cudaEventElapsedTime(&ms, fences_[a % kFences], fences_[b % kFences]) != cudaSuccess) {
+      cudaGetLastError();  // (not yet passed)
+      return -1.0;
+    }
+    return ms;
   }
 
   bool supports_graphs() const override { return true; }

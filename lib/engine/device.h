@@ -36,6 +36,12 @@ class Device {
   // device has passed it. CPU: work is synchronous, both are no-ops.
   virtual uint64_t fence() { return 0; }
   virtual void fence_wait(uint64_t id) { (void)id; }
+  // Milliseconds the device took from fence a to fence b, both passed (CUDA events); -1 where it
+  // cannot say (the CPU, a fence not yet passed or too old to be held).
+  virtual double fence_ms(uint64_t a, uint64_t b) {
+    (void)a, (void)b;
+    return -1.0;
+  }
 
   // CUDA graphs: work issued between graph_begin() and graph_end() is recorded (not run) and
   // replayed by graph_launch(). Nothing inside may synchronise the host or allocate.

@@ -86,7 +86,7 @@ void DataLoader::init(int prefetch, int rank, int world) {
     slots_.push_back(std::make_unique<Slot>());
     alloc_batch(slots_.back()->batch, true);
   }
-  const int threads = omp_get_max_threads();
+  const int threads = std::min(omp_get_max_threads(), kMaxThreads);
   thread_ = std::thread([this, threads] {
     omp_set_num_threads(threads);
     threads_ = omp_get_max_threads();

@@ -112,8 +112,14 @@ class DataLoader {
   // OpenMP threads of the background thread's parallel loops: those of the thread that made the
   // loader (omp_set_num_threads sets only the calling thread's count, and a new thread starts
   // from OMP_NUM_THREADS or every core: unet train's ranks under mpirun had 2 x 32 threads on 32
-  // cores). 0 until the background thread has started.
+  // cores), at most kMaxThreads. 0 until the background thread has started.
   int threads() const { return threads_.load(); }
+  // A batch needs few threads (seed64's 32 images: the same speed with 1), and OpenMP's idle
+  // workers spin at the end of each loop: four 1-GPU `unet train` runs side by side on a 4-GPU,
+  // 64-core host, each loader with 64 threads, took 24-34 ms a tf32 step instead of 10.6 (H200s,
+  // 2026-11-30; with OMP_NUM_THREADS=8 or 1, or passive waits: 10.6-10.7). Streamed datasets
+  // read and inflate their images in these threads.
+  static constexpr int kMaxThreads = 8;
 
   // The key of step's noise: sample g's value j is normal(noise_key(seed, step), TrainNoise,
   // g x H x W x C + j) (lib/rng.h), g its index in the global batch (draw_train_noise, trainer.h).

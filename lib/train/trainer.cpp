@@ -441,6 +441,18 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
   const int64_t agree_every = eng.is_cuda() ? 8 : 1;
 
   const int64_t start = step;
+  // The GPU's time per step (CUDA events around each step's work; the host's waits between steps
+  // excluded), for the log line beside the wall time: the fences around the step before this one
+  // (`done`: complete once this step's uploads, queued after it, are), added to the window's sum
+  // then, or at the log line (which waits for the step).
+  std::pair<uint64_t, uint64_t> done{0, 0};
+  double gpu_ms = 0.0;
+  int64_t gpu_steps = 0;
+  auto fold_gpu_time = [&] {
+    const double ms = dev.fence_ms(done.first, done.second);
+    if (ms >= 0) gpu_ms += ms, ++gpu_steps;
+    done = {0, 0};
+  };
   Progress prog("train", o.steps > 0 ? o.steps : step, "step");
   double t_window = now_seconds();
   int64_t window_steps = 0;
@@ -468,6 +480,7 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
       }
       dev.graph_launch();
     }
+    const uint64_t step_end = dev.fence();
     ++step;
     ++window_steps;
     if (multi) comm->set_progress(step);
@@ -475,6 +488,8 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
       ControlPlane::Wait w(multi ? comm->control() : nullptr);
       dev.fence_wait(fence);  // this step's batch has been copied: the loader may refill its buffer
     }
+    fold_gpu_time();
+    done = {fence, step_end};
     task.after_step(step);
 
     const bool last = o.steps > 0 && step >= o.steps;
@@ -487,6 +502,7 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
       std::string terms, tail;
       const double mean_loss = task.window(multi ? comm : nullptr, n_samples, row, terms, tail);
       eng.download(&norm_sum, opt.norm_sum());
+      fold_gpu_time();  // (the downloads waited for this step)
       const double mean_norm = norm_sum / window_steps;
       if (!std::isfinite(mean_loss))
         return diverged(std::string("the loss became ") + (std::isnan(mean_loss) ? "NaN" : "Inf") +
@@ -513,14 +529,16 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
       }
       if (!quiet) {
         if (stderr_is_tty()) std::fprintf(stderr, "\r\033[K");
-        std::printf("step %lld | loss %.5f%s | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step |%s\n",
-                    (long long)step, mean_loss, terms.c_str(), mean_norm, opt.lr_at(step - 1), ips, ms,
+        char gpu[32] = "";
+        if (gpu_steps > 0) std::snprintf(gpu, sizeof gpu, " (GPU %.2f)", gpu_ms / gpu_steps);
+        std::printf("step %lld | loss %.5f%s | grad norm %.4f | lr %.3g | %.1f img/s | %.2f ms/step%s |%s\n",
+                    (long long)step, mean_loss, terms.c_str(), mean_norm, opt.lr_at(step - 1), ips, ms, gpu,
                     tail.c_str());
         std::fflush(stdout);
       }
       task.reset_window();
       opt.reset_norm_sum();
-      window_steps = 0;
+      window_steps = 0, gpu_ms = 0.0, gpu_steps = 0;
       t_window = now_seconds();
       if (save_now && !save_all(step)) return diverged("the weights became non-finite: " + nonfinite);
     }
