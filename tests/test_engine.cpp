@@ -161,6 +161,40 @@ TEST(CpuEngine, MemoryAndNames) {
   EXPECT_EQ(back, src);
 }
 
+// Device::fence_ms, the GPU time per step of `unet train`'s log line: the CPU cannot say (-1); on
+// the GPU the time between two passed fences, additive over a third between them, and -1 for a
+// reversed or unknown pair and for a fence the ring no longer holds.
+TEST(Fences, MillisecondsBetweenTwo) {
+  auto cpu = make_cpu_engine();
+  const uint64_t c0 = cpu->device().fence(), c1 = cpu->device().fence();
+  EXPECT_EQ(cpu->device().fence_ms(c0, c1), -1.0);
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::string why;
+  auto eng = make_cuda_engine(Precision::FP32, &why);
+  ASSERT_NE(eng, nullptr) << why;
+  Device& dev = eng->device();
+  const Tensor big = eng->alloc(DType::F32, {int64_t(1) << 24});
+  const float v = (float)(test::test_seed() % 1000);
+  const uint64_t a = dev.fence();
+  for (int k = 0; k < 8; ++k) eng->ops().run(Fill{big, v + (float)k});
+  const uint64_t b = dev.fence();
+  for (int k = 0; k < 8; ++k) eng->ops().run(Fill{big, v - (float)k});
+  const uint64_t c = dev.fence();
+  dev.fence_wait(c);
+  const double ab = dev.fence_ms(a, b), bc = dev.fence_ms(b, c), ac = dev.fence_ms(a, c);
+  EXPECT_GT(ab, 0.0);  // (8 fills of 64 MB: ~0.1 ms and more)
+  EXPECT_GT(bc, 0.0);
+  EXPECT_NEAR(ac, ab + bc, 1e-3);
+  EXPECT_EQ(dev.fence_ms(b, a), -1.0);
+  EXPECT_EQ(dev.fence_ms(0, b), -1.0);
+  EXPECT_EQ(dev.fence_ms(a, c + 1), -1.0);  // (not yet made)
+  uint64_t last = c;
+  for (int k = 0; k < 100; ++k) last = dev.fence();
+  dev.fence_wait(last);
+  EXPECT_EQ(dev.fence_ms(a, last), -1.0);  // a's event has been recorded again since
+  EXPECT_GE(dev.fence_ms(last - 1, last), 0.0);
+}
+
 // ---- planner ----
 
 TEST(Planner, PacksByLifetimeWithoutOverlap) {
