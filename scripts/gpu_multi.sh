@@ -126,6 +126,7 @@ for p in $parts; do
         train eqo2 300 -- "$U" train "$W/d.h5" --init "$W/init_ls.h5" --seed 1 "${a[@]}" --gpus 2 -o "$W/eqo2" &&
         compare "$W/eqo1/latest.h5" "$W/eqo2/latest.h5" 1e-4 "fp32 learned sigma + loss-second-moment + --microbatch 8: 2 GPUs vs 1 GPU" ;;
     equivn)
+      if [ $((32 % NGPU)) -ne 0 ]; then say "=== equivn: 32 images do not split over $NGPU GPUs (skipped)"; continue; fi
       say "=== equivn: $NGPU GPUs x $((32 / NGPU)) vs 1 GPU x 32, 50 steps (seed64)"
       for pt in fp32:5e-5 bf16:1e-2; do
         prec=${pt%%:*} tol=${pt##*:}
