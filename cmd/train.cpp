@@ -412,7 +412,17 @@ void run_train(TrainArgs& a) {
     const std::string good = !r.last_checkpoint.empty() ? r.last_checkpoint
                              : resume                   ? a.resume + " (resumed from)"
                                                         : "none (no checkpoint was saved)";
-    throw UserError(r.stop_reason + "; training stopped. Last good checkpoint: " + good);
+    // At the run's first step the weights it started from are the suspects (a damaged --init
+    // checkpoint can hold finite but absurd values): named; and a new run directory then holds only
+    // metrics.csv's header, which goes with it (NewDirCleanup) so that nothing is left behind.
+    const bool first = r.step == start_step + 1;
+    if (first && cleanup && r.last_checkpoint.empty()) {
+      std::error_code ec;
+      fs::remove(o.rundir + "/metrics.csv", ec);
+    }
+    const std::string from =
+        first && !a.init.empty() ? " (the first step from " + a.init + "'s weights)" : "";
+    throw UserError(r.stop_reason + from + "; training stopped. Last good checkpoint: " + good);
   }
   if (r.interrupted)
     std::printf("interrupted at step %lld", (long long)r.step);

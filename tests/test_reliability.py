@@ -922,6 +922,17 @@ def damaged_strings():
         shutil.rmtree(P("heaprun"), ignore_errors=True)
     refused(["train", P("heap_far.h5"), "--init", P("i.h5"), "-o", P("heaprun2"), *CPU],
             ["heap_far.h5", "class_names", "damaged"], "a global-heap size far past its collection")
+    # A weight damaged into a finite but absurd value (found by random_damage: an exponent byte
+    # overwritten, -2e38): the first step's loss is NaN; the line names the --init checkpoint, and
+    # the new run directory (metrics.csv's header alone) is gone.
+    shutil.copy(P("i.h5"), P("absurd.h5"))
+    with h5py.File(P("absurd.h5"), "a") as f:
+        name = sorted(k for k in f["model"] if f["model"][k].ndim >= 2)[0]
+        w = f["model"][name][()]
+        w.flat[w.size // 2] = -2.0e38
+        f["model"][name][...] = w
+    refused(["train", P("d.h5"), "--init", P("absurd.h5"), "-o", P("absurdrun"), "--steps", "1", "--batch-size", "2",
+             *CPU], ["absurd.h5", "NaN", "first step"], "an --init checkpoint with a weight of -2e38")
     shutil.copy(P("d.h5"), P("fmt.h5"))
     with h5py.File(P("fmt.h5"), "a") as f:
         f.attrs["format"] = np.bytes_(b"unet-\n\x1b[2Jdataset\xe3\xc2\x85")
