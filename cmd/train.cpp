@@ -413,15 +413,10 @@ void run_train(TrainArgs& a) {
                              : resume                   ? a.resume + " (resumed from)"
                                                         : "none (no checkpoint was saved)";
     // At the run's first step the weights it started from are the suspects (a damaged --init
-    // checkpoint can hold finite but absurd values): named; and a new run directory then holds only
-    // metrics.csv's header, which goes with it (NewDirCleanup) so that nothing is left behind.
-    const bool first = r.step == start_step + 1;
-    if (first && cleanup && r.last_checkpoint.empty()) {
-      std::error_code ec;
-      fs::remove(o.rundir + "/metrics.csv", ec);
-    }
+    // checkpoint can hold finite but absurd values): named. (A new run directory is left empty
+    // then, metrics.csv being made with its first row, and NewDirCleanup removes it.)
     const std::string from =
-        first && !a.init.empty() ? " (the first step from " + a.init + "'s weights)" : "";
+        r.step == start_step + 1 && !a.init.empty() ? " (the first step from " + a.init + "'s weights)" : "";
     throw UserError(r.stop_reason + from + "; training stopped. Last good checkpoint: " + good);
   }
   if (r.interrupted)

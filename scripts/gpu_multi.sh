@@ -209,9 +209,8 @@ print(f'{sum(float(x[\"images_per_s\"]) for x in r) / len(r):.0f}' if r else 'n/
           local name=$1 n=$2 dir=$3 v
           v=$(ips "$dir")
           printf "%-48s %5s %10s %8s %11s\n" "$name" "$n" "$v" \
-            "$(python3 -c "print(f'{float(\"$v\") / float(\"$one\"):.2f}x')" 2> /dev/null || echo n/a)" \
-            "$(python3 -c "print(f'{100 * float(\"$v\") / float(\"$one\") / $n:.1f}%')" 2> /dev/null || echo n/a)" |
-            tee -a "$SUM"
+            $(python3 -c "s = float('$v') / float('$one'); print(f'{s:.2f}x {100 * s / $n:.1f}%')" 2> /dev/null ||
+              echo n/a n/a) | tee -a "$SUM"
         }
         for n in "${ns[@]}"; do
           train b${n}g_$prec 300 -- $T "${a[@]}" --batch-size $((32 * n)) --gpus $n -o "$W/b${n}g_$prec"

@@ -362,17 +362,17 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
   // A resumed run on an older metrics.csv keeps that file's columns.
   std::vector<std::string> columns = {"step", "loss", "grad_norm", "lr", "images_per_s", "ms_per_step"};
   for (const std::string& c : task.columns()) columns.push_back(c);
+  // A new metrics.csv is made with the first row, so that a run which ends before one (refused,
+  // diverged at its first step) leaves a new run directory empty for NewDirCleanup (cmd/train.cpp).
   std::ofstream csv;
+  bool new_metrics = false;
   if (root) {  // rank 0 alone writes the run directory
     std::error_code ec;  // (the command made and checked the directory; no exception from here)
     fs::create_directories(o.rundir, ec);
-    const bool new_metrics = !fs::exists(metrics, ec);
-    csv.open(metrics, std::ios::app);
-    if (!csv) throw UserError(metrics + ": cannot write");
-    if (new_metrics) {
-      for (size_t i = 0; i < columns.size(); ++i) csv << (i ? "," : "") << columns[i];
-      csv << '\n';
-    } else {
+    new_metrics = !fs::exists(metrics, ec);
+    if (!new_metrics) {
+      csv.open(metrics, std::ios::app);
+      if (!csv) throw UserError(metrics + ": cannot write");
       columns = csv_header(metrics);
     }
   }
@@ -514,6 +514,12 @@ TrainResult run_training(Engine& eng, const std::string& dataset, Checkpoint ck,
       row["step"] = (double)step, row["loss"] = mean_loss, row["grad_norm"] = mean_norm;
       row["lr"] = opt.lr_at(step - 1), row["images_per_s"] = ips, row["ms_per_step"] = ms;
       if (root) {
+        if (new_metrics) {
+          csv.open(metrics, std::ios::app);
+          for (size_t i = 0; i < columns.size(); ++i) csv << (i ? "," : "") << columns[i];
+          csv << '\n';
+          new_metrics = false;
+        }
         for (size_t i = 0; i < columns.size(); ++i) {
           if (i) csv << ',';
           auto it = row.find(columns[i]);
